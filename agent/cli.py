@@ -1,0 +1,150 @@
+"""The ``topology-agent`` command line: flags -> settings -> wiring, nothing else.
+
+Every flag has an environment twin ``TOPOLOGY_AGENT_<FLAG>`` (``--kubelet-dir`` ->
+``TOPOLOGY_AGENT_KUBELET_DIR``) so the Helm chart can set them; a flag on the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from agent import __version__
+from agent.policy.grouping import DEFAULT_PREFIX, GroupingSettings, PolicyError, group_topology
+from agent.topology.cpulist import CpuListError, parse_cpulist
+from agent.topology.errors import TopologyReadError
+from agent.topology.model import POLARIZATIONS, Topology, normalize_polarization
+from agent.topology.source import load_topology
+
+ENV_PREFIX = "TOPOLOGY_AGENT_"
+
+
+class UsageError(Exception):
+    """A flag value that cannot be used; printed as one line, exit status 2."""
+
+
+def env_default(flag: str, default: str | None = None) -> str | None:
+    return os.environ.get(ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper(), default)
+
+
+def _add(parser: argparse.ArgumentParser, flag: str, default: str | None = None, **kwargs: object) -> None:
+    env = ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+    help_text = str(kwargs.pop("help", ""))
+    parser.add_argument(flag, default=env_default(flag, default), help=f"{help_text} [env {env}]",
+                        **kwargs)  # type: ignore[arg-type]
+
+
+def add_topology_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("topology source")
+    _add(group, "--host-root", "/", metavar="DIR", help="root holding the node's sys/ and proc/ trees")
+    _add(group, "--topology-file", None, metavar="FILE",
+         help="read a topology snapshot instead (a directory: <NODE_NAME>.json, else default.json; "
+              "embedded:NAME for a bundled one)")
+    _add(group, "--source", "sysfs", choices=("sysfs", "lscpu"), help="read sysfs directly, or run lscpu")
+
+
+def add_policy_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("grouping policy")
+    _add(group, "--levels", "auto", metavar="LIST",
+         help="auto (book if more than one book, else socket) or a list of drawer,book,socket")
+    _add(group, "--resource-prefix", DEFAULT_PREFIX, metavar="PREFIX",
+         help="extended resource prefix: resources are PREFIX/book, PREFIX/socket")
+    _add(group, "--reserved-cpus", "", metavar="CPULIST", help="CPUs kept for system daemons, never advertised")
+    _add(group, "--exclude-polarization", "", metavar="LIST",
+         help=f"leave out CPUs of these polarizations ({', '.join(POLARIZATIONS)})")
+
+
+def _polarizations(text: str) -> frozenset[str]:
+    result = set()
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        value = item if item in POLARIZATIONS else normalize_polarization(item)
+        if value == "unknown" and item != "unknown":
+            raise UsageError(f"--exclude-polarization: unknown polarization {item!r} "
+                             f"(choose from {', '.join(POLARIZATIONS)})")
+        result.add(value)
+    return frozenset(result)
+
+
+def grouping_settings(args: argparse.Namespace) -> GroupingSettings:
+    levels_text = (args.levels or "auto").strip()
+    levels = None if levels_text == "auto" else tuple(s.strip() for s in levels_text.split(",") if s.strip())
+    try:
+        reserved = frozenset(parse_cpulist(args.reserved_cpus or ""))
+    except CpuListError as exc:
+        raise UsageError(f"--reserved-cpus: {exc}") from None
+    return GroupingSettings(
+        levels=levels,
+        resource_prefix=args.resource_prefix,
+        reserved_cpus=reserved,
+        exclude_polarization=_polarizations(args.exclude_polarization or ""),
+    ).validated()
+
+
+def topology_from(args: argparse.Namespace) -> Topology:
+    return load_topology(args.host_root, args.topology_file, args.source)
+
+
+def cmd_discover(args: argparse.Namespace) -> int:
+    from agent.report import grouping_dict, table
+
+    settings = grouping_settings(args)
+    topology = topology_from(args)
+    grouping = group_topology(topology, settings)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(grouping_dict(topology, grouping), indent=2) + "\n")
+    else:
+        sys.stdout.write(table(topology, grouping))
+    return 0
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from agent.topology import snapshot
+
+    topology = topology_from(args)
+    if args.output in (None, "-"):
+        sys.stdout.write(snapshot.dumps(topology))
+    else:
+        snapshot.dump(topology, args.output)
+        print(f"wrote {len(topology.cpus)} CPUs to {args.output}", file=sys.stderr)
+    return 0
+
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="topology-agent",
+                                     description="Makes IBM Z CPU topology (drawers, books, sockets) schedulable.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("discover", help="show the groups this node would advertise")
+    add_topology_flags(p)
+    add_policy_flags(p)
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.set_defaults(func=cmd_discover)
+
+    p = sub.add_parser("snapshot", help="write this node's topology as a snapshot (JSON)")
+    add_topology_flags(p)
+    p.add_argument("-o", "--output", metavar="FILE", help="file to write (default: standard output)")
+    p.set_defaults(func=cmd_snapshot)
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Command = args.func
+    try:
+        return func(args)
+    except (TopologyReadError, PolicyError, UsageError) as exc:
+        print(f"topology-agent: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,1 @@
+"""Pure policy over the topology model: grouping, allocation planning, preferences."""

@@ -1,0 +1,255 @@
+"""The grouping policy: which CPU groups a node advertises. Pure: model + settings -> groups.
+
+Rules (vLLM PR #40714 for the automatic level choice):
+
+* usable CPUs are online and configured, minus ``reserved_cpus``, minus excluded polarizations;
+* a group never splits the SMT threads of a core: a core with any unusable thread is left out;
+* automatic levels: ``book`` when more than one book has usable CPUs, else ``socket``;
+* degenerate topology (no topology facility, or, when /proc/sysinfo does not say, one CPU per
+  book and socket on a multi-CPU s390 machine: z/VM and classic KVM guests) is not advertised
+  at all, with the reason;
+* a group's memory node is a real node; a recorded node that is not one falls back to the
+  first real node with a warning (a book or socket number is never a memory node).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from agent.policy.naming import device_id, resource_name
+from agent.topology.cpulist import format_cpulist
+from agent.topology.model import POLARIZATIONS, Cpu, Topology
+
+LEVELS: tuple[str, ...] = ("drawer", "book", "socket")
+DEFAULT_PREFIX = "topology"
+
+
+class PolicyError(ValueError):
+    """Settings that cannot be applied (bad level, bad resource prefix, bad polarization)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupingSettings:
+    levels: tuple[str, ...] | None = None  # None: automatic (book if more than one book, else socket)
+    resource_prefix: str = DEFAULT_PREFIX
+    reserved_cpus: frozenset[int] = frozenset()
+    exclude_polarization: frozenset[str] = frozenset()
+
+    def validated(self) -> GroupingSettings:
+        if self.levels is not None:
+            if not self.levels:
+                raise PolicyError("--levels needs at least one of: drawer, book, socket (or 'auto')")
+            unknown = [lv for lv in self.levels if lv not in LEVELS]
+            if unknown:
+                raise PolicyError(f"unknown level(s) {', '.join(unknown)}: choose from drawer, book, socket")
+        bad = sorted(self.exclude_polarization - set(POLARIZATIONS))
+        if bad:
+            raise PolicyError(f"unknown polarization(s) {', '.join(bad)}: choose from {', '.join(POLARIZATIONS)}")
+        for level in ("book", "socket", "drawer"):
+            try:
+                resource_name(self.resource_prefix, level)
+            except ValueError as exc:
+                raise PolicyError(str(exc)) from None
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One advertised device: a drawer, book or socket's usable CPUs."""
+
+    level: str
+    resource: str
+    id: str
+    key: tuple[int | None, ...]  # (drawer,), (drawer, book) or (drawer, book, socket)
+    cpus: tuple[int, ...]
+    cores: tuple[tuple[int, ...], ...]  # each core's threads, sorted by first thread
+    threads_per_core: int
+    polarization: tuple[tuple[str, int], ...]  # (polarization, CPU count), in POLARIZATIONS order
+    memory_nodes: tuple[int, ...]
+    recorded_nodes: tuple[int, ...]  # what the CPUs' node data said (may be empty)
+
+    @property
+    def memory_node(self) -> int:
+        return self.memory_nodes[0]
+
+    @property
+    def cpulist(self) -> str:
+        return format_cpulist(self.cpus)
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        """Topology order: drawer, book, socket (unknown ids first)."""
+        return tuple(-1 if k is None else k for k in self.key)
+
+    @property
+    def polarization_summary(self) -> str:
+        return ",".join(f"{p}:{n}" for p, n in self.polarization) or "-"
+
+    def contains(self, other: Group) -> bool:
+        """True when ``other`` lies inside this group's container (a socket inside its book)."""
+        n = len(self.key)
+        return len(other.key) > n and other.key[:n] == self.key
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    cpus: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Grouping:
+    groups: tuple[Group, ...]
+    skipped: tuple[Skipped, ...]
+    levels: tuple[str, ...]
+    level_reason: str
+    fidelity: str  # lpar | guest-no-topology | unknown (s390, facility not known) | generic (not s390)
+    warnings: tuple[str, ...] = field(default=())
+
+    def resources(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for g in self.groups:
+            seen.setdefault(g.resource, None)
+        return list(seen)
+
+    def by_resource(self, resource: str) -> list[Group]:
+        return [g for g in self.groups if g.resource == resource]
+
+    def by_id(self, resource: str) -> dict[str, Group]:
+        return {g.id: g for g in self.groups if g.resource == resource}
+
+
+def _unusable_reason(cpu: Cpu, settings: GroupingSettings) -> str | None:
+    if not cpu.configured:
+        return "standby (deconfigured)"
+    if not cpu.online:
+        return "offline"
+    if cpu.cpu in settings.reserved_cpus:
+        return "reserved (--reserved-cpus)"
+    if cpu.polarization in settings.exclude_polarization:
+        return f"polarization {cpu.polarization} excluded (--exclude-polarization)"
+    return None
+
+
+def _skipped(by_reason: dict[str, list[int]]) -> list[Skipped]:
+    return [Skipped(tuple(sorted(cpus)), reason) for reason, cpus in sorted(by_reason.items()) if cpus]
+
+
+def _key(cpu: Cpu, level: str) -> tuple[int | None, ...]:
+    full = (cpu.drawer, cpu.book, cpu.socket)
+    return full[: LEVELS.index(level) + 1]
+
+
+def _degenerate_reason(topology: Topology, usable: list[Cpu]) -> str | None:
+    m = topology.machine
+    if not m.is_s390:
+        return None
+    if m.topology_facility is False:
+        who = {"zvm": "z/VM guest", "kvm": "KVM guest"}.get(m.environment, "machine")
+        return (f"degenerate topology: no topology facility ({who} without CPU topology): the kernel gives "
+                "every CPU its own socket and book, which is no topology at all")
+    if m.topology_facility is None and len(usable) > 1:
+        # Without word from /proc/sysinfo, judge by shape (with the facility, single-CPU books are real).
+        books = Counter(c.book_key for c in usable if c.book is not None)
+        sockets = Counter(c.socket_key for c in usable if c.socket is not None)
+        if (not books or max(books.values()) == 1) and sockets and max(sockets.values()) == 1:
+            return "degenerate topology: every book and socket holds a single CPU (a guest without topology)"
+    return None
+
+
+def _auto_levels(usable: list[Cpu]) -> tuple[tuple[str, ...], str]:
+    books = {c.book_key for c in usable if c.book is not None}
+    if len(books) > 1:
+        return ("book",), f"{len(books)} books have usable CPUs: grouping by book"
+    sockets = {c.socket_key for c in usable if c.socket is not None}
+    how = "one book" if books else "no books"
+    return ("socket",), f"{how}, {len(sockets)} socket(s) with usable CPUs: grouping by socket"
+
+
+def _memory_nodes(cpus: Iterable[Cpu], real: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], bool]:
+    """(memory nodes to use, recorded nodes, fell back) for a group's CPUs."""
+    recorded = tuple(sorted({c.node for c in cpus if c.node is not None}))
+    valid = tuple(n for n in recorded if n in real)
+    if valid:
+        return valid, recorded, len(valid) != len(recorded)
+    return (real[0] if real else 0,), recorded, bool(recorded)
+
+
+def group_topology(topology: Topology, settings: GroupingSettings | None = None) -> Grouping:
+    """The groups ``topology`` advertises under ``settings``."""
+    settings = (settings or GroupingSettings()).validated()
+    skipped: dict[str, list[int]] = defaultdict(list)
+    usable: list[Cpu] = []
+    for cpu in topology.cpus:
+        reason = _unusable_reason(cpu, settings)
+        if reason is None:
+            usable.append(cpu)
+        else:
+            skipped[reason].append(cpu.cpu)
+
+    # Whole cores only.
+    usable_numbers = {c.cpu for c in usable}
+    present = {c.cpu for c in topology.cpus}
+    kept: list[Cpu] = []
+    for cpu in usable:
+        if not cpu.siblings:
+            skipped["cores unknown: the kernel reports no SMT siblings (thread_siblings)"].append(cpu.cpu)
+            continue
+        missing = [t for t in cpu.siblings if t in present and t not in usable_numbers]
+        if missing:
+            skipped[f"core split: sibling thread(s) {format_cpulist(missing)} not usable (whole cores only)"].append(
+                cpu.cpu)
+            continue
+        kept.append(cpu)
+    usable = kept
+
+    degenerate = _degenerate_reason(topology, usable)
+    if degenerate is not None:
+        skipped[degenerate].extend(c.cpu for c in usable)
+        return Grouping((), tuple(_skipped(skipped)), (), degenerate, "guest-no-topology")
+
+    if settings.levels is None:
+        levels, level_reason = _auto_levels(usable)
+    else:
+        levels, level_reason = tuple(lv for lv in LEVELS if lv in settings.levels), "levels set by --levels"
+
+    m = topology.machine
+    fidelity = "lpar" if m.is_s390 and m.topology_facility else ("generic" if not m.is_s390 else "unknown")
+    warnings: list[str] = []
+    groups: list[Group] = []
+    for level in levels:
+        resource = resource_name(settings.resource_prefix, level)
+        members: dict[tuple[int | None, ...], list[Cpu]] = defaultdict(list)
+        for cpu in usable:
+            key = _key(cpu, level)
+            if key[-1] is None:
+                skipped[f"{level} unknown: the kernel reports no {level} id"].append(cpu.cpu)
+            else:
+                members[key].append(cpu)
+        for key, cpus in sorted(members.items(), key=lambda kv: tuple(-1 if k is None else k for k in kv[0])):
+            gid = device_id(dict(zip(LEVELS, key, strict=False)))
+            cores = sorted({c.siblings for c in cpus})
+            pol = Counter(c.polarization for c in cpus)
+            nodes, recorded, fell_back = _memory_nodes(cpus, m.memory_nodes)
+            if fell_back:
+                warnings.append(
+                    f"{resource} {gid}: recorded memory node(s) {','.join(map(str, recorded))} not a real "
+                    f"memory node (real: {','.join(map(str, m.memory_nodes))}); falling back to memory node "
+                    f"{nodes[0]}")
+            groups.append(Group(
+                level=level,
+                resource=resource,
+                id=gid,
+                key=key,
+                cpus=tuple(sorted(c.cpu for c in cpus)),
+                cores=tuple(cores),
+                threads_per_core=max(len(core) for core in cores),
+                polarization=tuple((p, pol[p]) for p in POLARIZATIONS if pol[p]),
+                memory_nodes=nodes,
+                recorded_nodes=recorded,
+            ))
+    # A CPU counted under several level-unknown reasons only needs listing once per reason.
+    deduped = {reason: sorted(set(cpus)) for reason, cpus in skipped.items()}
+    return Grouping(tuple(groups), tuple(_skipped(deduped)), levels, level_reason, fidelity, tuple(warnings))

@@ -1,0 +1,74 @@
+"""Render a grouping for people (a table) and for machines (JSON-ready dicts). Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.policy.grouping import Grouping
+from agent.topology.cpulist import format_cpulist
+from agent.topology.model import Machine, Topology
+from agent.topology.snapshot import to_dict
+
+
+def machine_dict(machine: Machine) -> dict[str, Any]:
+    return dict(to_dict(Topology(machine=machine))["machine"])
+
+
+def grouping_dict(topology: Topology, grouping: Grouping) -> dict[str, Any]:
+    return {
+        "machine": machine_dict(topology.machine),
+        "fidelity": grouping.fidelity,
+        "levels": list(grouping.levels),
+        "level_reason": grouping.level_reason,
+        "memory_nodes": list(topology.machine.memory_nodes),
+        "groups": [
+            {
+                "resource": g.resource,
+                "id": g.id,
+                "level": g.level,
+                "cpus": list(g.cpus),
+                "cpulist": g.cpulist,
+                "cores": len(g.cores),
+                "threads_per_core": g.threads_per_core,
+                "polarization": dict(g.polarization),
+                "memory_node": g.memory_node,
+                "memory_nodes": list(g.memory_nodes),
+            }
+            for g in grouping.groups
+        ],
+        "skipped": [{"cpus": list(s.cpus), "cpulist": format_cpulist(s.cpus), "reason": s.reason}
+                    for s in grouping.skipped],
+        "warnings": list(grouping.warnings),
+    }
+
+
+def _machine_line(m: Machine) -> str:
+    what = m.generation or (f"type {m.machine_type}" if m.machine_type else m.arch)
+    if m.machine_type and m.generation:
+        what = f"{m.generation} ({m.machine_type})"
+    facility = {True: "yes", False: "no", None: "n/a" if not m.is_s390 else "unknown"}[m.topology_facility]
+    return (f"machine: {what}, environment {m.environment}, topology facility {facility}, "
+            f"dispatching {m.dispatching}, SMT {m.smt_threads}, memory nodes "
+            f"{','.join(map(str, m.memory_nodes))}")
+
+
+def table(topology: Topology, grouping: Grouping) -> str:
+    header = ("RESOURCE", "DEVICE", "CPUS", "CORES", "THREADS/CORE", "POLARIZATION", "MEMORY NODE")
+    rows = [header] + [
+        (g.resource, g.id, g.cpulist, str(len(g.cores)), str(g.threads_per_core), g.polarization_summary,
+         ",".join(map(str, g.memory_nodes)))
+        for g in grouping.groups
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [_machine_line(topology.machine),
+             f"levels: {','.join(grouping.levels) or 'none'} ({grouping.level_reason})", ""]
+    if grouping.groups:
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    else:
+        lines.append("no groups advertised")
+    if grouping.skipped:
+        lines += ["", "not advertised:"]
+        lines += [f"  cpus {format_cpulist(s.cpus)}: {s.reason}" for s in grouping.skipped]
+    if grouping.warnings:
+        lines += ["", "warnings:"] + [f"  {w}" for w in grouping.warnings]
+    return "\n".join(lines) + "\n"

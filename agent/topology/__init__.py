@@ -1,0 +1,1 @@
+"""Topology discovery: the model and the readers that fill it (sysfs, lscpu, snapshots)."""

@@ -1,0 +1,49 @@
+"""Where a command's topology comes from: a host root (sysfs or lscpu), a snapshot file, a
+directory of per-node snapshots (the chart's fake-topology mode), or an embedded snapshot."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from agent.topology import snapshot
+from agent.topology.errors import TopologyReadError
+from agent.topology.model import Topology
+
+EMBEDDED_PREFIX = "embedded:"
+
+
+def snapshot_path(path: str | Path, node_name: str | None = None) -> Path:
+    """A snapshot file; for a directory, ``<node name>.json`` in it, else ``default.json``."""
+    p = Path(path)
+    if not p.is_dir():
+        return p
+    node = node_name if node_name is not None else os.environ.get("NODE_NAME", "")
+    for candidate in ([p / f"{node}.json"] if node else []) + [p / "default.json"]:
+        if candidate.is_file():
+            return candidate
+    wanted = f"{node}.json or default.json" if node else "default.json"
+    raise TopologyReadError(f"{p}: topology directory holds neither {wanted}")
+
+
+def load_topology(host_root: str | Path = "/", topology_file: str | None = None, source: str = "sysfs",
+                  node_name: str | None = None) -> Topology:
+    """Read the topology the way the command line asked for."""
+    if topology_file:
+        if topology_file.startswith(EMBEDDED_PREFIX):
+            from agent.topology.embedded import load_embedded
+
+            return load_embedded(topology_file[len(EMBEDDED_PREFIX):])
+        return snapshot.load(snapshot_path(topology_file, node_name))
+    if source == "lscpu":
+        from agent.topology.lscpu import read_lscpu
+
+        root = Path(host_root)
+        if not root.is_dir():
+            raise TopologyReadError(f"{root}: host root does not exist or is not a directory")
+        return read_lscpu(sysroot=None if root.resolve() == Path("/") else str(root))
+    if source != "sysfs":
+        raise TopologyReadError(f"unknown topology source {source!r} (choose sysfs or lscpu)")
+    from agent.topology.sysfs import read_sysfs
+
+    return read_sysfs(host_root)

@@ -1,0 +1,228 @@
+"""Read a node's CPU topology from sysfs and procfs under a host root (default ``/``).
+
+The only module that opens files under ``sys/`` and ``proc/``. It reads just what the model
+needs, and a sibling mask once per container rather than once per CPU (the kernel keeps masks
+symmetric), so a periodic rescan of a 400-CPU node stays cheap. Interpretation is left to
+:mod:`agent.topology.derive`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from pathlib import Path
+
+from agent.topology.cpulist import CpuListError, parse_cpulist, parse_cpumask
+from agent.topology.derive import RawCpu, build_topology, environment_from_sysinfo, parse_sysinfo
+from agent.topology.errors import TopologyReadError
+from agent.topology.model import Machine, Topology, normalize_polarization
+
+_CPU_DIR = re.compile(r"cpu(\d+)")
+_NODE_DIR = re.compile(r"node(\d+)")
+
+# level -> (id file, list file, hex mask file)
+_LEVEL_FILES: dict[str, tuple[str, str, str]] = {
+    "core": ("core_id", "thread_siblings_list", "thread_siblings"),
+    "socket": ("physical_package_id", "core_siblings_list", "core_siblings"),
+    "book": ("book_id", "book_siblings_list", "book_siblings"),
+    "drawer": ("drawer_id", "drawer_siblings_list", "drawer_siblings"),
+}
+
+
+def _read(path: str) -> str | None:
+    """A small file's text, None when it does not exist."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return None
+    except OSError as exc:
+        raise TopologyReadError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = os.read(fd, 65536)
+    except OSError as exc:
+        raise TopologyReadError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise TopologyReadError(f"{path}: not text") from None
+
+
+def _int(path: str) -> int | None:
+    text = _read(path)
+    if text is None or text == "":
+        return None
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise TopologyReadError(f"{path}: expected a number, found {text[:40]!r}") from None
+
+
+def _flag(path: str) -> bool | None:
+    value = _int(path)
+    if value is None:
+        return None
+    if value not in (0, 1):
+        raise TopologyReadError(f"{path}: expected 0 or 1, found {value}")
+    return value == 1
+
+
+def _cpus(list_path: str, mask_path: str | None = None) -> list[int] | None:
+    """A cpulist file, else the matching hex mask file, else None."""
+    text = _read(list_path)
+    try:
+        if text is not None:
+            return parse_cpulist(text)
+        if mask_path is not None:
+            mask = _read(mask_path)
+            if mask is not None:
+                return parse_cpumask(mask)
+    except CpuListError as exc:
+        raise TopologyReadError(f"{list_path if text is not None else mask_path}: {exc}") from None
+    return None
+
+
+def _numbered_dirs(path: str, pattern: re.Pattern[str]) -> list[int]:
+    try:
+        names = os.listdir(path)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise TopologyReadError(f"{path}: cannot list: {exc.strerror or exc}") from None
+    return sorted(int(m.group(1)) for n in names if (m := pattern.fullmatch(n)))
+
+
+class _Containers:
+    """Sibling masks and container ids seen so far, so each container is read once."""
+
+    def __init__(self) -> None:
+        self.mask_of: dict[str, dict[int, frozenset[int]]] = {level: {} for level in _LEVEL_FILES}
+        self.id_of: dict[str, dict[frozenset[int], int | None]] = {level: {} for level in _LEVEL_FILES}
+
+    def read(self, topo: str, cpu: int, level: str) -> tuple[frozenset[int] | None, int | None]:
+        id_file, list_file, mask_file = _LEVEL_FILES[level]
+        mask = self.mask_of[level].get(cpu)
+        if mask is not None:
+            return mask, self.id_of[level][mask]
+        cpus = _cpus(f"{topo}/{list_file}", f"{topo}/{mask_file}")
+        kernel_id = _kernel_id(f"{topo}/{id_file}")
+        if cpus is None:
+            return None, kernel_id
+        mask = frozenset(cpus) | {cpu}
+        for member in mask:
+            self.mask_of[level].setdefault(member, mask)
+        self.id_of[level].setdefault(mask, kernel_id)
+        return mask, kernel_id
+
+
+def _kernel_id(path: str) -> int | None:
+    value = _int(path)
+    return None if value is None or value < 0 else value
+
+
+def _read_cpu(cpu_dir: str, cpu: int, online_set: set[int] | None, containers: _Containers) -> RawCpu:
+    base = f"{cpu_dir}/cpu{cpu}"
+    online = _flag(f"{base}/online")
+    if online is None:  # cpu0 on x86 has no online file: it cannot go offline
+        online = True if online_set is None else cpu in online_set
+    configured = _flag(f"{base}/configure")
+    polarization = _read(f"{base}/polarization")
+    topo = f"{base}/topology"
+    has_topology = os.path.isdir(topo)
+    ids: dict[str, int | None] = {}
+    masks: dict[str, frozenset[int] | None] = {}
+    if has_topology:
+        for level in _LEVEL_FILES:
+            masks[level], ids[level] = containers.read(topo, cpu, level)
+    return RawCpu(
+        cpu=cpu,
+        online=online,
+        configured=True if configured is None else configured,
+        polarization=normalize_polarization(polarization),
+        dedicated=_flag(f"{base}/dedicated"),
+        address=_int(f"{base}/address"),
+        has_topology=has_topology,
+        ids=ids,
+        masks=masks,
+    )
+
+
+def _read_nodes(node_dir: str) -> tuple[dict[int, int], list[int], bool]:
+    """(cpu -> node, real memory nodes, whether node dirs exist)."""
+    nodes = _numbered_dirs(node_dir, _NODE_DIR)
+    cpu_nodes: dict[int, int] = {}
+    for node in nodes:
+        cpus = _cpus(f"{node_dir}/node{node}/cpulist", f"{node_dir}/node{node}/cpumap") or []
+        for cpu in cpus:
+            cpu_nodes.setdefault(cpu, node)
+    if not nodes:
+        return cpu_nodes, [0], False
+    with_memory = _cpus(f"{node_dir}/has_memory")
+    memory = sorted(set(with_memory) & set(nodes)) if with_memory else []
+    return cpu_nodes, memory or nodes, True
+
+
+def _arch(root: Path, cpuinfo: str | None, sysinfo: str | None) -> str:
+    if sysinfo is not None or (cpuinfo is not None and "IBM/S390" in cpuinfo):
+        return "s390x"
+    if root.resolve() == Path("/"):
+        return platform.machine() or "unknown"
+    return "unknown"
+
+
+def read_sysfs(root: str | Path = "/") -> Topology:
+    """The topology of the machine whose ``sys/`` and ``proc/`` trees live under ``root``."""
+    root_path = Path(root)
+    if not root_path.is_dir():
+        raise TopologyReadError(f"{root_path}: host root does not exist or is not a directory")
+    cpu_dir = f"{root_path}/sys/devices/system/cpu"
+    if not os.path.isdir(cpu_dir):
+        raise TopologyReadError(f"{cpu_dir}: no such directory: {root_path} does not hold a sysfs tree")
+    numbers = _numbered_dirs(cpu_dir, _CPU_DIR)
+    present = _cpus(f"{cpu_dir}/present")
+    if present is not None:
+        present_set = set(present)
+        numbers = [n for n in numbers if n in present_set]
+    if not numbers:
+        raise TopologyReadError(f"{cpu_dir}: no present CPU directories (cpuN)")
+    online_list = _cpus(f"{cpu_dir}/online")
+    online_set = set(online_list) if online_list is not None else None
+    containers = _Containers()
+    raws = [_read_cpu(cpu_dir, n, online_set, containers) for n in numbers]
+
+    sysinfo_text = _read(f"{root_path}/proc/sysinfo")
+    cpuinfo_text = _read(f"{root_path}/proc/cpuinfo") if sysinfo_text is None else None
+    arch = _arch(root_path, cpuinfo_text, sysinfo_text)
+    info = parse_sysinfo(sysinfo_text) if sysinfo_text is not None else {}
+    dispatching = {"0": "horizontal", "1": "vertical"}.get(_read(f"{cpu_dir}/dispatching") or "", "unknown")
+    cpu_nodes, memory_nodes, has_node_dirs = _read_nodes(f"{root_path}/sys/devices/system/node")
+    if arch == "s390x":
+        environment = environment_from_sysinfo(info) if sysinfo_text is not None else "unknown"
+        facility: bool | None = ("CPU Topology HW" in info) if sysinfo_text is not None else None
+        machine_type = info.get("Type") or _machine_from_cpuinfo(cpuinfo_text)
+    else:
+        environment, facility, machine_type = "none", None, None
+    machine = Machine(
+        arch=arch,
+        machine_type=machine_type,
+        environment=environment,
+        topology_facility=facility,
+        dispatching=dispatching,
+        memory_nodes=tuple(memory_nodes),
+        has_node_dirs=has_node_dirs,
+    )
+    return build_topology(raws, machine, cpu_nodes)
+
+
+_MACHINE_RE = re.compile(r"machine\s*=\s*([0-9A-Fa-f]{4})")
+
+
+def _machine_from_cpuinfo(cpuinfo: str | None) -> str | None:
+    if cpuinfo is None:
+        return None
+    match = _MACHINE_RE.search(cpuinfo)
+    return match.group(1) if match else None

@@ -1,0 +1,34 @@
+"""Shared test helpers: where the real s390x dumps live, and skipping cleanly without them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+REAL_FIXTURES = Path(os.environ.get("S390X_FIXTURES", REPO.parent / "shared" / "fixtures" / "s390x-real"))
+
+# Each real dump: name -> (dump dir holding lscpu outputs, host root holding sys/ and proc/)
+REAL_DUMPS: dict[str, tuple[str, str]] = {
+    "s390-kvm": ("util-linux/s390-kvm", "util-linux/s390-kvm"),
+    "s390-lpar": ("util-linux/s390-lpar", "util-linux/s390-lpar"),
+    "s390-lpar-drawer": ("util-linux/s390-lpar-drawer", "util-linux/s390-lpar-drawer"),
+    "s390-nested-virt": ("util-linux/s390-nested-virt", "util-linux/s390-nested-virt"),
+    "s390-zvm": ("util-linux/s390-zvm", "util-linux/s390-zvm"),
+    "hwloc-20s390-2g6s4c": ("hwloc/hwloc-20s390-2g6s4c", "hwloc/hwloc-20s390-2g6s4c/20s390-2g2g2s4co"),
+    "hwloc-2s390-2c": ("hwloc/hwloc-2s390-2c", "hwloc/hwloc-2s390-2c/2s390-2c"),
+}
+
+
+def real_fixtures_available() -> bool:
+    return REAL_FIXTURES.is_dir()
+
+
+def real_dump(name: str) -> tuple[Path, Path]:
+    """(dump dir, host root) of a real dump, skipping the test when ../shared is absent."""
+    if not real_fixtures_available():
+        pytest.skip(f"real s390x dumps not found at {REAL_FIXTURES} (they live in ../shared/fixtures)")
+    dump_dir, root = REAL_DUMPS[name]
+    return REAL_FIXTURES / dump_dir, REAL_FIXTURES / root
