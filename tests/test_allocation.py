@@ -1,0 +1,141 @@
+"""The allocation contract: what a container gets for its groups (pure planner)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from agent.policy.allocation import AllocationSettings, plan_allocation
+from agent.policy.grouping import Group, GroupingSettings, group_topology
+from agent.topology.cpulist import parse_cpulist
+from agent.topology.embedded import load_embedded
+from agent.topology.model import Topology
+from agent.topology.sysfs import read_sysfs
+from tests.conftest import REAL_DUMPS, real_dump
+
+
+def vllm_parse_id_list(text: str) -> list[int]:
+    """vLLM's cpu_resource_utils.parse_id_list: ints and inclusive a-b ranges, deduplicated and sorted."""
+    ids: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part:
+            lo, hi = part.split("-")
+            ids.update(range(int(lo), int(hi) + 1))
+        else:
+            ids.add(int(part))
+    return sorted(ids)
+
+
+def vllm_visible_memory_nodes(value: str, mems_allowed: list[int]) -> list[int]:
+    """vLLM's get_visible_memory_node: the comma list intersected with Mems_allowed."""
+    return [n for n in (int(x) for x in value.split(",") if x.strip()) if n in mems_allowed]
+
+
+def check_contract(topology: Topology, groups: list[Group], settings: AllocationSettings) -> None:
+    plan = plan_allocation(groups, settings)
+    env = plan.envs
+    union = sorted({c for g in groups for c in g.cpus})
+    assert parse_cpulist(env["TOPOLOGY_CPUS"]) == union
+    ordered = sorted(groups, key=lambda g: g.order)
+    assert env["TOPOLOGY_GROUPS"] == ",".join(g.id for g in ordered)
+    places = [p.strip("{}") for p in env["OMP_PLACES"].split("},{")]
+    place_cpus = [int(p) for p in places]
+    assert int(env["OMP_NUM_THREADS"]) == len(places)
+    assert set(place_cpus) <= set(union)
+    assert env["OMP_PROC_BIND"] == "close"
+    ranks = [vllm_parse_id_list(r) for r in env["VLLM_CPU_OMP_THREADS_BIND"].split("|")]
+    assert len(ranks) == len(groups)
+    seen: set[int] = set()
+    for rank, group in zip(ranks, ordered, strict=True):
+        assert set(rank) <= set(group.cpus)  # each rank inside one group
+        assert not seen & set(rank)  # no two ranks share a CPU
+        seen |= set(rank)
+        cores_used = {core for core in group.cores if set(core) & set(rank)}
+        # One thread per core by default (both with --omp-threads-per-core 2, where the core has two).
+        assert sum(min(settings.omp_threads_per_core, len(core)) for core in cores_used) == len(rank)
+    assert sorted(place_cpus) == sorted(seen)
+    # No core is split between this container and anything else: every core of a group is whole in TOPOLOGY_CPUS.
+    for g in groups:
+        for core in g.cores:
+            assert set(core) <= set(union)
+    nodes = vllm_visible_memory_nodes(env["CPU_VISIBLE_MEMORY_NODES"], list(topology.machine.memory_nodes))
+    assert nodes and set(nodes) <= set(topology.machine.memory_nodes)
+
+
+def topologies() -> list[tuple[str, Topology]]:
+    result = [(name, load_embedded(name)) for name in ("z16-lpar", "pr40714", "z16-vertical")]
+    for name in sorted(REAL_DUMPS):
+        try:
+            _, root = real_dump(name)
+        except pytest.skip.Exception:
+            continue
+        result.append((name, read_sysfs(root)))
+    return result
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [AllocationSettings(), AllocationSettings(omp_threads_per_core=2), AllocationSettings(reserve_cores_per_group=1)],
+    ids=["default", "smt2", "reserve1"],
+)
+def test_contract_for_every_single_and_pair_allocation(settings: AllocationSettings) -> None:
+    checked = 0
+    for _name, topology in topologies():
+        grouping = group_topology(topology, GroupingSettings(levels=("book", "socket")))
+        for resource in grouping.resources():
+            groups = grouping.by_resource(resource)
+            for n in (1, 2):
+                for combo in itertools.combinations(groups, n):
+                    check_contract(topology, list(combo), settings)
+                    checked += 1
+    assert checked > 100
+
+
+def test_z16_one_book_picks_the_highest_thread_of_each_core() -> None:
+    grouping = group_topology(load_embedded("z16-lpar"))
+    book = grouping.by_id("topology/book")["drawer0-book0"]
+    env = plan_allocation([book]).envs
+    assert env["TOPOLOGY_CPUS"] == "0-11"
+    assert env["OMP_PLACES"] == "{1},{3},{5},{7},{9},{11}"
+    assert env["OMP_NUM_THREADS"] == "6"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1,3,5,7,9,11"
+    assert env["CPU_VISIBLE_MEMORY_NODES"] == "0"
+
+
+def test_pr40714_two_books_give_two_ranks_like_vllm_logged() -> None:
+    books = group_topology(load_embedded("pr40714")).by_id("topology/book")
+    env = plan_allocation([books["drawer0-book1"], books["drawer0-book0"]]).envs
+    assert env["TOPOLOGY_GROUPS"] == "drawer0-book0,drawer0-book1"
+    ranks = env["VLLM_CPU_OMP_THREADS_BIND"].split("|")
+    assert vllm_parse_id_list(ranks[0]) == list(range(1, 24, 2))  # the PR log's local_rank=0
+    assert vllm_parse_id_list(ranks[1]) == list(range(25, 48, 2))  # local_rank=1
+
+
+def test_reserved_cores_stay_in_the_cpuset_but_not_in_openmp() -> None:
+    book = group_topology(load_embedded("pr40714")).by_id("topology/book")["drawer0-book0"]
+    env = plan_allocation([book], AllocationSettings(reserve_cores_per_group=2)).envs
+    assert env["TOPOLOGY_CPUS"] == "0-23"
+    assert env["OMP_NUM_THREADS"] == "10"
+    assert 23 not in vllm_parse_id_list(env["VLLM_CPU_OMP_THREADS_BIND"])
+    tiny = group_topology(load_embedded("pr40714")).by_id("topology/book")["drawer0-book2"]
+    assert plan_allocation([tiny], AllocationSettings(reserve_cores_per_group=5)).envs["OMP_NUM_THREADS"] == "1"
+
+
+def test_plan_depends_on_the_groups_alone() -> None:
+    books = group_topology(load_embedded("z16-lpar")).by_resource("topology/book")
+    assert plan_allocation(books[:2]) == plan_allocation(list(reversed(books[:2])))
+
+
+def test_annotations_carry_cpus_and_memory_nodes_under_our_domain() -> None:
+    book = group_topology(load_embedded("z16-lpar")).by_resource("topology/book")[0]
+    ann = plan_allocation([book]).annotations
+    assert ann["topology.s390x.ibm.com/cpus"] == "0-11"
+    assert ann["topology.s390x.ibm.com/memory-nodes"] == "0"
+
+
+@pytest.mark.parametrize("kwargs", [{"omp_threads_per_core": 3}, {"reserve_cores_per_group": -1}])
+def test_bad_allocation_settings(kwargs: dict) -> None:
+    with pytest.raises(ValueError, match="--"):
+        AllocationSettings(**kwargs).validated()
