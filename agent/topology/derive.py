@@ -42,9 +42,9 @@ def _level_masks(raws: list[RawCpu], level: str) -> dict[int, frozenset[int]]:
     for r in raws:
         mask = r.masks.get(level)
         if mask is not None and r.has_topology:
-            own[r.cpu] = mask | {r.cpu}
+            own[r.cpu] = mask if r.cpu in mask else mask | {r.cpu}
     result = dict(own)
-    for mask in own.values():
+    for mask in {id(m): m for m in own.values()}.values():  # each distinct mask object once
         for member in mask:
             result.setdefault(member, mask)
     return result
