@@ -11,8 +11,12 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from agent import __version__
+from agent.config import DEFAULT_KUBELET_DIR, DEFAULT_POD_RESOURCES_SOCKET, AgentConfig
+from agent.plugin.errors import SocketInUseError
+from agent.policy.allocation import AllocationSettings
 from agent.policy.grouping import DEFAULT_PREFIX, GroupingSettings, PolicyError, group_topology
 from agent.topology.cpulist import CpuListError, parse_cpulist
 from agent.topology.errors import TopologyReadError
@@ -40,6 +44,8 @@ def _add(parser: argparse.ArgumentParser, flag: str, default: str | None = None,
 def add_topology_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("topology source")
     _add(group, "--host-root", "/", metavar="DIR", help="root holding the node's sys/ and proc/ trees")
+    _add(group, "--proc-root", None, metavar="DIR",
+         help="where proc/sysinfo and proc/cpuinfo are read (default: HOST_ROOT/proc)")
     _add(group, "--topology-file", None, metavar="FILE",
          help="read a topology snapshot instead (a directory: <NODE_NAME>.json, else default.json; "
               "embedded:NAME for a bundled one)")
@@ -84,7 +90,7 @@ def grouping_settings(args: argparse.Namespace) -> GroupingSettings:
 
 
 def topology_from(args: argparse.Namespace) -> Topology:
-    return load_topology(args.host_root, args.topology_file, args.source)
+    return load_topology(args.host_root, args.topology_file, args.source, proc_root=args.proc_root)
 
 
 def cmd_discover(args: argparse.Namespace) -> int:
@@ -112,6 +118,58 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_allocation_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("what a container gets")
+    _add(group, "--omp-threads-per-core", "1", metavar="N", choices=("1", "2"),
+         help="OpenMP threads per core: 1 (the highest SMT thread, as vLLM picks) or 2")
+    _add(group, "--reserve-cores-per-group", "0", metavar="N",
+         help="cores of each group left out of the OpenMP lists (kept in TOPOLOGY_CPUS)")
+
+
+def allocation_settings(args: argparse.Namespace) -> AllocationSettings:
+    try:
+        reserve = int(args.reserve_cores_per_group)
+        return AllocationSettings(omp_threads_per_core=int(args.omp_threads_per_core),
+                                  reserve_cores_per_group=reserve).validated()
+    except ValueError as exc:
+        raise UsageError(f"{exc}" if "--" in str(exc) else f"--reserve-cores-per-group: {exc}") from None
+
+
+def add_service_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("kubelet")
+    _add(group, "--kubelet-dir", DEFAULT_KUBELET_DIR, metavar="DIR",
+         help="kubelet's device-plugin directory (k3s: /var/lib/rancher/k3s/agent/kubelet/device-plugins)")
+    _add(group, "--pod-resources-socket", DEFAULT_POD_RESOURCES_SOCKET, metavar="PATH",
+         help="kubelet's pod-resources socket")
+    group = parser.add_argument_group("logging")
+    _add(group, "--log-level", "info", choices=("debug", "info", "warning", "error"), help="log level")
+    _add(group, "--log-format", "text", choices=("text", "json"), help="log format")
+
+
+def agent_config(args: argparse.Namespace) -> AgentConfig:
+    return AgentConfig(kubelet_dir=Path(args.kubelet_dir), grouping=grouping_settings(args),
+                       allocation=allocation_settings(args), pod_resources_socket=Path(args.pod_resources_socket))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from agent.logs import setup_logging
+    from agent.service import Agent, run_until_signalled
+
+    setup_logging(args.log_level, args.log_format)
+    config = agent_config(args)
+    return run_until_signalled(Agent(topology_from(args), config))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from agent.demo import run_demo
+    from agent.logs import setup_logging
+
+    setup_logging("warning", "text")
+    if not args.topology_file and args.host_root == "/":
+        args.topology_file = "embedded:z16-lpar"
+    return run_demo(topology_from(args), grouping_settings(args), allocation_settings(args))
+
+
 Command = Callable[[argparse.Namespace], int]
 
 
@@ -132,6 +190,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="FILE", help="file to write (default: standard output)")
     p.set_defaults(func=cmd_snapshot)
 
+    p = sub.add_parser("serve", help="advertise the groups to kubelet and stay registered (the DaemonSet's job)")
+    add_topology_flags(p)
+    add_policy_flags(p)
+    add_allocation_flags(p)
+    add_service_flags(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("demo", help="run the agent on a bundled z16-shaped snapshot against an emulated kubelet")
+    add_topology_flags(p)
+    add_policy_flags(p)
+    add_allocation_flags(p)
+    p.set_defaults(func=cmd_demo)
+
     return parser
 
 
@@ -141,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Command = args.func
     try:
         return func(args)
-    except (TopologyReadError, PolicyError, UsageError) as exc:
+    except (TopologyReadError, PolicyError, UsageError, SocketInUseError) as exc:
         print(f"topology-agent: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -27,7 +27,7 @@ def snapshot_path(path: str | Path, node_name: str | None = None) -> Path:
 
 
 def load_topology(host_root: str | Path = "/", topology_file: str | None = None, source: str = "sysfs",
-                  node_name: str | None = None) -> Topology:
+                  node_name: str | None = None, proc_root: str | Path | None = None) -> Topology:
     """Read the topology the way the command line asked for."""
     if topology_file:
         if topology_file.startswith(EMBEDDED_PREFIX):
@@ -46,4 +46,4 @@ def load_topology(host_root: str | Path = "/", topology_file: str | None = None,
         raise TopologyReadError(f"unknown topology source {source!r} (choose sysfs or lscpu)")
     from agent.topology.sysfs import read_sysfs
 
-    return read_sysfs(host_root)
+    return read_sysfs(host_root, proc_root)

@@ -174,9 +174,14 @@ def _arch(root: Path, cpuinfo: str | None, sysinfo: str | None) -> str:
     return "unknown"
 
 
-def read_sysfs(root: str | Path = "/") -> Topology:
-    """The topology of the machine whose ``sys/`` and ``proc/`` trees live under ``root``."""
+def read_sysfs(root: str | Path = "/", proc_root: str | Path | None = None) -> Topology:
+    """The topology of the machine whose ``sys/`` and ``proc/`` trees live under ``root``.
+
+    ``proc_root`` overrides where ``sysinfo`` and ``cpuinfo`` are read (a container that mounts
+    the host's /sys elsewhere can read its own /proc: those files are not namespaced).
+    """
     root_path = Path(root)
+    proc = Path(proc_root) if proc_root is not None else root_path / "proc"
     if not root_path.is_dir():
         raise TopologyReadError(f"{root_path}: host root does not exist or is not a directory")
     cpu_dir = f"{root_path}/sys/devices/system/cpu"
@@ -194,8 +199,8 @@ def read_sysfs(root: str | Path = "/") -> Topology:
     containers = _Containers()
     raws = [_read_cpu(cpu_dir, n, online_set, containers) for n in numbers]
 
-    sysinfo_text = _read(f"{root_path}/proc/sysinfo")
-    cpuinfo_text = _read(f"{root_path}/proc/cpuinfo") if sysinfo_text is None else None
+    sysinfo_text = _read(f"{proc}/sysinfo")
+    cpuinfo_text = _read(f"{proc}/cpuinfo") if sysinfo_text is None else None
     arch = _arch(root_path, cpuinfo_text, sysinfo_text)
     info = parse_sysinfo(sysinfo_text) if sysinfo_text is not None else {}
     dispatching = {"0": "horizontal", "1": "vertical"}.get(_read(f"{cpu_dir}/dispatching") or "", "unknown")

@@ -1,0 +1,40 @@
+# s390x-topology-agent: every target creates and uses its own virtual environment (.venv).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-dev
+
+.PHONY: demo test lint proto bench venv clean kind-test s390x-smoke chart-check
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed")'
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  echo "python3 -m venv failed: on Debian/Ubuntu install the venv module first: sudo apt-get install python3-venv" >&2; \
+	  rm -rf $(VENV); exit 1; }
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+## The main job on an embedded default: a z16-shaped node, an emulated kubelet, two inference pods.
+demo: $(STAMP)
+	$(BIN)/topology-agent demo
+
+## Lint, then the whole test suite (kind tests skip without Docker and kind).
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+## Regenerate the gRPC code in agent/_proto from proto/ (a test checks it is up to date).
+proto: $(STAMP)
+	$(BIN)/python proto/generate.py
+
+bench: $(STAMP)
+	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info

@@ -1,0 +1,177 @@
+"""Keeps every resource served and registered with kubelet for the life of the node.
+
+A kubelet restart shows as any of: our socket deleted (kubelet deletes every socket in its
+directory), ``kubelet.sock`` recreated (new inode), or a ListAndWatch stream that ends with no
+new one (kubelet never reconnects). The answer is blunt and well tested: stop every server,
+serve again on fresh sockets, and register again with backoff until kubelet answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from agent.config import Timing
+from agent.plugin.devices import ResourceDevices
+from agent.plugin.errors import RegistrationError, SocketInUseError
+from agent.plugin.registration import KUBELET_SOCKET, register
+from agent.plugin.server import PluginServer
+from agent.plugin.servicer import AllocateHook
+
+log = logging.getLogger("topology-agent.plugin")
+
+
+class PluginManager:
+    def __init__(self, kubelet_dir: Path, resources: Sequence[ResourceDevices],
+                 on_allocate: AllocateHook | None = None, timing: Timing | None = None,
+                 on_event: Callable[[str, dict[str, object]], None] | None = None) -> None:
+        self.kubelet_dir = Path(kubelet_dir)
+        self.kubelet_socket = self.kubelet_dir / KUBELET_SOCKET
+        self.resources = list(resources)
+        self.on_allocate = on_allocate
+        self.timing = timing or Timing()
+        self.on_event = on_event or (lambda name, fields: None)
+        self.servers: dict[str, PluginServer] = {}
+        self.registered = threading.Event()
+        self.registrations = 0
+        self.restarts = 0
+        self.last_registered: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._kubelet_inode: tuple[int, int, int] | None = None
+        self._registered_at = 0.0
+
+    # --- lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Serve and start keeping registered; raises SocketInUseError if another instance runs."""
+        self._serve()  # fail fast (and loudly) when another instance owns the sockets
+        self._thread = threading.Thread(target=self._run, name="plugin-manager", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._stop_servers()
+
+    def wait_registered(self, timeout: float) -> bool:
+        return self.registered.wait(timeout)
+
+    def ready(self) -> bool:
+        """Registered, and kubelet holds a ListAndWatch stream for every resource."""
+        return self.registered.is_set() and all(s.servicer.streams.open > 0 for s in self.servers.values())
+
+    # --- internals ----------------------------------------------------------------------
+    def _serve(self) -> None:
+        self.kubelet_dir.mkdir(parents=True, exist_ok=True)
+        for devices in self.resources:
+            server = PluginServer(devices, self.kubelet_dir, self.on_allocate)
+            server.start()
+            self.servers[devices.resource] = server
+
+    def _stop_servers(self) -> None:
+        stopping = [(server, server.begin_stop()) for server in self.servers.values()]
+        for server, done in stopping:
+            if done is not None:
+                done.wait(timeout=3)
+            server.remove_socket()
+        self.servers.clear()
+
+    def _kubelet_inode_now(self) -> tuple[int, int, int] | None:
+        """Identity of kubelet.sock: inode numbers are reused, so the creation time counts too."""
+        try:
+            st = os.stat(self.kubelet_socket)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+    def _register_all(self) -> None:
+        for resource, server in self.servers.items():
+            register(self.kubelet_socket, server.endpoint, resource, self.timing.register_timeout)
+            self.registrations += 1
+            log.info("registered %s with kubelet (endpoint %s)", resource, server.endpoint,
+                     extra={"resource": resource})
+            self.on_event("registered", {"resource": resource})
+
+    def _restart_reason(self) -> str | None:
+        for resource, server in self.servers.items():
+            if not server.socket_present():
+                return f"socket {server.path.name} of {resource} was deleted"
+        inode = self._kubelet_inode_now()
+        if inode is not None and inode != self._kubelet_inode:
+            return "kubelet.sock was recreated"
+        if time.monotonic() - self._registered_at > self.timing.stream_grace:
+            for resource, server in self.servers.items():
+                streams = server.servicer.streams
+                if streams.open == 0 and (streams.started == 0 or
+                                          server.servicer.streams.ended.is_set()):
+                    return f"no ListAndWatch stream open for {resource}"
+        return None
+
+    def _wait_for_kubelet(self) -> bool:
+        """Until kubelet.sock exists; False when stopping."""
+        announced = False
+        while not self._stop.is_set():
+            if self._kubelet_inode_now() is not None:
+                return True
+            if not announced:
+                log.info("waiting for %s", self.kubelet_socket)
+                announced = True
+            self._stop.wait(self.timing.poll)
+        return False
+
+    def _connect(self) -> None:
+        """Serve (if not serving) and register everything, retrying with backoff until done."""
+        delay = self.timing.backoff_min
+        while not self._stop.is_set():
+            if not self._wait_for_kubelet():
+                return
+            inode = self._kubelet_inode_now()
+            if any(not server.socket_present() for server in self.servers.values()):
+                # kubelet deletes every socket in its directory when it starts: serve afresh.
+                self._stop_servers()
+            try:
+                if not self.servers:
+                    self._serve()
+                self._register_all()
+            except SocketInUseError:
+                raise
+            except (RegistrationError, OSError, RuntimeError) as exc:
+                log.warning("registration failed, retrying in %.2fs: %s", delay, exc, extra={"reason": str(exc)})
+                self.on_event("registration_failed", {"reason": str(exc)})
+                # Wake early when kubelet.sock is recreated.
+                deadline = time.monotonic() + delay
+                while time.monotonic() < deadline and not self._stop.is_set():
+                    if self._kubelet_inode_now() not in (inode, None):
+                        break
+                    self._stop.wait(self.timing.poll)
+                delay = min(delay * 2, self.timing.backoff_max)
+                continue
+            self._kubelet_inode = inode
+            self._registered_at = time.monotonic()
+            self.last_registered = time.time()
+            self.registered.set()
+            return
+
+    def _run(self) -> None:
+        try:
+            self._connect()
+            while not self._stop.wait(self.timing.poll):
+                reason = self._restart_reason()
+                if reason is None:
+                    continue
+                self.registered.clear()
+                self.restarts += 1
+                log.warning("kubelet restart detected (%s): serving and registering again", reason,
+                            extra={"reason": reason})
+                self.on_event("restart", {"reason": reason})
+                self._stop_servers()
+                self._connect()
+        except Exception:  # the thread must never die silently: the node would lose its devices
+            log.exception("plugin manager failed")
+            self.on_event("fatal", {})
+            raise

@@ -1,0 +1,116 @@
+"""One gRPC DevicePlugin server on its own Unix socket in kubelet's device-plugin directory."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import stat
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from agent._proto.deviceplugin.v1beta1 import api_pb2_grpc
+from agent.plugin.devices import ResourceDevices
+from agent.plugin.errors import SocketInUseError
+from agent.plugin.servicer import AllocateHook, DevicePluginServicer
+
+log = logging.getLogger("topology-agent.plugin")
+
+# Each open ListAndWatch stream pins a worker thread; kubelet's Register call-back and
+# Allocate need free ones at the same time.
+WORKERS = 16
+
+
+def socket_name(resource: str) -> str:
+    """``topology/book`` -> ``topology-book.sock`` (unique per resource, stable across restarts)."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in resource)
+    return f"{safe}.sock"
+
+
+def socket_is_live(path: Path) -> bool:
+    """True when something accepts connections on the Unix socket at ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def clear_stale_socket(path: Path) -> None:
+    """Remove a socket left by a dead instance; refuse to steal a live one."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISSOCK(st.st_mode) and socket_is_live(path):
+        raise SocketInUseError(f"{path} is served by another running process (another topology-agent instance?); "
+                               "refusing to take it over")
+    if stat.S_ISDIR(st.st_mode):
+        raise SocketInUseError(f"{path} is a directory, not a socket")
+    path.unlink()
+    log.info("removed stale socket %s", path)
+
+
+def _identity(path: Path) -> tuple[int, int, int]:
+    """Which file is at ``path``: inode numbers are reused, so the creation time counts too."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+class PluginServer:
+    """Serves one resource until stopped; a stopped server is not restarted (make a new one)."""
+
+    def __init__(self, devices: ResourceDevices, directory: Path, on_allocate: AllocateHook | None = None) -> None:
+        self.devices = devices
+        self.path = Path(directory) / socket_name(devices.resource)
+        self.stopping = threading.Event()
+        self.servicer = DevicePluginServicer(devices, self.stopping, on_allocate)
+        self._server: grpc.Server | None = None
+        self.inode: tuple[int, int, int] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return self.path.name
+
+    def start(self) -> None:
+        clear_stale_socket(self.path)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS,
+                                                        thread_name_prefix=f"plugin-{self.devices.resource}"),
+                             options=[("grpc.so_reuseport", 0)])
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
+        server.add_insecure_port(f"unix://{self.path}")
+        server.start()
+        self._server = server
+        self.inode = _identity(self.path)
+
+    def socket_present(self) -> bool:
+        """Our socket file is still the one we created (kubelet deletes it when it restarts)."""
+        try:
+            return _identity(self.path) == self.inode
+        except OSError:
+            return False
+
+    def begin_stop(self, grace: float | None = 0.2) -> threading.Event | None:
+        """End our streams and stop accepting calls; returns the event set once fully stopped."""
+        self.stopping.set()
+        self.devices.wake()
+        server, self._server = self._server, None
+        return server.stop(grace) if server is not None else None
+
+    def stop(self, grace: float | None = 0.2) -> None:
+        done = self.begin_stop(grace)
+        if done is not None:
+            done.wait(timeout=(grace or 0) + 2)
+        self.remove_socket()
+
+    def remove_socket(self) -> None:
+        if self.inode is not None:
+            with contextlib.suppress(OSError):
+                if _identity(self.path) == self.inode:
+                    self.path.unlink()

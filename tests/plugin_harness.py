@@ -1,0 +1,71 @@
+"""A running agent against the kubelet emulator, in a few lines, for integration tests."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from agent.config import AgentConfig, Timing
+from agent.kubelet_emulator import KubeletEmulator
+from agent.policy.grouping import GroupingSettings
+from agent.service import Agent
+from agent.topology.embedded import load_embedded
+from agent.topology.model import Topology
+
+FAST = Timing(poll=0.02, stream_grace=1.0, backoff_min=0.02, backoff_max=0.2, register_timeout=5.0)
+
+
+def short_tmpdir() -> Path:
+    """Unix socket paths must stay under 107 bytes: pytest's tmp_path can be longer."""
+    return Path(tempfile.mkdtemp(prefix="tpa-", dir="/tmp"))
+
+
+@dataclass
+class Node:
+    kubelet: KubeletEmulator
+    agent: Agent
+    root: Path
+    topology: Topology = field(repr=False)
+
+    def plugin_stub(self, resource: str) -> tuple[grpc.Channel, api_pb2_grpc.DevicePluginStub]:
+        """A client of our plugin's own socket, the way kubelet dials it."""
+        path = self.agent.manager.servers[resource].path
+        channel = grpc.insecure_channel(f"unix://{path}")
+        return channel, api_pb2_grpc.DevicePluginStub(channel)
+
+    def allocate(self, resource: str, ids: list[str]) -> api_pb2.AllocateResponse:
+        channel, stub = self.plugin_stub(resource)
+        with channel:
+            request = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)])
+            return stub.Allocate(request, timeout=5)
+
+
+@contextlib.contextmanager
+def running_node(topology: Topology | str = "z16-lpar", levels: tuple[str, ...] | None = ("book", "socket"),
+                 start_kubelet: bool = True, **config: object) -> Iterator[Node]:
+    topo = load_embedded(topology) if isinstance(topology, str) else topology
+    root = short_tmpdir()
+    kubelet = KubeletEmulator(root)
+    settings = AgentConfig(kubelet_dir=kubelet.device_plugin_dir, grouping=GroupingSettings(levels=levels),
+                           pod_resources_socket=kubelet.pod_resources_socket, timing=FAST, **config)  # type: ignore[arg-type]
+    agent = Agent(topo, settings)
+    try:
+        if start_kubelet:
+            kubelet.start()
+        agent.start()
+        node = Node(kubelet, agent, root, topo)
+        if start_kubelet:
+            for resource in agent.grouping.resources():
+                kubelet.wait_registered(resource)
+        yield node
+    finally:
+        agent.stop()
+        kubelet.stop()
+        shutil.rmtree(root, ignore_errors=True)
