@@ -1,0 +1,44 @@
+"""An in-process kubelet emulator for device-plugin tests and demos.
+
+It reproduces what a real kubelet (>= 1.25) does with device plugins, on real unix sockets: the
+``v1beta1.Registration`` service (validation, synchronous dial + GetDevicePluginOptions inside Register),
+ListAndWatch consumption with full-snapshot semantics and no reconnect, the admission-time allocation
+algorithm (GetPreferredAllocation, Allocate, rollback), cached-response replay on container start,
+silent deallocation, kubelet restarts, and the pod-resources v1 service with its rate limit.
+Reference: docs/kubelet-device-plugin.md §2, §3 and §7. Logs go to the ``kubelet-emulator`` logger.
+
+Example::
+
+    with KubeletEmulator(tempfile.mkdtemp(dir="/tmp")) as kubelet:
+        ...start a plugin that registers with kubelet.device_plugin_dir / "kubelet.sock"...
+        kubelet.wait_registered("topology/book")
+        pod = kubelet.admit_pod("default", "p", [Container("c", {"topology/book": 1})])
+        env = kubelet.start_container("default", "p", "c")
+"""
+
+from .calls import CallLog
+from .constants import HEALTHY, UNHEALTHY, VERSION
+from .emulator import KubeletEmulator
+from .errors import AdmissionError, ContainerStartError, KubeletNotRunningError
+from .model import Container, ContainerAllocation, PluginCall, Pod
+from .names import is_extended_resource_name
+from .ratelimit import TokenBucket
+from .runopts import RunContainerOptions
+
+__all__ = [
+    "HEALTHY",
+    "UNHEALTHY",
+    "VERSION",
+    "AdmissionError",
+    "CallLog",
+    "Container",
+    "ContainerAllocation",
+    "ContainerStartError",
+    "KubeletEmulator",
+    "KubeletNotRunningError",
+    "PluginCall",
+    "Pod",
+    "RunContainerOptions",
+    "TokenBucket",
+    "is_extended_resource_name",
+]

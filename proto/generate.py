@@ -1,0 +1,79 @@
+"""Generate the Python gRPC/protobuf code for the vendored kubelet APIs.
+
+The ``.proto`` files live in this directory (``proto/``); the generated modules land inside the
+``agent`` package under ``agent/_proto/`` by mapping the virtual include path
+``agent/_proto`` onto this directory (``-Iagent/_proto=proto``). That makes the generated
+``*_pb2_grpc.py`` import its messages as ``from agent._proto.deviceplugin.v1beta1 import api_pb2``
+without editing generated files.
+
+Usage::
+
+    python proto/generate.py            # regenerate in place (repo root)
+    python proto/generate.py OUT_ROOT   # write OUT_ROOT/agent/_proto/...
+
+The hand-written ``__init__.py`` files under ``agent/_proto`` are not produced here.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+PROTO_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PROTO_DIR.parent
+VIRTUAL_ROOT = "agent/_proto"
+
+# Proto files relative to PROTO_DIR, in generation order.
+PROTO_FILES: tuple[str, ...] = (
+    "deviceplugin/v1beta1/api.proto",
+    "podresources/v1/api.proto",
+)
+
+GENERATED_SUFFIXES: tuple[str, ...] = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+
+
+def expected_outputs(out_root: Path) -> list[Path]:
+    """Paths `generate(out_root)` writes, in a stable order."""
+    outputs: list[Path] = []
+    for rel in PROTO_FILES:
+        stem = Path(VIRTUAL_ROOT) / rel
+        base = stem.with_suffix("")
+        for suffix in GENERATED_SUFFIXES:
+            outputs.append(out_root / base.parent / (base.name + suffix))
+    return outputs
+
+
+def generate(out_root: Path) -> list[Path]:
+    """Run protoc (in-process, grpc_tools) and return the generated files under ``out_root``."""
+    from grpc_tools import protoc  # imported lazily: only needed for code generation
+
+    out_root = Path(out_root).resolve()
+    out_root.mkdir(parents=True, exist_ok=True)
+    args = [
+        "grpc_tools.protoc",
+        f"-I{VIRTUAL_ROOT}={PROTO_DIR}",
+        f"--python_out={out_root}",
+        f"--pyi_out={out_root}",
+        f"--grpc_python_out={out_root}",
+        *(f"{VIRTUAL_ROOT}/{rel}" for rel in PROTO_FILES),
+    ]
+    rc = protoc.main(args)
+    if rc != 0:
+        raise RuntimeError(f"protoc failed with exit code {rc}: {' '.join(args)}")
+    outputs = expected_outputs(out_root)
+    missing = [p for p in outputs if not p.is_file()]
+    if missing:
+        raise RuntimeError(f"protoc did not produce: {', '.join(map(str, missing))}")
+    return outputs
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    out_root = Path(argv[0]) if argv else REPO_ROOT
+    for path in generate(out_root):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
