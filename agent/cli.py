@@ -140,15 +140,30 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
     _add(group, "--kubelet-dir", DEFAULT_KUBELET_DIR, metavar="DIR",
          help="kubelet's device-plugin directory (k3s: /var/lib/rancher/k3s/agent/kubelet/device-plugins)")
     _add(group, "--pod-resources-socket", DEFAULT_POD_RESOURCES_SOCKET, metavar="PATH",
-         help="kubelet's pod-resources socket")
+         help="kubelet's pod-resources socket (mount its directory: kubelet recreates the socket)")
+    _add(group, "--pod-resources-interval", "2", metavar="SECONDS",
+         help="how often kubelet's pod-resources List is read (0 disables)")
+    _add(group, "--rescan-interval", "5", metavar="SECONDS", help="how often the topology is read again (0 disables)")
     group = parser.add_argument_group("logging")
     _add(group, "--log-level", "info", choices=("debug", "info", "warning", "error"), help="log level")
     _add(group, "--log-format", "text", choices=("text", "json"), help="log format")
 
 
+def _seconds(flag: str, value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise UsageError(f"{flag}: expected seconds, got {value!r}") from None
+    if seconds < 0:
+        raise UsageError(f"{flag}: must be 0 or more")
+    return seconds
+
+
 def agent_config(args: argparse.Namespace) -> AgentConfig:
     return AgentConfig(kubelet_dir=Path(args.kubelet_dir), grouping=grouping_settings(args),
-                       allocation=allocation_settings(args), pod_resources_socket=Path(args.pod_resources_socket))
+                       allocation=allocation_settings(args), pod_resources_socket=Path(args.pod_resources_socket),
+                       rescan_interval=_seconds("--rescan-interval", args.rescan_interval),
+                       pod_resources_interval=_seconds("--pod-resources-interval", args.pod_resources_interval))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -157,7 +172,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     setup_logging(args.log_level, args.log_format)
     config = agent_config(args)
-    return run_until_signalled(Agent(topology_from(args), config))
+    return run_until_signalled(Agent(topology_from(args), config, loader=lambda: topology_from(args)))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -28,3 +28,6 @@ class AgentConfig:
     allocation: AllocationSettings = field(default_factory=AllocationSettings)
     pod_resources_socket: Path = Path(DEFAULT_POD_RESOURCES_SOCKET)
     timing: Timing = field(default_factory=Timing)
+    rescan_interval: float = 5.0  # seconds between topology rescans; 0 disables
+    pod_resources_interval: float = 2.0  # seconds between pod-resources List calls; 0 disables
+    pending_timeout: float = 60.0  # an Allocate that List never shows is forgotten after this long

@@ -9,12 +9,18 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
+from collections.abc import Callable
 
 from agent.config import AgentConfig
+from agent.loops import PeriodicLoop
 from agent.plugin.devices import ResourceDevices
 from agent.plugin.manager import PluginManager
+from agent.plugin.podresources import PodResourcesClient, PodResourcesError
 from agent.policy.allocation import AllocationSettings
 from agent.policy.grouping import Grouping, group_topology
+from agent.state import NodeState
+from agent.topology.errors import TopologyReadError
 from agent.topology.model import Topology
 
 log = logging.getLogger("topology-agent")
@@ -42,24 +48,52 @@ def log_discovery(topology: Topology, grouping: Grouping) -> None:
 
 
 class Agent:
-    """The running agent: one topology, its groups, and the plugin manager."""
+    """The running agent: the topology it started with, its groups, live device state, the
+    plugin manager, and the loops that keep the state true (pod-resources, rescans)."""
 
-    def __init__(self, topology: Topology, config: AgentConfig) -> None:
+    def __init__(self, topology: Topology, config: AgentConfig,
+                 loader: Callable[[], Topology] | None = None) -> None:
         self.topology = topology
         self.config = config
+        self.loader = loader
         self.grouping = group_topology(topology, config.grouping)
         self.resources = resource_devices(topology, self.grouping, config.allocation)
-        self.manager = PluginManager(config.kubelet_dir, self.resources, timing=config.timing)
+        self.state = NodeState(self.grouping, self.resources, config.grouping, config.pending_timeout)
+        self.pod_resources = PodResourcesClient(config.pod_resources_socket)
+        self.manager = PluginManager(config.kubelet_dir, self.resources, on_allocate=self.state.record_allocate,
+                                     timing=config.timing, check=self.state.check_allocate)
+        self.pod_resources_loop = PeriodicLoop("pod-resources", config.pod_resources_interval,
+                                               self.sync_pod_resources, (PodResourcesError,))
+        self.rescan_loop = PeriodicLoop("topology rescan", config.rescan_interval, self.rescan,
+                                        (TopologyReadError, OSError))
+
+    def sync_pod_resources(self) -> None:
+        started = time.monotonic()
+        rows = self.pod_resources.list()
+        self.state.apply_list(rows, started)
+
+    def rescan(self) -> None:
+        """Read the topology again and mark groups that are no longer whole (and back)."""
+        if self.loader is None:
+            return
+        self.state.apply_topology(self.loader())
 
     def start(self) -> None:
         log_discovery(self.topology, self.grouping)
         if not self.resources:
             log.warning("nothing to advertise on this node; staying up without registering")
             return
+        # Know what is in use before serving: a restarted agent must not hand out held groups.
+        self.pod_resources_loop.run_once()
         self.manager.start()
+        self.pod_resources_loop.start()
+        self.rescan_loop.start()
 
     def stop(self) -> None:
+        self.rescan_loop.stop()
+        self.pod_resources_loop.stop()
         self.manager.stop()
+        self.pod_resources.close()
         log.info("stopped: sockets removed")
 
 
@@ -70,7 +104,12 @@ def run_until_signalled(agent: Agent) -> int:
         log.info("received %s: shutting down", signal.Signals(signum).name)
         stop.set()
 
+    def rescan_now(signum: int, _frame: object) -> None:
+        log.info("received SIGHUP: rescanning topology")
+        agent.rescan_loop.wake()
+
     previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, rescan_now)
     try:
         agent.start()
         stop.wait()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,13 +49,15 @@ class Node:
 
 @contextlib.contextmanager
 def running_node(topology: Topology | str = "z16-lpar", levels: tuple[str, ...] | None = ("book", "socket"),
-                 start_kubelet: bool = True, **config: object) -> Iterator[Node]:
+                 start_kubelet: bool = True, loader: Callable[[], Topology] | None = None,
+                 **config: object) -> Iterator[Node]:
     topo = load_embedded(topology) if isinstance(topology, str) else topology
     root = short_tmpdir()
     kubelet = KubeletEmulator(root)
+    config = {"rescan_interval": 0.0, "pod_resources_interval": 0.05, **config}
     settings = AgentConfig(kubelet_dir=kubelet.device_plugin_dir, grouping=GroupingSettings(levels=levels),
                            pod_resources_socket=kubelet.pod_resources_socket, timing=FAST, **config)  # type: ignore[arg-type]
-    agent = Agent(topo, settings)
+    agent = Agent(topo, settings, loader=loader)
     try:
         if start_kubelet:
             kubelet.start()

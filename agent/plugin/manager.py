@@ -20,7 +20,7 @@ from agent.plugin.devices import ResourceDevices
 from agent.plugin.errors import RegistrationError, SocketInUseError
 from agent.plugin.registration import KUBELET_SOCKET, register
 from agent.plugin.server import PluginServer
-from agent.plugin.servicer import AllocateHook
+from agent.plugin.servicer import AdmissionCheck, AllocateHook
 
 log = logging.getLogger("topology-agent.plugin")
 
@@ -28,11 +28,13 @@ log = logging.getLogger("topology-agent.plugin")
 class PluginManager:
     def __init__(self, kubelet_dir: Path, resources: Sequence[ResourceDevices],
                  on_allocate: AllocateHook | None = None, timing: Timing | None = None,
-                 on_event: Callable[[str, dict[str, object]], None] | None = None) -> None:
+                 on_event: Callable[[str, dict[str, object]], None] | None = None,
+                 check: AdmissionCheck | None = None) -> None:
         self.kubelet_dir = Path(kubelet_dir)
         self.kubelet_socket = self.kubelet_dir / KUBELET_SOCKET
         self.resources = list(resources)
         self.on_allocate = on_allocate
+        self.check = check
         self.timing = timing or Timing()
         self.on_event = on_event or (lambda name, fields: None)
         self.servers: dict[str, PluginServer] = {}
@@ -69,7 +71,7 @@ class PluginManager:
     def _serve(self) -> None:
         self.kubelet_dir.mkdir(parents=True, exist_ok=True)
         for devices in self.resources:
-            server = PluginServer(devices, self.kubelet_dir, self.on_allocate)
+            server = PluginServer(devices, self.kubelet_dir, self.on_allocate, self.check)
             server.start()
             self.servers[devices.resource] = server
 

@@ -16,7 +16,7 @@ import grpc
 from agent._proto.deviceplugin.v1beta1 import api_pb2_grpc
 from agent.plugin.devices import ResourceDevices
 from agent.plugin.errors import SocketInUseError
-from agent.plugin.servicer import AllocateHook, DevicePluginServicer
+from agent.plugin.servicer import AdmissionCheck, AllocateHook, DevicePluginServicer
 
 log = logging.getLogger("topology-agent.plugin")
 
@@ -66,11 +66,12 @@ def _identity(path: Path) -> tuple[int, int, int]:
 class PluginServer:
     """Serves one resource until stopped; a stopped server is not restarted (make a new one)."""
 
-    def __init__(self, devices: ResourceDevices, directory: Path, on_allocate: AllocateHook | None = None) -> None:
+    def __init__(self, devices: ResourceDevices, directory: Path, on_allocate: AllocateHook | None = None,
+                 check: AdmissionCheck | None = None) -> None:
         self.devices = devices
         self.path = Path(directory) / socket_name(devices.resource)
         self.stopping = threading.Event()
-        self.servicer = DevicePluginServicer(devices, self.stopping, on_allocate)
+        self.servicer = DevicePluginServicer(devices, self.stopping, on_allocate, check)
         self._server: grpc.Server | None = None
         self.inode: tuple[int, int, int] | None = None
 

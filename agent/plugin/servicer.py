@@ -18,6 +18,8 @@ log = logging.getLogger("topology-agent.plugin")
 
 # Called after a successful Allocate with (resource, device ids); must not block.
 AllocateHook = Callable[[str, Sequence[str]], None]
+# Called before answering Allocate: why these ids must be refused (an overlapping device is held), or None.
+AdmissionCheck = Callable[[str, Sequence[str]], str | None]
 
 
 def plugin_options() -> api_pb2.DevicePluginOptions:
@@ -49,10 +51,12 @@ class StreamTracker:
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def __init__(self, devices: ResourceDevices, stopping: threading.Event,
-                 on_allocate: AllocateHook | None = None, heartbeat: float = 30.0) -> None:
+                 on_allocate: AllocateHook | None = None, check: AdmissionCheck | None = None,
+                 heartbeat: float = 30.0) -> None:
         self.devices = devices
         self.stopping = stopping
         self.on_allocate = on_allocate
+        self.check = check
         self.heartbeat = heartbeat
         self.streams = StreamTracker()
 
@@ -121,6 +125,11 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             except DeviceRequestError as exc:
                 log.warning("Allocate refused: %s", exc, extra={"resource": resource, "reason": "invalid ids"})
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            why = self.check(resource, plan.groups) if self.check is not None else None
+            if why is not None:
+                log.warning("Allocate refused: %s", why, extra={"resource": resource, "device": ",".join(plan.groups),
+                                                                 "reason": why})
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{resource}: {why}")
             responses.append(api_pb2.ContainerAllocateResponse(envs=dict(plan.envs),
                                                                annotations=dict(plan.annotations)))
             log.info("Allocate %s -> cpus %s (a container must request only one topology resource: "

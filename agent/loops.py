@@ -1,0 +1,82 @@
+"""Background loops of the running agent: one periodic step each, with backoff on failure and
+one log line when a source goes away and one when it comes back (never one per poll)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger("topology-agent")
+
+
+class PeriodicLoop:
+    """Calls ``step`` every ``interval`` seconds (and when woken) until stopped.
+
+    A step that raises one of ``expected`` errors is retried with doubling backoff up to
+    ``max_backoff``; the first failure of a streak is logged as a warning, the recovery once.
+    """
+
+    def __init__(self, name: str, interval: float, step: Callable[[], None],
+                 expected: tuple[type[BaseException], ...], max_backoff: float = 30.0,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+        self.name = name
+        self.interval = interval
+        self.step = step
+        self.expected = expected
+        self.max_backoff = max_backoff
+        self.on_failure = on_failure
+        self.failing = False
+        self.runs = 0
+        self.failures = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run_once(self) -> bool:
+        """One step now, in the caller's thread; True when it succeeded."""
+        self.runs += 1
+        try:
+            self.step()
+        except self.expected as exc:
+            self.failures += 1
+            if not self.failing:
+                log.warning("%s failing, keeping the last known state and retrying with backoff: %s", self.name, exc,
+                            extra={"reason": str(exc)})
+            self.failing = True
+            if self.on_failure is not None:
+                self.on_failure(exc)
+            return False
+        if self.failing:
+            log.info("%s works again", self.name)
+        self.failing = False
+        return True
+
+    def _run(self) -> None:
+        delay = self.interval
+        while not self._stop.is_set():
+            self._wake.wait(delay)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                ok = self.run_once()
+            except Exception:  # never let the loop die: log and keep going
+                log.exception("%s failed unexpectedly", self.name)
+                ok = False
+            delay = self.interval if ok else min(max(delay * 2, self.interval), self.max_backoff)
+
+    def start(self) -> None:
+        if self.interval <= 0:
+            return
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

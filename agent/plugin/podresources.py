@@ -1,0 +1,60 @@
+"""A client of kubelet's pod-resources v1 API: which of our device ids each container holds."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import grpc
+
+from agent._proto.podresources.v1 import api_pb2, api_pb2_grpc
+from agent.policy.ledger import ListedDevice
+
+MAX_RECEIVE = 16 * 1024 * 1024  # a node with many pods answers large List responses
+
+
+class PodResourcesError(RuntimeError):
+    """The pod-resources socket is missing or kubelet did not answer."""
+
+
+class PodResourcesClient:
+    def __init__(self, socket_path: Path, timeout: float = 5.0) -> None:
+        self.socket_path = Path(socket_path)
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._channel: grpc.Channel | None = None
+
+    def _stub(self) -> api_pb2_grpc.PodResourcesListerStub:
+        with self._lock:
+            if self._channel is None:
+                self._channel = grpc.insecure_channel(
+                    f"unix://{self.socket_path}",
+                    options=[("grpc.max_receive_message_length", MAX_RECEIVE)])
+            return api_pb2_grpc.PodResourcesListerStub(self._channel)
+
+    def reset(self) -> None:
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = None
+
+    def list(self) -> list[ListedDevice]:
+        """Every container's devices, as kubelet's List reports them (active pods only)."""
+        if not self.socket_path.exists():
+            raise PodResourcesError(f"{self.socket_path}: no pod-resources socket (is the directory mounted?)")
+        try:
+            answer = self._stub().List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            self.reset()  # kubelet recreates the socket when it restarts
+            code = exc.code().name if isinstance(exc, grpc.Call) else "error"
+            details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+            raise PodResourcesError(f"pod-resources List failed: {code}: {details}") from None
+        return [
+            ListedDevice(pod.namespace, pod.name, container.name, devices.resource_name, tuple(devices.device_ids))
+            for pod in answer.pod_resources
+            for container in pod.containers
+            for devices in container.devices
+        ]
+
+    def close(self) -> None:
+        self.reset()

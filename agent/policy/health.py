@@ -1,0 +1,118 @@
+"""Device health: what is held, what that blocks, and what the machine still has. Pure.
+
+kubelet treats ``topology/book`` and ``topology/socket`` as unrelated resources, so the agent
+enforces exclusivity across levels itself: a held book blocks its sockets, a held socket blocks
+its book (drawers likewise). Blocked devices are published ``Unhealthy`` so kubelet will not
+hand them out; a device that is itself held is never marked, and no id is ever dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from agent.policy.grouping import Group, Grouping, GroupingSettings, group_topology
+from agent.topology.cpulist import format_cpulist
+from agent.topology.model import Topology
+
+DeviceKey = tuple[str, str]  # (resource, device id)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Holder:
+    """Who holds a device: a pod's container, or our own Allocate not yet listed by kubelet."""
+
+    namespace: str
+    pod: str
+    container: str
+
+    def __str__(self) -> str:
+        if not self.namespace:
+            return f"pending allocation ({self.pod})"
+        return f"{self.namespace}/{self.pod}/{self.container}"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceState:
+    health: str  # "Healthy" | "Unhealthy"
+    state: str  # healthy | allocated | blocked-by-overlap | unhealthy-offline
+    reason: str = ""
+
+
+def overlaps(a: Group, b: Group) -> bool:
+    """Two groups of different levels share a container (a socket inside a book, ...)."""
+    if a.level == b.level:
+        return False
+    n = min(len(a.key), len(b.key))
+    return a.key[:n] == b.key[:n]
+
+
+def overlap_map(grouping: Grouping) -> dict[DeviceKey, list[DeviceKey]]:
+    """Each device -> the devices of other resources it overlaps."""
+    keys = {(g.resource, g.id): g for g in grouping.groups}
+    return {k: [o for o, og in keys.items() if overlaps(g, og)] for k, g in keys.items()}
+
+
+def machine_health(advertised: Grouping, current: Topology, settings: GroupingSettings) -> dict[DeviceKey, str]:
+    """Devices that are no longer whole, with the reason (others are absent from the result).
+
+    A device stays whole while every CPU it was advertised with is still usable and still in
+    the same container. New CPUs never reshape an advertised group.
+    """
+    try:
+        now = group_topology(current, settings)
+    except ValueError as exc:
+        return {(g.resource, g.id): f"topology unreadable: {exc}" for g in advertised.groups}
+    now_cpus = {(g.resource, g.id): set(g.cpus) for g in now.groups}
+    usable_now = {c.cpu for c in current.cpus if c.online and c.configured}
+    broken: dict[DeviceKey, str] = {}
+    for g in advertised.groups:
+        key = (g.resource, g.id)
+        missing = set(g.cpus) - now_cpus.get(key, set())
+        if not missing:
+            continue
+        gone = sorted(c for c in missing if c not in usable_now)
+        moved = sorted(missing - set(gone))
+        parts = []
+        if gone:
+            parts.append(f"cpus {format_cpulist(gone)} offline or in standby")
+        if moved:
+            parts.append(f"cpus {format_cpulist(moved)} no longer usable in this group (moved, excluded or split)")
+        broken[key] = "; ".join(parts)
+    return broken
+
+
+def device_states(
+    grouping: Grouping,
+    held: Mapping[DeviceKey, Iterable[Holder]],
+    broken: Mapping[DeviceKey, str],
+    overlap: Mapping[DeviceKey, list[DeviceKey]] | None = None,
+) -> dict[DeviceKey, DeviceState]:
+    """The published state of every advertised device."""
+    overlap = overlap if overlap is not None else overlap_map(grouping)
+    states: dict[DeviceKey, DeviceState] = {}
+    for g in grouping.groups:
+        key = (g.resource, g.id)
+        holders = sorted(held.get(key, ()))
+        if holders:  # never mark a device that is itself allocated
+            states[key] = DeviceState("Healthy", "allocated", ", ".join(map(str, holders)))
+            continue
+        blockers = [(o, sorted(held[o])) for o in overlap.get(key, []) if held.get(o)]
+        if blockers:
+            (res, dev), who = blockers[0]
+            states[key] = DeviceState("Unhealthy", "blocked-by-overlap", f"{res} {dev} held by {who[0]}")
+        elif key in broken:
+            states[key] = DeviceState("Unhealthy", "unhealthy-offline", broken[key])
+        else:
+            states[key] = DeviceState("Healthy", "healthy")
+    return states
+
+
+def conflict(key: DeviceKey, held: Mapping[DeviceKey, Iterable[Holder]],
+             overlap: Mapping[DeviceKey, list[DeviceKey]]) -> str | None:
+    """Why allocating ``key`` now would break exclusivity, or None."""
+    for other in overlap.get(key, []):
+        holders = sorted(held.get(other, ()))
+        if holders:
+            return f"{key[0]} {key[1]} overlaps {other[0]} {other[1]}, held by {holders[0]}"
+    return None

@@ -1,0 +1,100 @@
+"""The node's live device state: holders (pod-resources + our Allocates), machine health from
+rescans, and what every device publishes. Thin: the rules live in agent.policy.health and
+agent.policy.ledger; this object holds the current values under one short lock and pushes
+each change to the resources' ListAndWatch streams (in memory, no I/O)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from agent.plugin.devices import ResourceDevices
+from agent.policy.grouping import Grouping, GroupingSettings
+from agent.policy.health import DeviceKey, DeviceState, conflict, device_states, machine_health, overlap_map
+from agent.policy.ledger import AllocationLedger, ListedDevice
+from agent.topology.model import Topology
+
+log = logging.getLogger("topology-agent.state")
+
+Clock = Callable[[], float]
+
+
+class NodeState:
+    def __init__(self, grouping: Grouping, resources: Sequence[ResourceDevices], settings: GroupingSettings,
+                 pending_timeout: float = 60.0, clock: Clock = time.monotonic) -> None:
+        self.grouping = grouping
+        self.settings = settings
+        self.resources = {r.resource: r for r in resources}
+        self.overlap = overlap_map(grouping)
+        self.ledger = AllocationLedger(frozenset(self.resources), pending_timeout=pending_timeout)
+        self.broken: dict[DeviceKey, str] = {}
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._states: dict[DeviceKey, DeviceState] = device_states(grouping, {}, {}, self.overlap)
+        self.changes = 0  # device state transitions published
+
+    # --- inputs ---------------------------------------------------------------------------
+    def check_allocate(self, resource: str, ids: Sequence[str]) -> str | None:
+        """Why Allocate must refuse ``ids`` (an overlapping device is held), or None."""
+        with self._lock:
+            held = self.ledger.held()
+        for device in ids:
+            why = conflict((resource, device), held, self.overlap)
+            if why is not None:
+                return why
+        return None
+
+    def record_allocate(self, resource: str, ids: Iterable[str]) -> None:
+        with self._lock:
+            self.ledger.record_allocate(resource, ids, self.clock())
+        self.refresh()
+
+    def apply_list(self, rows: Iterable[ListedDevice], started: float) -> None:
+        with self._lock:
+            self.ledger.apply_list(rows, started, self.clock())
+        self.refresh()
+
+    def expire_pending(self) -> None:
+        with self._lock:
+            changed = self.ledger.expire(self.clock())
+        if changed:
+            self.refresh()
+
+    def apply_topology(self, topology: Topology) -> None:
+        broken = machine_health(self.grouping, topology, self.settings)
+        with self._lock:
+            before, self.broken = self.broken, broken
+        for key in sorted(set(before) | set(broken)):
+            if before.get(key) != broken.get(key):
+                log.warning("topology change for %s %s: %s -> %s", key[0], key[1], before.get(key, "whole"),
+                            broken.get(key, "whole again"),
+                            extra={"resource": key[0], "device": key[1], "before": before.get(key, "whole"),
+                                   "after": broken.get(key, "whole")})
+        self.refresh()
+
+    # --- outputs --------------------------------------------------------------------------
+    def states(self) -> dict[DeviceKey, DeviceState]:
+        with self._lock:
+            return dict(self._states)
+
+    def holders(self) -> dict[DeviceKey, list[str]]:
+        with self._lock:
+            return {k: sorted(map(str, v)) for k, v in self.ledger.held().items()}
+
+    def refresh(self) -> None:
+        """Recompute every device's state and publish the resources whose health changed."""
+        with self._lock:
+            new = device_states(self.grouping, self.ledger.held(), self.broken, self.overlap)
+            old, self._states = self._states, new
+        for key, state in new.items():
+            if old.get(key) != state:
+                self.changes += 1
+                before = old[key].state if key in old else "-"
+                log.info("device %s %s: %s -> %s%s", key[0], key[1], before, state.state,
+                         f" ({state.reason})" if state.reason else "",
+                         extra={"resource": key[0], "device": key[1], "before": before, "after": state.state,
+                                "reason": state.reason})
+        for resource, devices in self.resources.items():
+            devices.publish({dev: s.health for (res, dev), s in new.items() if res == resource})

@@ -1,0 +1,173 @@
+"""Book/socket exclusivity through pod-resources, health from CPU changes, state after restarts,
+all through the kubelet emulator and its pod-resources server."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from agent.kubelet_emulator import AdmissionError, Container, KubeletEmulator
+from agent.policy.grouping import GroupingSettings, group_topology
+from agent.policy.health import overlaps
+from agent.service import Agent
+from agent.topology.embedded import load_embedded
+from agent.topology.model import Topology
+from agent.topology.sysfs import read_sysfs
+from agent.topology.sysfs_writer import write_sysfs_tree
+from tests.plugin_harness import running_node, short_tmpdir
+
+BOOK, SOCKET = "topology/book", "topology/socket"
+
+
+def unhealthy(kubelet: KubeletEmulator, resource: str) -> set[str]:
+    return {d for d, h in kubelet.devices(resource).items() if h != "Healthy"}
+
+
+def test_a_book_pod_blocks_its_sockets_until_deleted() -> None:
+    with running_node() as node:
+        k = node.kubelet
+        pod = k.admit_pod("default", "book", [Container("c", {BOOK: 1})])
+        (book,) = pod.devices("c", BOOK)
+        inside = {s for s in k.devices(SOCKET) if s.startswith(book + "-")}
+        k.wait_for(lambda: unhealthy(k, SOCKET) == inside, what="sockets of the held book blocked")
+        assert k.allocatable(SOCKET) == 16 - len(inside) and k.capacity(SOCKET) == 16
+        assert unhealthy(k, BOOK) == set()  # the held book itself is never marked
+        k.wait_for(lambda: node.agent.state.holders().get((BOOK, book)) == ["default/book/c"], what="listed")
+        k.delete_pod("default", "book")
+        k.wait_for(lambda: unhealthy(k, SOCKET) == set(), what="sockets healthy after the pod is gone")
+
+
+def test_a_socket_pod_blocks_its_book_and_allocate_rechecks() -> None:
+    with running_node() as node:
+        k = node.kubelet
+        pod = k.admit_pod("default", "sock", [Container("c", {SOCKET: 1})])
+        (socket_id,) = pod.devices("c", SOCKET)
+        book = socket_id.rsplit("-", 1)[0]
+        k.wait_for(lambda: unhealthy(k, BOOK) == {book}, what="the socket's book blocked")
+        k.wait_for(lambda: node.agent.state.holders().get((SOCKET, socket_id)) == ["default/sock/c"], what="listed")
+        # A conflict that slips through (kubelet acting on an older snapshot) is refused by Allocate itself.
+        with pytest.raises(grpc.RpcError) as err:
+            node.allocate(BOOK, [book])
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "held by default/sock/c" in err.value.details()
+
+
+def test_cpu_offline_turns_its_groups_unhealthy_within_one_rescan_and_back() -> None:
+    base = load_embedded("z16-lpar")
+    root = short_tmpdir() / "host"
+    write_sysfs_tree(base, root)
+
+    def rewrite(topology: Topology) -> None:
+        shutil.rmtree(root)
+        write_sysfs_tree(topology, root)
+
+    with running_node(topology=read_sysfs(root), loader=lambda: read_sysfs(root)) as node:
+        k = node.kubelet
+        rewrite(Topology(machine=base.machine, cpus=tuple(
+            dataclasses.replace(c, online=c.cpu != 13) for c in base.cpus)))
+        node.agent.rescan()  # one rescan period, driven by the test
+        k.wait_for(lambda: unhealthy(k, BOOK) == {"drawer0-book1"} and
+                   unhealthy(k, SOCKET) == {"drawer0-book1-socket0"}, what="groups of cpu 13 unhealthy")
+        assert set(k.devices(BOOK)) == {g.id for g in node.agent.grouping.by_resource(BOOK)}  # no id dropped
+        rewrite(base)
+        node.agent.rescan()
+        k.wait_for(lambda: not unhealthy(k, BOOK) and not unhealthy(k, SOCKET), what="whole again")
+
+
+def test_steady_state_makes_pod_resources_calls_only_from_its_loop() -> None:
+    with running_node(pod_resources_interval=0.05) as node:
+        k = node.kubelet
+        k.admit_pod("default", "p", [Container("c", {BOOK: 1})])
+        loop = node.agent.pod_resources_loop
+        k.wait_for(lambda: loop.runs >= 10, what="ten polls")
+        assert k.pod_resources_calls == loop.runs or k.pod_resources_calls == loop.runs - 1
+        assert k.pod_resources_rejected == 0
+
+
+def serve(kubelet: KubeletEmulator) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "agent", "serve", "--topology-file", "embedded:z16-lpar", "--levels", "book,socket",
+         "--kubelet-dir", str(kubelet.device_plugin_dir), "--pod-resources-socket", str(kubelet.pod_resources_socket),
+         "--pod-resources-interval", "0.1", "--rescan-interval", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_agent_killed_and_restarted_publishes_the_blocked_set_before_serving() -> None:
+    with KubeletEmulator(short_tmpdir()) as k:
+        first = serve(k)
+        try:
+            k.wait_registered(BOOK, timeout=20)
+            k.wait_registered(SOCKET, timeout=20)
+            pod = k.admit_pod("default", "held", [Container("c", {BOOK: 1})])
+            (book,) = pod.devices("c", BOOK)
+            inside = {s for s in k.devices(SOCKET) if s.startswith(book + "-")}
+            k.wait_for(lambda: unhealthy(k, SOCKET) == inside, timeout=10)
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=10)
+        k.restart()  # the new instance's registration is watched from a clean start
+        before = k.snapshots(SOCKET)
+        second = serve(k)
+        try:
+            k.wait_for(lambda: k.registrations(SOCKET) >= 2 and k.snapshots(SOCKET) > before, timeout=20)
+            # The very first snapshot of the new instance already holds the blocked set.
+            assert k.snapshots(SOCKET) == before + 1
+            assert unhealthy(k, SOCKET) == inside
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.communicate(timeout=20)
+        assert second.returncode == 0
+
+
+def held_sets(kubelet: KubeletEmulator) -> list[tuple[str, str]]:
+    return [(resource, device) for pod in kubelet.pods() for c in pod.containers
+            for resource in (BOOK, SOCKET) for device in pod.devices(c.name, resource)]
+
+
+def test_random_walk_never_hands_out_an_id_twice() -> None:
+    rnd = random.Random(40714)
+    topology = load_embedded("z16-lpar")
+    grouping = group_topology(topology, GroupingSettings(levels=("book", "socket")))
+    groups = {(g.resource, g.id): g for g in grouping.groups}
+    live: list[str] = []
+    admitted = refused = 0
+    with running_node(topology=topology, pending_timeout=5.0) as node:
+        k = node.kubelet
+        for step in range(200):
+            if step in (60, 100, 130):
+                before = {r: k.registrations(r) for r in (BOOK, SOCKET)}
+                if step == 100:  # the agent restarts: it must relearn what is held before serving
+                    node.agent.stop()
+                    node.agent = Agent(topology, node.agent.config)
+                    node.agent.start()
+                else:
+                    k.restart(down_for=0.02)
+                for r in (BOOK, SOCKET):
+                    k.wait_for(lambda r=r, b=before: k.registrations(r) > b[r] and bool(k.devices(r)), timeout=10,
+                               what=f"{r} registered again at step {step}")
+            if live and rnd.random() < 0.45:
+                name = live.pop(rnd.randrange(len(live)))
+                k.delete_pod("default", name)
+            else:
+                resource = rnd.choice([BOOK, SOCKET])
+                name = f"p{step}"
+                try:
+                    k.admit_pod("default", name, [Container("c", {resource: rnd.choice([1, 1, 2])})])
+                    live.append(name)
+                    admitted += 1
+                except AdmissionError:
+                    refused += 1
+            held = held_sets(k)
+            assert len(held) == len(set(held)), f"step {step}: an id is held twice"
+            for i, a in enumerate(held):
+                for b in held[i + 1:]:
+                    assert not overlaps(groups[a], groups[b]), f"step {step}: {a} and {b} overlap"
+    assert admitted > 60 and refused < admitted
