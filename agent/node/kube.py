@@ -1,0 +1,199 @@
+"""Put the agent's labels and annotations on its Node: a thin adapter over the ``kubernetes`` client.
+
+Zero writes in steady state: the first :meth:`NodeLabeler.sync` GETs the node and patches only the
+keys of ours that differ; later syncs compare with what was applied last and send nothing when
+nothing changed. After any failure the next sync GETs the node again.
+
+The device plugin never depends on the API server: unreachable, timing out, RBAC denied (403) or
+node missing (404) is one warning on logger ``topology-agent.node`` and ``False``, never an
+exception. The calls block (urllib3); from asyncio code run ``sync`` with ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from agent.node.labels import KEY_PREFIX
+
+log = logging.getLogger("topology-agent.node")
+
+MERGE_PATCH = "application/merge-patch+json"
+DEFAULT_REQUEST_TIMEOUT = 5.0
+
+
+class NodeLabelerError(RuntimeError):
+    """No API server configuration at all (neither in-cluster nor a kubeconfig)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Metadata:
+    labels: dict[str, str]
+    annotations: dict[str, str]
+
+
+class _SyncFailed(Exception):
+    """Internal: a request failed; the argument is the one-line reason."""
+
+
+def _ours(values: Mapping[str, str] | None, prefix: str) -> dict[str, str]:
+    return {k: v for k, v in (values or {}).items() if k.startswith(prefix)}
+
+
+def _changes(current: Mapping[str, str], desired: Mapping[str, str]) -> dict[str, str | None]:
+    """Keys to set (new or different value) and keys to remove (None), in a stable order."""
+    changed: dict[str, str | None] = {k: v for k, v in sorted(desired.items()) if current.get(k) != v}
+    changed.update({k: None for k in sorted(current) if k not in desired})
+    return changed
+
+
+def _api_message(exc: ApiException) -> str:
+    """The ``message`` of the Status the API server sent, else the HTTP reason."""
+    try:
+        body = json.loads(exc.body) if exc.body else None
+    except (TypeError, ValueError):
+        body = None
+    message = body.get("message") if isinstance(body, dict) else None
+    text = str(message or exc.reason or "no details")
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+class NodeLabeler:
+    """Keeps this node's ``topology.s390x.ibm.com/`` labels and annotations as desired.
+
+    ``patches`` and ``failures`` count successful PATCH requests and failed syncs; ``last_error``
+    holds the reason of the latest failure (None after a successful sync).
+    """
+
+    def __init__(
+        self,
+        node_name: str,
+        api: client.CoreV1Api,
+        *,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        key_prefix: str = KEY_PREFIX,
+    ) -> None:
+        if not node_name:
+            raise ValueError("node name is empty (set NODE_NAME from the downward API: spec.nodeName)")
+        self.node_name = node_name
+        self.api = api
+        self.request_timeout = request_timeout
+        self.key_prefix = key_prefix
+        self.patches = 0
+        self.failures = 0
+        self.last_error: str | None = None
+        self._applied: _Metadata | None = None  # what the node holds of ours, as far as we know
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_environment(cls, node_name: str, *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> NodeLabeler:
+        """In-cluster service account config, falling back to the kubeconfig (local runs).
+
+        NodeLabelerError when neither is available; nothing is contacted here.
+        """
+        configuration = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException as in_cluster:
+            try:
+                config.load_kube_config(client_configuration=configuration)
+            except (config.ConfigException, OSError, ValueError) as kubeconfig:
+                raise NodeLabelerError(
+                    f"no Kubernetes API configuration: not running in a cluster ({in_cluster}) and no usable "
+                    f"kubeconfig ({kubeconfig})") from None
+        # One retry for a dropped connection; the default (3) would stretch a timeout to 4x.
+        configuration.retries = 1
+        return cls(node_name, client.CoreV1Api(client.ApiClient(configuration)), request_timeout=request_timeout)
+
+    def invalidate(self) -> None:
+        """Forget what was applied: the next sync reads the node again (e.g. once an hour)."""
+        with self._lock:
+            self._applied = None
+
+    def sync(self, labels: Mapping[str, str], annotations: Mapping[str, str]) -> bool:
+        """Make the node's labels and annotations of our domain exactly ``labels`` and ``annotations``.
+
+        True when the node is as desired (patched, or nothing to do); False after a failure, which
+        is logged as one warning. ValueError for keys outside our domain (a programming error).
+        """
+        foreign = sorted(k for k in [*labels, *annotations] if not k.startswith(self.key_prefix))
+        if foreign:
+            raise ValueError(f"keys outside {self.key_prefix}: {', '.join(foreign)}")
+        desired = _Metadata(dict(labels), dict(annotations))
+        with self._lock:
+            try:
+                current = self._applied if self._applied is not None else self._read()
+                body: dict[str, Any] = {}
+                label_changes = _changes(current.labels, desired.labels)
+                annotation_changes = _changes(current.annotations, desired.annotations)
+                if label_changes:
+                    body["labels"] = label_changes
+                if annotation_changes:
+                    body["annotations"] = annotation_changes
+                if body:
+                    self._patch({"metadata": body})
+                    self.patches += 1
+            except _SyncFailed as failure:
+                self._applied = None
+                self.failures += 1
+                reason = str(failure)
+                if reason != self.last_error:
+                    log.warning("node %s: labels not synced, will retry: %s", self.node_name, reason)
+                else:  # the same failure again: said already
+                    log.debug("node %s: labels still not synced: %s", self.node_name, reason)
+                self.last_error = reason
+                return False
+            self._applied = desired
+            if self.last_error is not None:
+                log.info("node %s: labels synced again", self.node_name)
+                self.last_error = None
+            return True
+
+    def _read(self) -> _Metadata:
+        try:
+            node = self.api.read_node(self.node_name, _request_timeout=self.request_timeout)
+        except Exception as exc:  # never let the API server take the agent down
+            raise _SyncFailed(self._reason("GET", exc)) from None
+        meta = node.metadata
+        return _Metadata(_ours(meta.labels if meta else None, self.key_prefix),
+                         _ours(meta.annotations if meta else None, self.key_prefix))
+
+    def _patch(self, body: dict[str, Any]) -> None:
+        try:
+            self.api.patch_node(self.node_name, body, _content_type=MERGE_PATCH,
+                                _request_timeout=self.request_timeout)
+        except Exception as exc:  # never let the API server take the agent down
+            raise _SyncFailed(self._reason("PATCH", exc)) from None
+
+    def _reason(self, verb: str, exc: Exception) -> str:
+        what = f"{verb} node {self.node_name}"
+        if isinstance(exc, ApiException):
+            status = exc.status
+            message = _api_message(exc)
+            if status == 403:
+                return (f"{what}: RBAC denied (403 Forbidden): the agent's service account needs get and patch "
+                        f"on nodes: {message}")
+            if status == 401:
+                return f"{what}: unauthorized (401): the service account token was not accepted: {message}"
+            if status == 404:
+                return f"{what}: node not found (404): is NODE_NAME spec.nodeName? {message}"
+            if not status:
+                return f"{what}: API server unreachable: {message}"
+            return f"{what}: API server answered {status}: {message}"
+        if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+            exc = exc.reason
+        if isinstance(exc, urllib3.exceptions.NewConnectionError):  # a ConnectTimeoutError subclass, but refused
+            return f"{what}: API server unreachable: {exc}"
+        if isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError):
+            return f"{what}: API server timed out after {self.request_timeout:g}s: {exc}"
+        if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
+            return f"{what}: API server unreachable: {exc}"
+        return f"{what}: {type(exc).__name__}: {exc}"

@@ -1,0 +1,162 @@
+"""Node labels and the topology annotation the agent puts on its Node. Pure: model + grouping -> dicts.
+
+Labels carry only what node selectors and affinities need (machine generation, how many books and
+sockets are advertised, SMT, polarization, how much the topology can be trusted, the CPU manager
+policy); everything else goes into one compact JSON annotation. Every key lives under
+``topology.s390x.ibm.com/`` so the agent can recognise, update and remove its own keys
+(:data:`LABEL_KEYS`, :data:`ANNOTATION_KEYS`) without touching anybody else's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from agent.policy.grouping import Grouping
+from agent.topology.cpulist import format_cpulist
+from agent.topology.model import DISPATCHING_MODES, Topology
+
+DOMAIN = "topology.s390x.ibm.com"
+KEY_PREFIX = f"{DOMAIN}/"
+
+LABEL_MACHINE = f"{KEY_PREFIX}machine"
+LABEL_MACHINE_TYPE = f"{KEY_PREFIX}machine-type"
+LABEL_BOOKS = f"{KEY_PREFIX}books"
+LABEL_SOCKETS = f"{KEY_PREFIX}sockets"
+LABEL_SMT = f"{KEY_PREFIX}smt"
+LABEL_POLARIZATION = f"{KEY_PREFIX}polarization"
+LABEL_FIDELITY = f"{KEY_PREFIX}fidelity"
+LABEL_ENVIRONMENT = f"{KEY_PREFIX}environment"
+LABEL_CPU_MANAGER_POLICY = f"{KEY_PREFIX}cpu-manager-policy"
+
+# Every label key the agent may set, so keys of ours that are no longer wanted can be removed.
+LABEL_KEYS: tuple[str, ...] = (
+    LABEL_MACHINE,
+    LABEL_MACHINE_TYPE,
+    LABEL_BOOKS,
+    LABEL_SOCKETS,
+    LABEL_SMT,
+    LABEL_POLARIZATION,
+    LABEL_FIDELITY,
+    LABEL_ENVIRONMENT,
+    LABEL_CPU_MANAGER_POLICY,
+)
+
+TOPOLOGY_ANNOTATION = f"{KEY_PREFIX}topology"
+ANNOTATION_KEYS: tuple[str, ...] = (TOPOLOGY_ANNOTATION,)
+
+ANNOTATION_SCHEMA_VERSION = 1
+# The API server caps *all* annotations of an object at 256 KiB together; ours stays far below.
+MAX_ANNOTATION_BYTES = 64 * 1024
+
+MAX_LABEL_VALUE = 63
+_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+_INVALID_CHARS = re.compile(r"[^-A-Za-z0-9_.]+")
+_EDGE = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
+
+
+def is_valid_label_value(value: str) -> bool:
+    """Kubernetes' rule for label values: <= 63 characters of [A-Za-z0-9._-], alphanumeric at both ends."""
+    return len(value) <= MAX_LABEL_VALUE and _LABEL_VALUE.fullmatch(value) is not None
+
+
+def _label_value(text: str | None) -> str | None:
+    """``text`` made into a valid, non-empty label value, or None when nothing is left."""
+    if text is None:
+        return None
+    value = _EDGE.sub("", _INVALID_CHARS.sub("-", text.strip()))
+    value = _EDGE.sub("", value[:MAX_LABEL_VALUE])
+    return value or None
+
+
+def _groups_per_level(grouping: Grouping, level: str) -> str:
+    return str(sum(1 for g in grouping.groups if g.level == level))
+
+
+def node_labels(topology: Topology, grouping: Grouping, cpu_manager_policy: str | None) -> dict[str, str]:
+    """The labels for this node; ``cpu_manager_policy`` None means kubelet's state file is absent.
+
+    All values are valid label values. ``machine-type`` is left out when the type is unknown.
+    """
+    m = topology.machine
+    machine = (m.generation if m.is_s390 else None) or m.arch
+    policy = _label_value(cpu_manager_policy.lower()) if cpu_manager_policy is not None else None
+    labels: dict[str, str | None] = {
+        LABEL_MACHINE: _label_value(machine) or "unknown",
+        LABEL_MACHINE_TYPE: _label_value(m.machine_type),
+        LABEL_BOOKS: _groups_per_level(grouping, "book"),
+        LABEL_SOCKETS: _groups_per_level(grouping, "socket"),
+        LABEL_SMT: str(max(1, m.smt_threads)),
+        LABEL_POLARIZATION: m.dispatching if m.dispatching in DISPATCHING_MODES else "unknown",
+        LABEL_FIDELITY: _label_value(grouping.fidelity) or "unknown",
+        LABEL_ENVIRONMENT: _label_value(m.environment) or "unknown",
+        LABEL_CPU_MANAGER_POLICY: policy or "unknown",
+    }
+    return {key: value for key, value in labels.items() if value is not None}
+
+
+def _summary(topology: Topology, grouping: Grouping) -> dict[str, Any]:
+    m = topology.machine
+    return {
+        "version": ANNOTATION_SCHEMA_VERSION,
+        "machine": {
+            "arch": m.arch,
+            "type": m.machine_type,
+            "generation": m.generation,
+            "environment": m.environment,
+            "topologyFacility": m.topology_facility,
+            "dispatching": m.dispatching,
+            "smtThreads": m.smt_threads,
+            "memoryNodes": list(m.memory_nodes),
+        },
+        "fidelity": grouping.fidelity,
+        "levels": list(grouping.levels),
+        "levelReason": grouping.level_reason,
+        "groups": [
+            {"resource": g.resource, "id": g.id, "cpus": g.cpulist, "memoryNode": g.memory_node}
+            for g in grouping.groups
+        ],
+        "skipped": [{"cpus": format_cpulist(s.cpus), "reason": s.reason} for s in grouping.skipped],
+        "warnings": list(grouping.warnings),
+    }
+
+
+def _dumps(summary: dict[str, Any]) -> str:
+    # Deterministic (sorted keys, no timestamps): the same topology gives the same bytes, so a
+    # steady-state sync writes nothing.
+    return json.dumps(summary, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _shrink(summary: dict[str, Any]) -> str:
+    """The summary cut down until it fits :data:`MAX_ANNOTATION_BYTES` (never needed on real machines)."""
+    text = _dumps(summary)
+    if len(text.encode()) <= MAX_ANNOTATION_BYTES:
+        return text
+    counts: dict[str, int] = {}
+    for group in summary["groups"]:
+        counts[group["resource"]] = counts.get(group["resource"], 0) + 1
+    summary = {
+        **summary,
+        "groups": [],
+        "groupCounts": counts,
+        "skipped": [{"cpus": s["cpus"][:200], "reason": s["reason"][:200]} for s in summary["skipped"][:20]],
+        "warnings": [w[:200] for w in summary["warnings"][:20]],
+        "truncated": True,
+    }
+    text = _dumps(summary)
+    if len(text.encode()) <= MAX_ANNOTATION_BYTES:
+        return text
+    return _dumps({key: summary[key] for key in ("version", "machine", "fidelity", "levels", "groupCounts")}
+                  | {"truncated": True})
+
+
+def node_annotations(topology: Topology, grouping: Grouping) -> dict[str, str]:
+    """One annotation, :data:`TOPOLOGY_ANNOTATION`: a compact JSON summary of machine and groups.
+
+    Keys: ``version``, ``machine`` (arch, type, generation, environment, topologyFacility,
+    dispatching, smtThreads, memoryNodes), ``fidelity``, ``levels``, ``levelReason``, ``groups``
+    (resource, id, cpus as a kernel cpulist, memoryNode), ``skipped`` (cpus, reason) and
+    ``warnings``. Always below :data:`MAX_ANNOTATION_BYTES` (``truncated: true`` when it was cut).
+    """
+    return {TOPOLOGY_ANNOTATION: _shrink(_summary(topology, grouping))}
