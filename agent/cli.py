@@ -14,8 +14,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agent import __version__
-from agent.config import DEFAULT_KUBELET_DIR, DEFAULT_POD_RESOURCES_SOCKET, AgentConfig
-from agent.plugin.errors import SocketInUseError
+from agent.config import (
+    DEFAULT_CPU_MANAGER_STATE,
+    DEFAULT_KUBELET_CONFIG,
+    DEFAULT_KUBELET_DIR,
+    DEFAULT_POD_RESOURCES_SOCKET,
+    AgentConfig,
+)
+from agent.errors import StartupError
 from agent.policy.allocation import AllocationSettings
 from agent.policy.grouping import DEFAULT_PREFIX, GroupingSettings, PolicyError, group_topology
 from agent.topology.cpulist import CpuListError, parse_cpulist
@@ -135,6 +141,17 @@ def allocation_settings(args: argparse.Namespace) -> AllocationSettings:
         raise UsageError(f"{exc}" if "--" in str(exc) else f"--reserve-cores-per-group: {exc}") from None
 
 
+def _bool_env(flag: str, default: bool) -> bool:
+    value = env_default(flag)
+    if value is None:
+        return default
+    if value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise UsageError(f"{ENV_PREFIX}{flag.lstrip('-').replace('-', '_').upper()}: expected true or false, got {value!r}")
+
+
 def add_service_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("kubelet")
     _add(group, "--kubelet-dir", DEFAULT_KUBELET_DIR, metavar="DIR",
@@ -144,6 +161,18 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
     _add(group, "--pod-resources-interval", "2", metavar="SECONDS",
          help="how often kubelet's pod-resources List is read (0 disables)")
     _add(group, "--rescan-interval", "5", metavar="SECONDS", help="how often the topology is read again (0 disables)")
+    _add(group, "--cpu-manager-state", DEFAULT_CPU_MANAGER_STATE, metavar="PATH",
+         help="kubelet's CPU manager checkpoint, read to warn when the static policy fights our pinning")
+    _add(group, "--kubelet-config", DEFAULT_KUBELET_CONFIG, metavar="PATH",
+         help="kubelet's config file, read for reservedSystemCPUs overlapping our groups")
+    group = parser.add_argument_group("node labels and metrics")
+    group.add_argument("--node-labels", action=argparse.BooleanOptionalAction,
+                       default=_bool_env("--node-labels", True),
+                       help="label the Node (needs NODE_NAME and RBAC get/patch on nodes) "
+                            "[env TOPOLOGY_AGENT_NODE_LABELS=true|false]")
+    _add(group, "--metrics-port", "9400", metavar="PORT",
+         help="port of /metrics, /healthz, /readyz and /allocations (0 disables)")
+    _add(group, "--metrics-address", "0.0.0.0", metavar="ADDRESS", help="address the metrics port listens on")
     group = parser.add_argument_group("logging")
     _add(group, "--log-level", "info", choices=("debug", "info", "warning", "error"), help="log level")
     _add(group, "--log-format", "text", choices=("text", "json"), help="log format")
@@ -159,11 +188,25 @@ def _seconds(flag: str, value: str) -> float:
     return seconds
 
 
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise UsageError(f"--metrics-port: expected a port number, got {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--metrics-port: {port} is not a port number (0 disables)")
+    return port
+
+
 def agent_config(args: argparse.Namespace) -> AgentConfig:
     return AgentConfig(kubelet_dir=Path(args.kubelet_dir), grouping=grouping_settings(args),
                        allocation=allocation_settings(args), pod_resources_socket=Path(args.pod_resources_socket),
                        rescan_interval=_seconds("--rescan-interval", args.rescan_interval),
-                       pod_resources_interval=_seconds("--pod-resources-interval", args.pod_resources_interval))
+                       pod_resources_interval=_seconds("--pod-resources-interval", args.pod_resources_interval),
+                       node_name=os.environ.get("NODE_NAME") or None, node_labels=args.node_labels,
+                       cpu_manager_state=Path(args.cpu_manager_state) if args.cpu_manager_state else None,
+                       kubelet_config=Path(args.kubelet_config) if args.kubelet_config else None,
+                       metrics_port=_port(args.metrics_port) or None, metrics_address=args.metrics_address)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -222,12 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    func: Command = args.func
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        func: Command = args.func
         return func(args)
-    except (TopologyReadError, PolicyError, UsageError, SocketInUseError) as exc:
+    except (TopologyReadError, PolicyError, UsageError, StartupError) as exc:
         print(f"topology-agent: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

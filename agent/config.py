@@ -10,6 +10,8 @@ from agent.policy.grouping import GroupingSettings
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+DEFAULT_CPU_MANAGER_STATE = "/var/lib/kubelet/cpu_manager_state"
+DEFAULT_KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,3 +33,10 @@ class AgentConfig:
     rescan_interval: float = 5.0  # seconds between topology rescans; 0 disables
     pod_resources_interval: float = 2.0  # seconds between pod-resources List calls; 0 disables
     pending_timeout: float = 60.0  # an Allocate that List never shows is forgotten after this long
+    node_name: str | None = None  # from the downward API (NODE_NAME)
+    node_labels: bool = False  # patch labels and an annotation onto the Node
+    label_interval: float = 30.0  # seconds between label checks (no request unless something changed)
+    cpu_manager_state: Path | None = None  # kubelet's cpu_manager_state, checked at start and on rescans
+    kubelet_config: Path | None = None  # kubelet's config file, for reservedSystemCPUs
+    metrics_port: int | None = None  # None: no HTTP endpoint; 0: any free port (tests)
+    metrics_address: str = "0.0.0.0"

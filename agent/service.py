@@ -13,7 +13,10 @@ import time
 from collections.abc import Callable
 
 from agent.config import AgentConfig
+from agent.http import HttpEndpoint, make_app
 from agent.loops import PeriodicLoop
+from agent.metrics import AgentMetrics
+from agent.node.reporter import NodeReporter
 from agent.plugin.devices import ResourceDevices
 from agent.plugin.manager import PluginManager
 from agent.plugin.podresources import PodResourcesClient, PodResourcesError
@@ -60,12 +63,21 @@ class Agent:
         self.resources = resource_devices(topology, self.grouping, config.allocation)
         self.state = NodeState(self.grouping, self.resources, config.grouping, config.pending_timeout)
         self.pod_resources = PodResourcesClient(config.pod_resources_socket)
+        self.metrics = AgentMetrics()
         self.manager = PluginManager(config.kubelet_dir, self.resources, on_allocate=self.state.record_allocate,
-                                     timing=config.timing, check=self.state.check_allocate)
+                                     timing=config.timing, check=self.state.check_allocate,
+                                     observer=self.metrics.observe)
         self.pod_resources_loop = PeriodicLoop("pod-resources", config.pod_resources_interval,
                                                self.sync_pod_resources, (PodResourcesError,))
         self.rescan_loop = PeriodicLoop("topology rescan", config.rescan_interval, self.rescan,
                                         (TopologyReadError, OSError))
+        self.reporter = NodeReporter(topology, self.grouping, node_name=config.node_name,
+                                     labels_enabled=config.node_labels, cpu_manager_state=config.cpu_manager_state,
+                                     kubelet_config=config.kubelet_config)
+        self.label_loop = PeriodicLoop("node labels", config.label_interval if config.node_labels else 0,
+                                       self.reporter.sync_labels, ())
+        self.metrics.attach(self)
+        self.http: HttpEndpoint | None = None
 
     def sync_pod_resources(self) -> None:
         started = time.monotonic()
@@ -74,26 +86,69 @@ class Agent:
 
     def rescan(self) -> None:
         """Read the topology again and mark groups that are no longer whole (and back)."""
+        policy = self.reporter.cpu_manager_policy
+        self.reporter.check_cpu_manager()
+        if policy != self.reporter.cpu_manager_policy:
+            self.label_loop.wake()
         if self.loader is None:
             return
         self.state.apply_topology(self.loader())
 
+    def ready(self) -> bool:
+        """Every advertised resource is registered and kubelet watches it (trivially true with none)."""
+        return not self.resources or self.manager.ready()
+
+    def alive(self) -> bool:
+        return self.manager.alive()
+
+    def allocations(self) -> dict[str, object]:
+        """The live device state, for /allocations."""
+        states = self.state.states()
+        holders = self.state.holders()
+        devices = []
+        for g in self.grouping.groups:
+            key = (g.resource, g.id)
+            s = states[key]
+            devices.append({"resource": g.resource, "id": g.id, "cpus": g.cpulist, "health": s.health,
+                            "state": s.state, "reason": s.reason, "holders": holders.get(key, [])})
+        return {
+            "ready": self.ready(),
+            "resources": self.grouping.resources(),
+            "devices": devices,
+            "blocked": [d for d in devices if d["state"] == "blocked-by-overlap"],
+            "unhealthy": [d for d in devices if d["health"] != "Healthy"],
+        }
+
     def start(self) -> None:
         log_discovery(self.topology, self.grouping)
+        if self.config.metrics_port is not None:
+            app = make_app(self.metrics.registry, self.alive, self.ready, self.allocations)
+            self.http = HttpEndpoint(self.config.metrics_address, self.config.metrics_port, app)
+        self.reporter.check_cpu_manager()
+        if self.config.node_labels:  # labels say what the node is even when it advertises nothing
+            self.label_loop.start()
+            self.label_loop.wake()
         if not self.resources:
             log.warning("nothing to advertise on this node; staying up without registering")
+            if self.http is not None:
+                self.http.start()
             return
         # Know what is in use before serving: a restarted agent must not hand out held groups.
         self.pod_resources_loop.run_once()
         self.manager.start()
         self.pod_resources_loop.start()
         self.rescan_loop.start()
+        if self.http is not None:
+            self.http.start()
 
     def stop(self) -> None:
+        self.label_loop.stop()
         self.rescan_loop.stop()
         self.pod_resources_loop.stop()
         self.manager.stop()
         self.pod_resources.close()
+        if self.http is not None:
+            self.http.stop()
         log.info("stopped: sockets removed")
 
 

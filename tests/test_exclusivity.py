@@ -96,7 +96,7 @@ def serve(kubelet: KubeletEmulator) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "agent", "serve", "--topology-file", "embedded:z16-lpar", "--levels", "book,socket",
          "--kubelet-dir", str(kubelet.device_plugin_dir), "--pod-resources-socket", str(kubelet.pod_resources_socket),
-         "--pod-resources-interval", "0.1", "--rescan-interval", "0"],
+         "--pod-resources-interval", "0.1", "--rescan-interval", "0", "--metrics-port", "0"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 

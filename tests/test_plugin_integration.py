@@ -129,6 +129,8 @@ def test_twenty_kubelet_restarts_in_a_row_lose_nothing() -> None:
     with running_node() as node:
         k = node.kubelet
         pod = k.admit_pod("default", "keep", [Container("c", {BOOK: 1})])
+        (book,) = pod.devices("c", BOOK)
+        k.wait_for(lambda: k.devices(SOCKET)[f"{book}-socket0"] == "Unhealthy", what="its sockets blocked")
         before = {r: k.devices(r) for r in (BOOK, SOCKET)}
         for i in range(20):
             k.restart(down_for=0.05 if i % 2 else 0.0)

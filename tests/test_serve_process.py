@@ -19,7 +19,7 @@ def serve(kubelet: KubeletEmulator, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "agent", "serve", "--topology-file", "embedded:z16-lpar",
          "--kubelet-dir", str(kubelet.device_plugin_dir), "--pod-resources-socket", str(kubelet.pod_resources_socket),
-         "--log-format", "json", *extra],
+         "--log-format", "json", "--metrics-port", "0", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 

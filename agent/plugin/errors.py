@@ -1,7 +1,9 @@
 """Errors of the kubelet-facing side, importable without loading gRPC."""
 
+from agent.errors import StartupError
 
-class SocketInUseError(RuntimeError):
+
+class SocketInUseError(StartupError):
     """Another live process serves on our socket path."""
 
 

@@ -20,7 +20,7 @@ from agent.plugin.devices import ResourceDevices
 from agent.plugin.errors import RegistrationError, SocketInUseError
 from agent.plugin.registration import KUBELET_SOCKET, register
 from agent.plugin.server import PluginServer
-from agent.plugin.servicer import AdmissionCheck, AllocateHook
+from agent.plugin.servicer import AdmissionCheck, AllocateHook, CallObserver
 
 log = logging.getLogger("topology-agent.plugin")
 
@@ -29,19 +29,21 @@ class PluginManager:
     def __init__(self, kubelet_dir: Path, resources: Sequence[ResourceDevices],
                  on_allocate: AllocateHook | None = None, timing: Timing | None = None,
                  on_event: Callable[[str, dict[str, object]], None] | None = None,
-                 check: AdmissionCheck | None = None) -> None:
+                 check: AdmissionCheck | None = None, observer: CallObserver | None = None) -> None:
         self.kubelet_dir = Path(kubelet_dir)
         self.kubelet_socket = self.kubelet_dir / KUBELET_SOCKET
         self.resources = list(resources)
         self.on_allocate = on_allocate
         self.check = check
+        self.observer = observer
         self.timing = timing or Timing()
         self.on_event = on_event or (lambda name, fields: None)
         self.servers: dict[str, PluginServer] = {}
         self.registered = threading.Event()
-        self.registrations = 0
+        self.registrations: dict[str, int] = {d.resource: 0 for d in self.resources}
+        self.last_registered: dict[str, float] = {}  # resource -> time.time() of its last registration
         self.restarts = 0
-        self.last_registered: float | None = None
+        self.registration_failures = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._kubelet_inode: tuple[int, int, int] | None = None
@@ -63,6 +65,10 @@ class PluginManager:
     def wait_registered(self, timeout: float) -> bool:
         return self.registered.wait(timeout)
 
+    def alive(self) -> bool:
+        """The watcher thread runs (or was never needed)."""
+        return self._thread is None or self._thread.is_alive() or self._stop.is_set()
+
     def ready(self) -> bool:
         """Registered, and kubelet holds a ListAndWatch stream for every resource."""
         return self.registered.is_set() and all(s.servicer.streams.open > 0 for s in self.servers.values())
@@ -71,7 +77,7 @@ class PluginManager:
     def _serve(self) -> None:
         self.kubelet_dir.mkdir(parents=True, exist_ok=True)
         for devices in self.resources:
-            server = PluginServer(devices, self.kubelet_dir, self.on_allocate, self.check)
+            server = PluginServer(devices, self.kubelet_dir, self.on_allocate, self.check, self.observer)
             server.start()
             self.servers[devices.resource] = server
 
@@ -94,7 +100,8 @@ class PluginManager:
     def _register_all(self) -> None:
         for resource, server in self.servers.items():
             register(self.kubelet_socket, server.endpoint, resource, self.timing.register_timeout)
-            self.registrations += 1
+            self.registrations[resource] += 1
+            self.last_registered[resource] = time.time()
             log.info("registered %s with kubelet (endpoint %s)", resource, server.endpoint,
                      extra={"resource": resource})
             self.on_event("registered", {"resource": resource})
@@ -143,6 +150,7 @@ class PluginManager:
             except SocketInUseError:
                 raise
             except (RegistrationError, OSError, RuntimeError) as exc:
+                self.registration_failures += 1
                 log.warning("registration failed, retrying in %.2fs: %s", delay, exc, extra={"reason": str(exc)})
                 self.on_event("registration_failed", {"reason": str(exc)})
                 # Wake early when kubelet.sock is recreated.
@@ -155,7 +163,6 @@ class PluginManager:
                 continue
             self._kubelet_inode = inode
             self._registered_at = time.monotonic()
-            self.last_registered = time.time()
             self.registered.set()
             return
 

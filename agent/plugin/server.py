@@ -16,7 +16,7 @@ import grpc
 from agent._proto.deviceplugin.v1beta1 import api_pb2_grpc
 from agent.plugin.devices import ResourceDevices
 from agent.plugin.errors import SocketInUseError
-from agent.plugin.servicer import AdmissionCheck, AllocateHook, DevicePluginServicer
+from agent.plugin.servicer import AdmissionCheck, AllocateHook, CallObserver, DevicePluginServicer
 
 log = logging.getLogger("topology-agent.plugin")
 
@@ -67,11 +67,11 @@ class PluginServer:
     """Serves one resource until stopped; a stopped server is not restarted (make a new one)."""
 
     def __init__(self, devices: ResourceDevices, directory: Path, on_allocate: AllocateHook | None = None,
-                 check: AdmissionCheck | None = None) -> None:
+                 check: AdmissionCheck | None = None, observer: CallObserver | None = None) -> None:
         self.devices = devices
         self.path = Path(directory) / socket_name(devices.resource)
         self.stopping = threading.Event()
-        self.servicer = DevicePluginServicer(devices, self.stopping, on_allocate, check)
+        self.servicer = DevicePluginServicer(devices, self.stopping, on_allocate, check, observer)
         self._server: grpc.Server | None = None
         self.inode: tuple[int, int, int] | None = None
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 import grpc
 
@@ -20,6 +22,17 @@ log = logging.getLogger("topology-agent.plugin")
 AllocateHook = Callable[[str, Sequence[str]], None]
 # Called before answering Allocate: why these ids must be refused (an overlapping device is held), or None.
 AdmissionCheck = Callable[[str, Sequence[str]], str | None]
+# Sees every Allocate / GetPreferredAllocation: (method, resource, gRPC code name, seconds).
+CallObserver = Callable[[str, str, str, float], None]
+
+T = TypeVar("T")
+
+
+class _Refused(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 def plugin_options() -> api_pb2.DevicePluginOptions:
@@ -52,11 +65,12 @@ class StreamTracker:
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def __init__(self, devices: ResourceDevices, stopping: threading.Event,
                  on_allocate: AllocateHook | None = None, check: AdmissionCheck | None = None,
-                 heartbeat: float = 30.0) -> None:
+                 observer: CallObserver | None = None, heartbeat: float = 30.0) -> None:
         self.devices = devices
         self.stopping = stopping
         self.on_allocate = on_allocate
         self.check = check
+        self.observer = observer
         self.heartbeat = heartbeat
         self.streams = StreamTracker()
 
@@ -101,39 +115,60 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             self.streams.closed()
             log.info("ListAndWatch stream closed", extra={"resource": resource})
 
+    def _observed(self, method: str, context: grpc.ServicerContext, call: Callable[[], T]) -> T:
+        """Run ``call``; a _Refused becomes a gRPC error; the observer sees code and duration."""
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            return call()
+        except _Refused as refused:
+            code = refused.code
+            context.abort(refused.code, refused.message)
+            raise  # not reached: abort raises
+        except Exception:
+            code = grpc.StatusCode.INTERNAL
+            raise
+        finally:
+            if self.observer is not None:
+                self.observer(method, self.devices.resource, code.name, time.perf_counter() - started)
+
     def GetPreferredAllocation(self, request: api_pb2.PreferredAllocationRequest, context: grpc.ServicerContext
                                ) -> api_pb2.PreferredAllocationResponse:
+        return self._observed("GetPreferredAllocation", context, lambda: self._preferred(request))
+
+    def _preferred(self, request: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
         responses = []
         for creq in request.container_requests:
             try:
                 ids = preferred_allocation(self.devices.groups, list(creq.available_deviceIDs),
                                            list(creq.must_include_deviceIDs), creq.allocation_size)
             except PreferenceError as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.devices.resource}: {exc}")
+                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{self.devices.resource}: {exc}") from None
             responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return api_pb2.PreferredAllocationResponse(container_responses=responses)
 
     def Allocate(self, request: api_pb2.AllocateRequest, context: grpc.ServicerContext) -> api_pb2.AllocateResponse:
+        return self._observed("Allocate", context, lambda: self._allocate(request))
+
+    def _allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
         responses = []
         resource = self.devices.resource
         if not request.container_requests:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{resource}: Allocate request has no container requests")
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{resource}: Allocate request has no container requests")
         for creq in request.container_requests:
-            ids = list(creq.devices_ids)
             try:
-                plan = self.devices.plan(ids)
+                plan = self.devices.plan(list(creq.devices_ids))
             except DeviceRequestError as exc:
                 log.warning("Allocate refused: %s", exc, extra={"resource": resource, "reason": "invalid ids"})
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
             why = self.check(resource, plan.groups) if self.check is not None else None
             if why is not None:
                 log.warning("Allocate refused: %s", why, extra={"resource": resource, "device": ",".join(plan.groups),
                                                                  "reason": why})
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{resource}: {why}")
+                raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{resource}: {why}")
             responses.append(api_pb2.ContainerAllocateResponse(envs=dict(plan.envs),
                                                                annotations=dict(plan.annotations)))
-            log.info("Allocate %s -> cpus %s (a container must request only one topology resource: "
-                     "book and socket set the same variables)", ",".join(plan.groups), plan.envs["TOPOLOGY_CPUS"],
+            log.info("Allocate %s -> cpus %s", ",".join(plan.groups), plan.envs["TOPOLOGY_CPUS"],
                      extra={"resource": resource, "device": ",".join(plan.groups),
                             "cpus": plan.envs["TOPOLOGY_CPUS"]})
             if self.on_allocate is not None:

@@ -1,0 +1,98 @@
+"""What the agent tells and warns about its node: kubelet's CPU manager findings (logged once
+each) and the node labels and annotation (patched only when they change). The device plugin
+never waits for any of this: it runs in its own loop, and failures are warnings."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent.node.cpu_manager import (
+    CpuManagerStateError,
+    KubeletConfigError,
+    cpu_manager_findings,
+    read_cpu_manager_state,
+    read_reserved_system_cpus,
+)
+from agent.node.labels import node_annotations, node_labels
+from agent.policy.grouping import Grouping
+from agent.topology.model import Topology
+
+if TYPE_CHECKING:
+    from agent.node.kube import NodeLabeler
+
+log = logging.getLogger("topology-agent.node")
+
+LabelerFactory = Callable[[str], "NodeLabeler"]
+
+
+def default_labeler(node_name: str) -> NodeLabeler:
+    from agent.node.kube import NodeLabeler  # the kubernetes client is heavy: load it off the start path
+
+    return NodeLabeler.from_environment(node_name)
+
+
+class NodeReporter:
+    def __init__(self, topology: Topology, grouping: Grouping, *, node_name: str | None, labels_enabled: bool,
+                 cpu_manager_state: Path | None, kubelet_config: Path | None,
+                 labeler_factory: LabelerFactory = default_labeler) -> None:
+        self.topology = topology
+        self.grouping = grouping
+        self.node_name = node_name
+        self.labels_enabled = labels_enabled
+        self.cpu_manager_state = cpu_manager_state
+        self.kubelet_config = kubelet_config
+        self.labeler_factory = labeler_factory
+        self.cpu_manager_policy: str | None = None
+        self.findings: list[str] = []
+        self._labeler: NodeLabeler | None = None
+        self._labeler_broken = False
+
+    # --- kubelet's CPU manager ---------------------------------------------------------
+    def check_cpu_manager(self) -> None:
+        state = None
+        reserved: tuple[int, ...] = ()
+        try:
+            if self.cpu_manager_state is not None:
+                state = read_cpu_manager_state(self.cpu_manager_state)
+            if self.kubelet_config is not None:
+                reserved = read_reserved_system_cpus(self.kubelet_config)
+        except (CpuManagerStateError, KubeletConfigError, OSError) as exc:
+            log.warning("cannot read kubelet's CPU manager state: %s", exc, extra={"reason": str(exc)})
+        self.cpu_manager_policy = state.policy if state is not None else None
+        findings = cpu_manager_findings(state, self.grouping, reserved)
+        for finding in findings:
+            if finding not in self.findings:
+                log.warning("%s", finding, extra={"reason": "cpu-manager"})
+        self.findings = findings
+
+    # --- node labels ---------------------------------------------------------------------
+    def labels(self) -> dict[str, str]:
+        return node_labels(self.topology, self.grouping, self.cpu_manager_policy)
+
+    def sync_labels(self) -> bool:
+        """Patch the node when our labels changed; False when skipped or failed (logged)."""
+        if not self.labels_enabled or self._labeler_broken:
+            return False
+        if not self.node_name:
+            log.warning("node labels disabled: NODE_NAME is not set (give it from the downward API, spec.nodeName)")
+            self._labeler_broken = True
+            return False
+        if self._labeler is None:
+            try:
+                self._labeler = self.labeler_factory(self.node_name)
+            except Exception as exc:  # no configuration at all: keep serving devices
+                log.warning("node labels disabled: %s", exc, extra={"reason": str(exc)})
+                self._labeler_broken = True
+                return False
+        return self._labeler.sync(self.labels(), node_annotations(self.topology, self.grouping))
+
+    @property
+    def patches(self) -> int:
+        return self._labeler.patches if self._labeler is not None else 0
+
+    @property
+    def failures(self) -> int:
+        return self._labeler.failures if self._labeler is not None else 0
