@@ -112,6 +112,16 @@ def cmd_discover(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from agent.report import explain
+
+    settings = grouping_settings(args)
+    allocation = allocation_settings(args)
+    topology = topology_from(args)
+    sys.stdout.write(explain(topology, group_topology(topology, settings), allocation))
+    return 0
+
+
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from agent.topology import snapshot
 
@@ -242,6 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_policy_flags(p)
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.set_defaults(func=cmd_discover)
+
+    p = sub.add_parser("explain", help="why each CPU is in a group or left out, and what Allocate returns per group")
+    add_topology_flags(p)
+    add_policy_flags(p)
+    add_allocation_flags(p)
+    p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("snapshot", help="write this node's topology as a snapshot (JSON)")
     add_topology_flags(p)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent.policy.allocation import AllocationSettings, plan_allocation
 from agent.policy.grouping import Grouping
 from agent.topology.cpulist import format_cpulist
 from agent.topology.model import Machine, Topology
@@ -69,6 +70,41 @@ def table(topology: Topology, grouping: Grouping) -> str:
     if grouping.skipped:
         lines += ["", "not advertised:"]
         lines += [f"  cpus {format_cpulist(s.cpus)}: {s.reason}" for s in grouping.skipped]
+    if grouping.warnings:
+        lines += ["", "warnings:"] + [f"  {w}" for w in grouping.warnings]
+    return "\n".join(lines) + "\n"
+
+
+def explain(topology: Topology, grouping: Grouping, settings: AllocationSettings) -> str:
+    """Per group: why each CPU is in it and what it does there, then the exact environment
+    Allocate returns for that group alone; then every CPU left out, with the reason."""
+    by_number = topology.by_number()
+    lines = [_machine_line(topology.machine),
+             f"levels: {','.join(grouping.levels) or 'none'} ({grouping.level_reason})"]
+    for g in grouping.groups:
+        plan = plan_allocation([g], settings)
+        omp = set(plan.ranks[0])
+        kept_cores = {core for core in g.cores if set(core) & omp}
+        lines += ["", f"{g.resource} {g.id}: cpus {g.cpulist}, {len(g.cores)} cores x {g.threads_per_core} threads, "
+                      f"memory node {','.join(map(str, g.memory_nodes))}"]
+        for core in g.cores:
+            for cpu in core:
+                c = by_number[cpu]
+                where = f"drawer {c.drawer} book {c.book} socket {c.socket} core {c.core}"
+                if cpu in omp:
+                    role = "OpenMP place"
+                elif core in kept_cores:
+                    role = "sibling thread: in TOPOLOGY_CPUS, not an OpenMP place (--omp-threads-per-core 1)"
+                else:
+                    role = "reserved core: in TOPOLOGY_CPUS, left to the serving process (--reserve-cores-per-group)"
+                lines.append(f"  cpu {cpu:>4}  {where}, {c.polarization}: {role}")
+        lines.append("  Allocate returns:")
+        lines += [f"    {key}={value}" for key, value in plan.envs.items()]
+        lines += [f"    annotation {key}={value}" for key, value in plan.annotations.items()]
+    if grouping.skipped:
+        lines += ["", "left out:"]
+        for s in grouping.skipped:
+            lines.append(f"  cpus {format_cpulist(s.cpus)}: {s.reason}")
     if grouping.warnings:
         lines += ["", "warnings:"] + [f"  {w}" for w in grouping.warnings]
     return "\n".join(lines) + "\n"
