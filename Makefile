@@ -9,8 +9,14 @@ STAMP  := $(VENV)/.installed-dev
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed")'
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
-	  echo "python3 -m venv failed: on Debian/Ubuntu install the venv module first: sudo apt-get install python3-venv" >&2; \
-	  rm -rf $(VENV); exit 1; }
+	  rm -rf $(VENV); \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing the venv module (python3-venv)"; \
+	    apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && $(PYTHON) -m venv $(VENV); \
+	  else \
+	    echo "python3 -m venv failed: on Debian/Ubuntu install it first: sudo apt-get install python3-venv" >&2; \
+	    exit 1; \
+	  fi; }
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
