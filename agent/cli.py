@@ -223,8 +223,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from agent.logs import setup_logging
     from agent.service import Agent, run_until_signalled
 
-    setup_logging(args.log_level, args.log_format)
     config = agent_config(args)
+    setup_logging(args.log_level, args.log_format)
     return run_until_signalled(Agent(topology_from(args), config, loader=lambda: topology_from(args)))
 
 

@@ -19,6 +19,7 @@ from agent.topology.model import Topology
 log = logging.getLogger("topology-agent.state")
 
 Clock = Callable[[], float]
+SAME_CONTAINER_WINDOW = 0.5  # seconds: two resources allocated this close may belong to one container
 
 
 class NodeState:
@@ -34,6 +35,7 @@ class NodeState:
         self._lock = threading.Lock()
         self._states: dict[DeviceKey, DeviceState] = device_states(grouping, {}, {}, self.overlap)
         self.changes = 0  # device state transitions published
+        self._last_allocate: dict[str, float] = {}
 
     # --- inputs ---------------------------------------------------------------------------
     def check_allocate(self, resource: str, ids: Sequence[str]) -> str | None:
@@ -47,8 +49,16 @@ class NodeState:
         return None
 
     def record_allocate(self, resource: str, ids: Iterable[str]) -> None:
+        now = self.clock()
         with self._lock:
-            self.ledger.record_allocate(resource, ids, self.clock())
+            self.ledger.record_allocate(resource, ids, now)
+            recent = [r for r, at in self._last_allocate.items() if r != resource and now - at < SAME_CONTAINER_WINDOW]
+            self._last_allocate[resource] = now
+        for other in recent:
+            # kubelet allocates a container's resources one after the other: this may be one container.
+            log.warning("%s allocated right after %s: if one container requested both, their environments "
+                        "collide (a container must request only one topology resource)", resource, other,
+                        extra={"resource": resource, "reason": "possibly two topology resources in one container"})
         self.refresh()
 
     def apply_list(self, rows: Iterable[ListedDevice], started: float) -> None:
