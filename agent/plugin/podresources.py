@@ -8,6 +8,7 @@ from pathlib import Path
 import grpc
 
 from agent._proto.podresources.v1 import api_pb2, api_pb2_grpc
+from agent.plugin.registration import FRESH_CONNECTION
 from agent.policy.ledger import ListedDevice
 
 MAX_RECEIVE = 16 * 1024 * 1024  # a node with many pods answers large List responses
@@ -29,7 +30,7 @@ class PodResourcesClient:
             if self._channel is None:
                 self._channel = grpc.insecure_channel(
                     f"unix://{self.socket_path}",
-                    options=[("grpc.max_receive_message_length", MAX_RECEIVE)])
+                    options=[("grpc.max_receive_message_length", MAX_RECEIVE), *FRESH_CONNECTION])
             return api_pb2_grpc.PodResourcesListerStub(self._channel)
 
     def reset(self) -> None:

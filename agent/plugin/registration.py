@@ -12,6 +12,10 @@ from agent.plugin.servicer import plugin_options
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
+# A channel of its own subchannel pool connects afresh: gRPC otherwise shares a subchannel that
+# failed while kubelet was down, and keeps failing calls until its reconnect backoff (~1 s) ends.
+FRESH_CONNECTION = [("grpc.use_local_subchannel_pool", 1), ("grpc.initial_reconnect_backoff_ms", 50),
+                    ("grpc.min_reconnect_backoff_ms", 50)]
 
 
 def register(kubelet_socket: Path, endpoint: str, resource: str, timeout: float = 10.0) -> None:
@@ -22,7 +26,7 @@ def register(kubelet_socket: Path, endpoint: str, resource: str, timeout: float 
     """
     request = api_pb2.RegisterRequest(version=API_VERSION, endpoint=endpoint, resource_name=resource,
                                       options=plugin_options())
-    with grpc.insecure_channel(f"unix://{kubelet_socket}") as channel:
+    with grpc.insecure_channel(f"unix://{kubelet_socket}", options=FRESH_CONNECTION) as channel:
         try:
             api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=timeout, wait_for_ready=False)
         except grpc.RpcError as exc:
