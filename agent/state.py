@@ -42,9 +42,14 @@ class NodeState:
         """Why Allocate must refuse ``ids`` (an overlapping device is held), or None."""
         with self._lock:
             held = self.ledger.held()
+            now = self.clock()
+            recent = [r for r, at in self._last_allocate.items() if r != resource and now - at < SAME_CONTAINER_WINDOW]
         for device in ids:
             why = conflict((resource, device), held, self.overlap)
             if why is not None:
+                if recent:
+                    why += (f" (allocated right after {', '.join(recent)}: if one container requested both, "
+                            f"note that a container must request only one topology resource)")
                 return why
         return None
 
