@@ -16,7 +16,7 @@ from agent.config import AgentConfig
 from agent.http import HttpEndpoint, make_app
 from agent.loops import PeriodicLoop
 from agent.metrics import AgentMetrics
-from agent.node.reporter import NodeReporter
+from agent.node.reporter import LabelerFactory, NodeReporter, default_labeler
 from agent.plugin.devices import ResourceDevices
 from agent.plugin.manager import PluginManager
 from agent.plugin.podresources import PodResourcesClient, PodResourcesError
@@ -55,7 +55,8 @@ class Agent:
     plugin manager, and the loops that keep the state true (pod-resources, rescans)."""
 
     def __init__(self, topology: Topology, config: AgentConfig,
-                 loader: Callable[[], Topology] | None = None) -> None:
+                 loader: Callable[[], Topology] | None = None,
+                 labeler_factory: LabelerFactory = default_labeler) -> None:
         self.topology = topology
         self.config = config
         self.loader = loader
@@ -73,7 +74,7 @@ class Agent:
                                         (TopologyReadError, OSError))
         self.reporter = NodeReporter(topology, self.grouping, node_name=config.node_name,
                                      labels_enabled=config.node_labels, cpu_manager_state=config.cpu_manager_state,
-                                     kubelet_config=config.kubelet_config)
+                                     kubelet_config=config.kubelet_config, labeler_factory=labeler_factory)
         self.label_loop = PeriodicLoop("node labels", config.label_interval if config.node_labels else 0,
                                        self.reporter.sync_labels, ())
         self.metrics.attach(self)

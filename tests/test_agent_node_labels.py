@@ -1,0 +1,61 @@
+"""The running agent labels its Node through kmock (a Kubernetes API emulator over real HTTP):
+one GET and one PATCH, then no request at all while nothing changes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import kmock
+import pytest
+from kubernetes import client
+
+from agent.config import AgentConfig
+from agent.node.kube import MERGE_PATCH, NodeLabeler
+from agent.service import Agent
+from agent.topology.embedded import load_embedded
+from tests.plugin_harness import short_tmpdir
+
+NODE = "s390x-worker-7"
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)  # yields to kmock's server on this event loop
+
+
+@pytest.mark.asyncio
+async def test_agent_patches_its_node_once_and_then_stays_quiet(kmock: kmock.KubernetesEmulator) -> None:
+    kmock.objects["v1/nodes", None, NODE] = {"apiVersion": "v1", "kind": "Node",
+                                             "metadata": {"name": NODE, "labels": {"kubernetes.io/arch": "s390x"}}}
+    api_clients: list[client.ApiClient] = []
+
+    def factory(name: str) -> NodeLabeler:
+        api_clients.append(client.ApiClient(client.Configuration(host=str(kmock.url).rstrip("/"))))
+        return NodeLabeler(name, client.CoreV1Api(api_clients[-1]))
+
+    root = short_tmpdir()
+    config = AgentConfig(kubelet_dir=root / "device-plugins", pod_resources_socket=root / "none.sock",
+                         node_name=NODE, node_labels=True, label_interval=0.02, rescan_interval=0,
+                         pod_resources_interval=0)
+    agent = Agent(load_embedded("z16-lpar"), config, labeler_factory=factory)
+    await asyncio.to_thread(agent.start)
+    try:
+        await wait_until(lambda: agent.reporter.patches == 1)
+        await wait_until(lambda: agent.label_loop.runs >= 10)
+        requests: list[Any] = list(kmock)
+        assert [(r.method, r.url.path) for r in requests] == [("GET", f"/api/v1/nodes/{NODE}"),
+                                                              ("PATCH", f"/api/v1/nodes/{NODE}")]
+        assert requests[1].headers["Content-Type"] == MERGE_PATCH
+        labels = kmock.objects["v1/nodes", None, NODE].raw["metadata"]["labels"]
+        assert labels["topology.s390x.ibm.com/books"] == "8"
+        assert labels["topology.s390x.ibm.com/fidelity"] == "lpar"
+        assert labels["kubernetes.io/arch"] == "s390x"
+    finally:
+        await asyncio.to_thread(agent.stop)
+        for api_client in api_clients:
+            api_client.close()
