@@ -11,7 +11,7 @@ kernels keep offline CPUs in the masks), else None.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from agent.topology.model import Cpu, Machine, Topology
 
@@ -126,16 +126,7 @@ def build_topology(raws: list[RawCpu], machine: Machine, cpu_nodes: Mapping[int,
             )
         )
     smt = max((len(c.siblings) for c in cpus if c.online), default=1) or 1
-    machine = Machine(
-        arch=machine.arch,
-        machine_type=machine.machine_type,
-        environment=machine.environment,
-        topology_facility=machine.topology_facility,
-        dispatching=machine.dispatching,
-        smt_threads=max(smt, 1),
-        memory_nodes=machine.memory_nodes,
-        has_node_dirs=machine.has_node_dirs,
-    )
+    machine = replace(machine, smt_threads=max(smt, 1))
     return Topology(machine=machine, cpus=tuple(cpus))
 
 
