@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import logging.handlers
+import queue
 import sys
 import time
 
@@ -49,11 +52,30 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
+_listener: logging.handlers.QueueListener | None = None
+
+
+class _InProcessQueueHandler(logging.handlers.QueueHandler):
+    """Hands the record over as it is: formatting happens in the listener's thread."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        return record
+
+
 def setup_logging(level: str = "info", fmt: str = "text") -> None:
+    """Log lines are formatted and written by a thread of their own: a slow or blocked stderr
+    never stalls Allocate."""
+    global _listener
     handler = _StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    if _listener is not None:
+        _listener.stop()
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    _listener = logging.handlers.QueueListener(records, handler, respect_handler_level=False)
+    _listener.start()
+    atexit.register(_listener.stop)
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [_InProcessQueueHandler(records)]
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r} (debug, info, warning, error)")

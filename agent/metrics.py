@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter as Tally
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -36,10 +36,16 @@ class AgentMetrics:
                              ["method", "resource", "code"], registry=self.registry)
         self.latency = Histogram(f"{PREFIX}_rpc_duration_seconds", "Allocate and GetPreferredAllocation latency",
                                  ["method", "resource"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
     def observe(self, method: str, resource: str, code: str, seconds: float) -> None:
-        self.calls.labels(method, resource, code).inc()
-        self.latency.labels(method, resource).observe(seconds)
+        key = (method, resource, code)
+        children = self._children.get(key)
+        if children is None:  # label lookups cost more than the observation: do them once
+            children = (self.calls.labels(method, resource, code), self.latency.labels(method, resource))
+            self._children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def attach(self, agent: Agent) -> None:
         self.registry.register(AgentCollector(agent))

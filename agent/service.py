@@ -136,6 +136,7 @@ class Agent:
             return
         # Know what is in use before serving: a restarted agent must not hand out held groups.
         self.pod_resources_loop.run_once()
+        self.state.start_publisher()
         self.manager.start()
         self.pod_resources_loop.start()
         self.rescan_loop.start()
@@ -147,6 +148,7 @@ class Agent:
         self.rescan_loop.stop()
         self.pod_resources_loop.stop()
         self.manager.stop()
+        self.state.stop_publisher()
         self.pod_resources.close()
         if self.http is not None:
             self.http.stop()

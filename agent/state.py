@@ -36,12 +36,16 @@ class NodeState:
         self._states: dict[DeviceKey, DeviceState] = device_states(grouping, {}, {}, self.overlap)
         self.changes = 0  # device state transitions published
         self._last_allocate: dict[str, float] = {}
+        self._held = self.ledger.held()  # refreshed under the lock whenever the ledger changes
+        self._dirty = threading.Event()
+        self._stopping = threading.Event()
+        self._publisher: threading.Thread | None = None
 
     # --- inputs ---------------------------------------------------------------------------
     def check_allocate(self, resource: str, ids: Sequence[str]) -> str | None:
         """Why Allocate must refuse ``ids`` (an overlapping device is held), or None."""
         with self._lock:
-            held = self.ledger.held()
+            held = self._held
             now = self.clock()
             recent = [r for r, at in self._last_allocate.items() if r != resource and now - at < SAME_CONTAINER_WINDOW]
         for device in ids:
@@ -55,8 +59,12 @@ class NodeState:
 
     def record_allocate(self, resource: str, ids: Iterable[str]) -> None:
         now = self.clock()
+        keys = [(resource, i) for i in ids]
         with self._lock:
             self.ledger.record_allocate(resource, ids, now)
+            changed = not all(k in self._held for k in keys)  # a repeated Allocate changes nothing
+            if changed:
+                self._held = self.ledger.held()
             recent = [r for r, at in self._last_allocate.items() if r != resource and now - at < SAME_CONTAINER_WINDOW]
             self._last_allocate[resource] = now
         for other in recent:
@@ -64,16 +72,19 @@ class NodeState:
             log.warning("%s allocated right after %s: if one container requested both, their environments "
                         "collide (a container must request only one topology resource)", resource, other,
                         extra={"resource": resource, "reason": "possibly two topology resources in one container"})
-        self.refresh()
+        if changed:  # Allocate must stay fast: the new blocked set is published right after, off this path
+            self._request_refresh()
 
     def apply_list(self, rows: Iterable[ListedDevice], started: float) -> None:
         with self._lock:
             self.ledger.apply_list(rows, started, self.clock())
+            self._held = self.ledger.held()
         self.refresh()
 
     def expire_pending(self) -> None:
         with self._lock:
             changed = self.ledger.expire(self.clock())
+            self._held = self.ledger.held()
         if changed:
             self.refresh()
 
@@ -96,12 +107,42 @@ class NodeState:
 
     def holders(self) -> dict[DeviceKey, list[str]]:
         with self._lock:
-            return {k: sorted(map(str, v)) for k, v in self.ledger.held().items()}
+            return {k: sorted(map(str, v)) for k, v in self._held.items()}
+
+    # --- publishing off the Allocate path -------------------------------------------------
+    def start_publisher(self) -> None:
+        """Publish allocation-driven changes from a thread of their own (until stop_publisher)."""
+        self._publisher = threading.Thread(target=self._publish_loop, name="state-publisher", daemon=True)
+        self._publisher.start()
+
+    def stop_publisher(self) -> None:
+        self._stopping.set()
+        self._dirty.set()
+        if self._publisher is not None:
+            self._publisher.join(timeout=5)
+            self._publisher = None
+
+    def _request_refresh(self) -> None:
+        if self._publisher is None:
+            self.refresh()
+        else:
+            self._dirty.set()
+
+    def _publish_loop(self) -> None:
+        while True:
+            self._dirty.wait()
+            self._dirty.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                self.refresh()
+            except Exception:  # keep publishing whatever happens to one refresh
+                log.exception("publishing device states failed")
 
     def refresh(self) -> None:
         """Recompute every device's state and publish the resources whose health changed."""
         with self._lock:
-            new = device_states(self.grouping, self.ledger.held(), self.broken, self.overlap)
+            new = device_states(self.grouping, self._held, self.broken, self.overlap)
             old, self._states = self._states, new
         for key, state in new.items():
             if old.get(key) != state:

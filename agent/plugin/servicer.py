@@ -71,6 +71,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.on_allocate = on_allocate
         self.check = check
         self.observer = observer
+        self._responses: dict[tuple[str, ...], api_pb2.ContainerAllocateResponse] = {}
         self.heartbeat = heartbeat
         self.streams = StreamTracker()
 
@@ -166,8 +167,11 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 log.warning("Allocate refused: %s", why, extra={"resource": resource, "device": ",".join(plan.groups),
                                                                  "reason": why})
                 raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{resource}: {why}")
-            responses.append(api_pb2.ContainerAllocateResponse(envs=dict(plan.envs),
-                                                               annotations=dict(plan.annotations)))
+            response = self._responses.get(plan.groups)
+            if response is None:  # the wire form of a plan is built once per id set, like the plan
+                response = api_pb2.ContainerAllocateResponse(envs=dict(plan.envs), annotations=dict(plan.annotations))
+                self._responses[plan.groups] = response
+            responses.append(response)
             log.info("Allocate %s -> cpus %s", ",".join(plan.groups), plan.envs["TOPOLOGY_CPUS"],
                      extra={"resource": resource, "device": ",".join(plan.groups),
                             "cpus": plan.envs["TOPOLOGY_CPUS"]})
