@@ -27,7 +27,7 @@ from agent.policy.grouping import DEFAULT_PREFIX, GroupingSettings, PolicyError,
 from agent.topology.cpulist import CpuListError, parse_cpulist
 from agent.topology.errors import TopologyReadError
 from agent.topology.model import POLARIZATIONS, Topology, normalize_polarization
-from agent.topology.source import load_topology
+from agent.topology.source import TopologySource
 
 ENV_PREFIX = "TOPOLOGY_AGENT_"
 
@@ -95,8 +95,12 @@ def grouping_settings(args: argparse.Namespace) -> GroupingSettings:
     ).validated()
 
 
+def topology_source(args: argparse.Namespace) -> TopologySource:
+    return TopologySource(args.host_root, args.topology_file, args.source, proc_root=args.proc_root)
+
+
 def topology_from(args: argparse.Namespace) -> Topology:
-    return load_topology(args.host_root, args.topology_file, args.source, proc_root=args.proc_root)
+    return topology_source(args).load()
 
 
 def cmd_discover(args: argparse.Namespace) -> int:
@@ -225,7 +229,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = agent_config(args)
     setup_logging(args.log_level, args.log_format)
-    return run_until_signalled(Agent(topology_from(args), config, loader=lambda: topology_from(args)))
+    source = topology_source(args)
+    return run_until_signalled(Agent(source.load(), config, loader=source.load, fingerprint=source.fingerprint))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

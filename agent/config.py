@@ -16,7 +16,8 @@ DEFAULT_KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    poll: float = 0.05  # how often kubelet's directory is looked at
+    poll: float = 0.05  # how often kubelet's directory is looked at without inotify
+    idle_poll: float = 1.0  # the safety poll when inotify wakes the agent on every change
     stream_grace: float = 5.0  # a registered resource with no open ListAndWatch for this long re-registers
     backoff_min: float = 0.05
     backoff_max: float = 2.0
@@ -31,6 +32,7 @@ class AgentConfig:
     pod_resources_socket: Path = Path(DEFAULT_POD_RESOURCES_SOCKET)
     timing: Timing = field(default_factory=Timing)
     rescan_interval: float = 5.0  # seconds between topology rescans; 0 disables
+    full_rescan_every: int = 12  # every Nth rescan reads everything even when the fingerprint is unchanged
     pod_resources_interval: float = 2.0  # seconds between pod-resources List calls; 0 disables
     pending_timeout: float = 60.0  # an Allocate that List never shows is forgotten after this long
     node_name: str | None = None  # from the downward API (NODE_NAME)

@@ -56,10 +56,15 @@ class Agent:
 
     def __init__(self, topology: Topology, config: AgentConfig,
                  loader: Callable[[], Topology] | None = None,
-                 labeler_factory: LabelerFactory = default_labeler) -> None:
+                 labeler_factory: LabelerFactory = default_labeler,
+                 fingerprint: Callable[[], object] | None = None) -> None:
         self.topology = topology
         self.config = config
         self.loader = loader
+        self.fingerprint = fingerprint
+        self._last_fingerprint: object = fingerprint() if fingerprint is not None else None
+        self._quick_rescans = 0
+        self.full_rescan_requested = False  # set by SIGHUP
         self.grouping = group_topology(topology, config.grouping)
         self.resources = resource_devices(topology, self.grouping, config.allocation)
         self.state = NodeState(self.grouping, self.resources, config.grouping, config.pending_timeout)
@@ -70,7 +75,7 @@ class Agent:
                                      observer=self.metrics.observe)
         self.pod_resources_loop = PeriodicLoop("pod-resources", config.pod_resources_interval,
                                                self.sync_pod_resources, (PodResourcesError,))
-        self.rescan_loop = PeriodicLoop("topology rescan", config.rescan_interval, self.rescan,
+        self.rescan_loop = PeriodicLoop("topology rescan", config.rescan_interval, self._periodic_rescan,
                                         (TopologyReadError, OSError))
         self.reporter = NodeReporter(topology, self.grouping, node_name=config.node_name,
                                      labels_enabled=config.node_labels, cpu_manager_state=config.cpu_manager_state,
@@ -85,15 +90,32 @@ class Agent:
         rows = self.pod_resources.list()
         self.state.apply_list(rows, started)
 
-    def rescan(self) -> None:
-        """Read the topology again and mark groups that are no longer whole (and back)."""
+    def _periodic_rescan(self) -> None:
+        full, self.full_rescan_requested = self.full_rescan_requested, False
+        self.rescan(full)
+
+    def rescan(self, full: bool = False) -> None:
+        """Read the topology again and mark groups that are no longer whole (and back).
+
+        A cheap fingerprint (online and present lists, dispatching mode) is checked first; the
+        full read runs when it changed, every ``full_rescan_every`` rescans (PR/SM can move CPUs
+        between books without any of those changing), and when ``full`` is asked (SIGHUP).
+        """
         policy = self.reporter.cpu_manager_policy
         self.reporter.check_cpu_manager()
         if policy != self.reporter.cpu_manager_policy:
             self.label_loop.wake()
         if self.loader is None:
             return
+        fingerprint = self.fingerprint() if self.fingerprint is not None else None
+        quick = (not full and fingerprint is not None and fingerprint == self._last_fingerprint
+                 and self._quick_rescans + 1 < self.config.full_rescan_every)
+        if quick:
+            self._quick_rescans += 1
+            return
+        self._quick_rescans = 0
         self.state.apply_topology(self.loader())
+        self._last_fingerprint = fingerprint
 
     def ready(self) -> bool:
         """Every advertised resource is registered and kubelet watches it (trivially true with none)."""
@@ -164,6 +186,7 @@ def run_until_signalled(agent: Agent) -> int:
 
     def rescan_now(signum: int, _frame: object) -> None:
         log.info("received SIGHUP: rescanning topology")
+        agent.full_rescan_requested = True
         agent.rescan_loop.wake()
 
     previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}

@@ -20,7 +20,7 @@ from agent.policy.health import overlaps
 from agent.service import Agent
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
-from agent.topology.sysfs import read_sysfs
+from agent.topology.sysfs import read_sysfs, sysfs_fingerprint
 from agent.topology.sysfs_writer import write_sysfs_tree
 from tests.plugin_harness import running_node, short_tmpdir
 
@@ -182,3 +182,30 @@ def test_two_topology_resources_in_one_container_are_called_out(caplog: pytest.L
             except AdmissionError as err:  # the socket lay inside the book: Allocate refused it, saying why
                 assert "a container must request only one topology resource" in str(err)
         assert any("a container must request only one topology resource" in r.getMessage() for r in caplog.records)
+
+
+def test_quick_rescans_read_everything_only_when_the_fingerprint_moves() -> None:
+    base = load_embedded("z16-lpar")
+    root = short_tmpdir() / "host"
+    write_sysfs_tree(base, root)
+    reads: list[int] = []
+
+    def load() -> Topology:
+        reads.append(1)
+        return read_sysfs(root)
+
+    with running_node(topology=read_sysfs(root), loader=load, fingerprint=lambda: sysfs_fingerprint(root),
+                      full_rescan_every=3) as node:
+        node.agent.rescan()
+        node.agent.rescan()
+        assert len(reads) == 0  # nothing moved: two cheap rescans
+        node.agent.rescan()
+        assert len(reads) == 1  # every third rescan reads everything anyway
+        shutil.rmtree(root)
+        write_sysfs_tree(Topology(machine=base.machine, cpus=tuple(
+            dataclasses.replace(c, online=c.cpu != 40) for c in base.cpus)), root)
+        node.agent.rescan()
+        assert len(reads) == 2  # the online list changed: read now
+        node.kubelet.wait_for(lambda: unhealthy(node.kubelet, BOOK) == {"drawer0-book3"})
+        node.agent.rescan(full=True)
+        assert len(reads) == 3

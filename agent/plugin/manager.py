@@ -17,6 +17,7 @@ from pathlib import Path
 
 from agent.config import Timing
 from agent.plugin.devices import ResourceDevices
+from agent.plugin.dirwatch import DirectoryWatch
 from agent.plugin.errors import RegistrationError, SocketInUseError
 from agent.plugin.registration import KUBELET_SOCKET, register
 from agent.plugin.server import PluginServer
@@ -45,6 +46,9 @@ class PluginManager:
         self.restarts = 0
         self.registration_failures = 0
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by the directory watch, by stop(), and when a stream ends
+        self._watch = DirectoryWatch(self.kubelet_dir, self._wake)
+        self._interval = self.timing.poll
         self._thread: threading.Thread | None = None
         self._kubelet_inode: tuple[int, int, int] | None = None
         self._registered_at = 0.0
@@ -53,11 +57,15 @@ class PluginManager:
     def start(self) -> None:
         """Serve and start keeping registered; raises SocketInUseError if another instance runs."""
         self._serve()  # fail fast (and loudly) when another instance owns the sockets
+        if self._watch.start():  # woken by kubelet's directory: a slow safety poll is enough
+            self._interval = self.timing.idle_poll
         self._thread = threading.Thread(target=self._run, name="plugin-manager", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
+        self._watch.stop()
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._stop_servers()
@@ -88,6 +96,12 @@ class PluginManager:
                 done.wait(timeout=3)
             server.remove_socket()
         self.servers.clear()
+
+    def _sleep(self, seconds: float) -> bool:
+        """Wait until woken or ``seconds`` pass; True when stopping."""
+        self._wake.wait(seconds)
+        self._wake.clear()
+        return self._stop.is_set()
 
     def _kubelet_inode_now(self) -> tuple[int, int, int] | None:
         """Identity of kubelet.sock: inode numbers are reused, so the creation time counts too."""
@@ -130,7 +144,7 @@ class PluginManager:
             if not announced:
                 log.info("waiting for %s", self.kubelet_socket)
                 announced = True
-            self._stop.wait(self.timing.poll)
+            self._sleep(self._interval)
         return False
 
     def _connect(self) -> None:
@@ -158,7 +172,7 @@ class PluginManager:
                 while time.monotonic() < deadline and not self._stop.is_set():
                     if self._kubelet_inode_now() not in (inode, None):
                         break
-                    self._stop.wait(self.timing.poll)
+                    self._sleep(min(self._interval, max(deadline - time.monotonic(), 0.001)))
                 delay = min(delay * 2, self.timing.backoff_max)
                 continue
             self._kubelet_inode = inode
@@ -169,7 +183,7 @@ class PluginManager:
     def _run(self) -> None:
         try:
             self._connect()
-            while not self._stop.wait(self.timing.poll):
+            while not self._sleep(self._interval):
                 reason = self._restart_reason()
                 if reason is None:
                     continue

@@ -26,6 +26,37 @@ def snapshot_path(path: str | Path, node_name: str | None = None) -> Path:
     raise TopologyReadError(f"{p}: topology directory holds neither {wanted}")
 
 
+class TopologySource:
+    """One configured place to read the topology from, again and again (the agent rescans)."""
+
+    def __init__(self, host_root: str | Path = "/", topology_file: str | None = None, source: str = "sysfs",
+                 node_name: str | None = None, proc_root: str | Path | None = None) -> None:
+        self.host_root = host_root
+        self.topology_file = topology_file
+        self.source = source
+        self.node_name = node_name
+        self.proc_root = proc_root
+
+    def load(self) -> Topology:
+        return load_topology(self.host_root, self.topology_file, self.source, self.node_name, self.proc_root)
+
+    def fingerprint(self) -> object:
+        """Changes whenever a full read could give something new (cheap); None: always read."""
+        if self.topology_file:
+            if self.topology_file.startswith(EMBEDDED_PREFIX):
+                return self.topology_file
+            try:
+                st = snapshot_path(self.topology_file, self.node_name).stat()
+            except (OSError, TopologyReadError):
+                return None
+            return (st.st_ino, st.st_mtime_ns, st.st_size)
+        if self.source != "sysfs":
+            return None
+        from agent.topology.sysfs import sysfs_fingerprint
+
+        return sysfs_fingerprint(self.host_root)
+
+
 def load_topology(host_root: str | Path = "/", topology_file: str | None = None, source: str = "sysfs",
                   node_name: str | None = None, proc_root: str | Path | None = None) -> Topology:
     """Read the topology the way the command line asked for."""

@@ -231,3 +231,10 @@ def _machine_from_cpuinfo(cpuinfo: str | None) -> str | None:
         return None
     match = _MACHINE_RE.search(cpuinfo)
     return match.group(1) if match else None
+
+
+def sysfs_fingerprint(root: str | Path = "/") -> tuple[str | None, ...]:
+    """A cheap summary that changes when CPUs go online or offline, come or go, or the
+    dispatching mode changes: three small files instead of a full read of every CPU."""
+    cpu_dir = f"{Path(root)}/sys/devices/system/cpu"
+    return tuple(_read(f"{cpu_dir}/{name}") for name in ("online", "present", "dispatching"))
