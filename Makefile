@@ -42,5 +42,18 @@ proto: $(STAMP)
 bench: $(STAMP)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
+## Chart and image checks: helm lint, template + kubernetes-validate (1.26/1.30/1.34), hadolint.
+chart-check: $(STAMP)
+	@test -n "$$HELM" || [ -x .tools/bin/helm ] || command -v helm >/dev/null || tools/get-helm.sh >/dev/null
+	tools/check-chart.sh
+
+## kind e2e (needs Docker, kind, kubectl): 2 workers, amd64 image, chart in fake-topology mode.
+kind-test: $(STAMP)
+	PYTHON=$(CURDIR)/$(BIN)/python tests/kind/run.sh
+
+## s390x smoke test in a debootstrap root under qemu-user-static (as root; ~7 min first run, ~1.5 min later).
+s390x-smoke: $(STAMP)
+	tools/s390x-smoke.sh
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info

@@ -1,0 +1,81 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "topology-agent.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name: release-chart, or the release name when it already holds the chart name. */}}
+{{- define "topology-agent.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "topology-agent.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "topology-agent.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "topology-agent.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "topology-agent.labels" -}}
+helm.sh/chart: {{ include "topology-agent.chart" . }}
+{{ include "topology-agent.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: node-agent
+{{- end }}
+
+{{- define "topology-agent.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "topology-agent.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* repository:tag, or repository@digest when a digest is pinned (releases should pin the manifest-list digest). */}}
+{{- define "topology-agent.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The extended-resource prefix with its slash: "topology/". */}}
+{{- define "topology-agent.resourcePrefix" -}}
+{{- printf "%s/" .Values.agent.resourcePrefix }}
+{{- end }}
+
+{{/* Host paths under the kubelet root (k3s, microk8s and k0s use other roots). */}}
+{{- define "topology-agent.kubeletRoot" -}}
+{{- .Values.kubelet.root | trimSuffix "/" }}
+{{- end }}
+
+{{/* Where the container sees kubelet's directories: fixed, whatever the host's kubelet root is. */}}
+{{- define "topology-agent.containerDevicePluginDir" -}}/var/lib/kubelet/device-plugins{{- end }}
+{{- define "topology-agent.containerPodResourcesDir" -}}/var/lib/kubelet/pod-resources{{- end }}
+{{- define "topology-agent.containerKubeletRoot" -}}/host/kubelet{{- end }}
+{{- define "topology-agent.snapshotDir" -}}/etc/topology-agent/snapshots{{- end }}
+
+{{/*
+Whether the ValidatingAdmissionPolicy is rendered: enabled, and either forced or the cluster serves the kind
+admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes >= 1.30). `helm install` learns the
+kinds from the cluster's discovery; offline (`helm template`) Helm knows group/versions only, so pass
+--api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy or set admissionPolicy.force=true.
+*/}}
+{{- define "topology-agent.admissionPolicyEnabled" -}}
+{{- $p := .Values.admissionPolicy -}}
+{{- if and $p.enabled (or $p.force (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")) -}}
+true
+{{- end -}}
+{{- end }}

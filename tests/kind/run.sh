@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# make kind-test: the kind end-to-end lane (needs Docker, kind and kubectl; helm via $HELM, tools/get-helm.sh or PATH).
+#
+#   1. kind create cluster (1 control plane + 2 workers, tests/kind/kind.yaml), unless it already exists
+#   2. docker build --platform linux/amd64 -f Dockerfile.s390x (the same Dockerfile as the s390x image)
+#   3. kind load docker-image
+#   4. helm upgrade --install in fake-topology mode: <cluster>-worker advertises a z16-shaped snapshot,
+#      <cluster>-worker2 a z13-shaped one (tests/kind/snapshots.py)
+#   5. REQUIRE_KIND=1 pytest -m kind tests/kind (a skip is a failure here)
+#
+# Environment: KIND_CLUSTER_NAME (topology-e2e), KIND_NODE_IMAGE (kind's default; Kubernetes >= 1.30 for the
+# admission policy test), KEEP_CLUSTER=1 to keep a cluster this script created, TOPOLOGY_E2E_IMAGE
+# (s390x-topology-agent:e2e), TOPOLOGY_E2E_NAMESPACE (topology-system), PYTEST_ARGS (extra pytest arguments).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$REPO"
+CLUSTER=${KIND_CLUSTER_NAME:-topology-e2e}
+IMAGE=${TOPOLOGY_E2E_IMAGE:-s390x-topology-agent:e2e}
+NAMESPACE=${TOPOLOGY_E2E_NAMESPACE:-topology-system}
+RELEASE=topology-agent
+CONTEXT=kind-$CLUSTER
+PYTHON=${PYTHON:-$REPO/.venv/bin/python}
+[ -x "$PYTHON" ] || PYTHON=python3
+
+die() { echo "kind-test: $*" >&2; exit 1; }
+for tool in docker kind kubectl; do
+  command -v "$tool" >/dev/null || die "$tool is not on PATH (make kind-test needs Docker, kind and kubectl)"
+done
+docker info >/dev/null 2>&1 || die "the Docker engine is not reachable (docker info failed)"
+if [ -z "${HELM:-}" ]; then
+  if command -v helm >/dev/null; then HELM=$(command -v helm); else HELM=$("$REPO/tools/get-helm.sh"); fi
+fi
+
+WORK=$(mktemp -d)
+created=0
+cleanup() {
+  local rc=$?
+  if [ "$rc" != 0 ]; then
+    echo "--- diagnostics (exit $rc)"
+    kubectl --context "$CONTEXT" get nodes -o wide || true
+    kubectl --context "$CONTEXT" get pods -A -o wide || true
+    kubectl --context "$CONTEXT" -n "$NAMESPACE" logs -l "app.kubernetes.io/instance=$RELEASE" --tail=100 --prefix || true
+  fi
+  if [ "$created" = 1 ] && [ "${KEEP_CLUSTER:-0}" != 1 ]; then kind delete cluster --name "$CLUSTER" || true; fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+T0=$SECONDS
+echo "==> kind cluster $CLUSTER"
+if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+  echo "reusing the existing cluster"
+else
+  kind create cluster --name "$CLUSTER" --config tests/kind/kind.yaml ${KIND_NODE_IMAGE:+--image "$KIND_NODE_IMAGE"} \
+    --wait 180s
+  created=1
+fi
+kubectl --context "$CONTEXT" version
+
+echo "==> docker build --platform linux/amd64 -f Dockerfile.s390x -t $IMAGE"
+DOCKER_BUILDKIT=1 docker build --platform linux/amd64 -f Dockerfile.s390x -t "$IMAGE" \
+  --build-arg REVISION="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" .
+
+echo "==> kind load docker-image $IMAGE"
+kind load docker-image "$IMAGE" --name "$CLUSTER"
+
+echo "==> snapshots"
+"$PYTHON" tests/kind/snapshots.py --cluster "$CLUSTER" --out "$WORK/snapshots"
+
+echo "==> helm upgrade --install $RELEASE (fake-topology mode)"
+"$HELM" upgrade --install "$RELEASE" deploy/helm/s390x-topology-agent \
+  --kube-context "$CONTEXT" --namespace "$NAMESPACE" --create-namespace \
+  --set fakeTopology.enabled=true \
+  --set-file "fakeTopology.snapshots.default\.json=$WORK/snapshots/default.json" \
+  --set-file "fakeTopology.snapshots.${CLUSTER//./\\.}-worker\.json=$WORK/snapshots/$CLUSTER-worker.json" \
+  --set-file "fakeTopology.snapshots.${CLUSTER//./\\.}-worker2\.json=$WORK/snapshots/$CLUSTER-worker2.json" \
+  --set-json 'nodeSelector={"topology-e2e/worker":"true"}' \
+  --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" --set image.pullPolicy=Never \
+  --set agent.logFormat=text --set agent.logLevel=debug \
+  --wait --timeout 180s
+
+echo "==> pytest -m kind (REQUIRE_KIND=1)"
+export KIND_CLUSTER_NAME=$CLUSTER TOPOLOGY_E2E_NAMESPACE=$NAMESPACE TOPOLOGY_E2E_RELEASE=$RELEASE \
+       TOPOLOGY_E2E_IMAGE=$IMAGE TOPOLOGY_E2E_SNAPSHOTS=$WORK/snapshots REQUIRE_KIND=1
+# shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
+"$PYTHON" -m pytest -m kind tests/kind -v -p no:cacheprovider ${PYTEST_ARGS:-}
+echo "kind-test: passed in $((SECONDS - T0)) s"

@@ -1,0 +1,293 @@
+"""End to end on kind (make kind-test): the chart in fake-topology mode on two x86 workers that advertise a
+z16-shaped and a z13-shaped topology, checked through the API server with the ``kubernetes`` client.
+
+Skipped (with the reason) when no such cluster is reachable; REQUIRE_KIND=1 turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.kind.conftest import KindEnv
+from tests.kind.snapshots import Expected, expected
+
+pytestmark = pytest.mark.kind
+
+WORKER_LABEL = "topology-e2e/worker"
+ENV_CONTRACT = ("TOPOLOGY_CPUS", "TOPOLOGY_GROUPS", "CPU_VISIBLE_MEMORY_NODES", "OMP_NUM_THREADS", "OMP_PLACES",
+                "OMP_PROC_BIND", "VLLM_CPU_OMP_THREADS_BIND")
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 120, interval: float = 2) -> Any:
+    """Poll ``check`` until it returns something truthy; fail with ``what`` and the last value otherwise."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = check()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="module")
+def workers(core: Any) -> list[Any]:
+    nodes = core.list_node(label_selector=f"{WORKER_LABEL}=true").items
+    assert len(nodes) == 2, f"expected two workers labelled {WORKER_LABEL}=true, got {[n.metadata.name for n in nodes]}"
+    return sorted(nodes, key=lambda n: n.metadata.name)
+
+
+@pytest.fixture(scope="module")
+def expectations(workers: list[Any], kind_env: KindEnv) -> dict[str, Expected]:
+    return {n.metadata.name: expected(kind_env.snapshots, n.metadata.name, kind_env.prefix) for n in workers}
+
+
+@pytest.fixture(scope="module")
+def book_node(expectations: dict[str, Expected], kind_env: KindEnv) -> tuple[str, Expected]:
+    """The worker with the z16 snapshot (the one advertising books)."""
+    resource = f"{kind_env.prefix}/book"
+    name = max(expectations, key=lambda n: expectations[n].allocatable.get(resource, 0))
+    assert expectations[name].allocatable.get(resource, 0) >= 2
+    return name, expectations[name]
+
+
+@pytest.fixture(scope="module")
+def daemonset_ready(api: Any, kind_env: KindEnv) -> Any:
+    from kubernetes import client
+
+    apps = client.AppsV1Api(api)
+
+    def ready() -> Any:
+        for ds in apps.list_namespaced_daemon_set(kind_env.namespace).items:
+            s = ds.status
+            if (ds.metadata.labels or {}).get("app.kubernetes.io/instance") == kind_env.release \
+                    and s.desired_number_scheduled >= 2 and s.number_ready == s.desired_number_scheduled \
+                    and s.updated_number_scheduled == s.desired_number_scheduled:
+                return ds
+        return None
+
+    return wait_for("the agent DaemonSet to be ready on both workers", ready, timeout=180)
+
+
+@pytest.fixture()
+def make_pod(core: Any, pod_namespace: str, kind_env: KindEnv) -> Iterator[Callable[..., str]]:
+    """make_pod(node, {resource: n}, cpu="1") -> pod name; the pod prints its environment and sleeps."""
+    from kubernetes import client
+
+    created: list[str] = []
+
+    def _make(node: str, extended: dict[str, int], cpu: str | None = "1", name: str | None = None) -> str:
+        name = name or f"e2e-{uuid.uuid4().hex[:8]}"
+        limits = {k: str(v) for k, v in extended.items()}
+        requests: dict[str, str] = {"memory": "32Mi"}
+        if cpu is not None:
+            limits["cpu"] = requests["cpu"] = cpu
+        limits["memory"] = "32Mi"
+        pod = client.V1Pod(
+            metadata=client.V1ObjectMeta(name=name),
+            spec=client.V1PodSpec(
+                restart_policy="Never",
+                termination_grace_period_seconds=1,
+                node_selector={"kubernetes.io/hostname": node},
+                containers=[client.V1Container(
+                    name="main", image=kind_env.image, image_pull_policy="Never",
+                    command=["/bin/sh", "-c", "env; echo ENV-END; exec sleep 3600"],
+                    resources=client.V1ResourceRequirements(requests=requests, limits=limits),
+                )],
+            ),
+        )
+        core.create_namespaced_pod(pod_namespace, pod)
+        created.append(name)
+        return name
+
+    yield _make
+    for name in created:
+        core.delete_namespaced_pod(name, pod_namespace, grace_period_seconds=0)
+
+
+def pod_env(core: Any, namespace: str, name: str) -> dict[str, str]:
+    def running() -> Any:
+        pod = core.read_namespaced_pod(name, namespace)
+        return pod if pod.status.phase == "Running" else None
+
+    wait_for(f"pod {name} to run", running, timeout=90)
+    log = wait_for(f"pod {name} to print its environment",
+                   lambda: (text := core.read_namespaced_pod_log(name, namespace)) and "ENV-END" in text and text)
+    return dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
+
+
+def places(omp_places: str) -> int:
+    return len(re.findall(r"\{[^}]*\}", omp_places)) or len([p for p in omp_places.split(",") if p])
+
+
+# -------------------------------------------------------------------------------------------------- the tests
+
+
+def test_daemonset_is_ready_on_both_workers(daemonset_ready: Any, workers: list[Any]) -> None:
+    assert daemonset_ready.status.number_ready == len(workers)
+
+
+def advertised(core: Any, node: str, prefix: str) -> dict[str, str]:
+    allocatable = core.read_node(node).status.allocatable or {}
+    return {k: v for k, v in allocatable.items() if k.startswith(prefix + "/") and v != "0"}
+
+
+def test_allocatable_equals_the_snapshot_groups(core: Any, daemonset_ready: Any,
+                                                expectations: dict[str, Expected], kind_env: KindEnv) -> None:
+    for node, exp in expectations.items():
+        want = {resource: str(count) for resource, count in exp.allocatable.items()}
+        assert want, f"{node}: the snapshot advertises nothing"
+
+        def matches(node: str = node, want: dict[str, str] = want) -> bool:
+            return advertised(core, node, kind_env.prefix) == want
+
+        wait_for(f"{node} to advertise {want}", matches, timeout=60)
+
+
+def test_node_labels(core: Any, daemonset_ready: Any, expectations: dict[str, Expected]) -> None:
+    for node, exp in expectations.items():
+        def labelled(node: str = node, exp: Expected = exp) -> bool:
+            return exp.labels.items() <= (core.read_node(node).metadata.labels or {}).items()
+
+        wait_for(f"{node} to carry the labels {exp.labels}", labelled, timeout=60)
+
+
+def test_a_pod_gets_a_book_with_the_environment_contract(core: Any, daemonset_ready: Any, pod_namespace: str,
+                                                         book_node: tuple[str, Expected], kind_env: KindEnv,
+                                                         make_pod: Callable[..., str]) -> None:
+    node, exp = book_node
+    env = pod_env(core, pod_namespace, make_pod(node, {f"{kind_env.prefix}/book": 1}))
+    missing = [k for k in ENV_CONTRACT if k not in env]
+    assert not missing, f"Allocate did not set {missing}"
+    assert env["TOPOLOGY_CPUS"] in exp.cpulists(f"{kind_env.prefix}/book")
+    assert int(env["OMP_NUM_THREADS"]) == places(env["OMP_PLACES"]) > 0
+    assert re.fullmatch(r"[0-9]+(,[0-9]+)*", env["CPU_VISIBLE_MEMORY_NODES"])
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] and env["OMP_PROC_BIND"]
+
+
+def test_a_second_pod_gets_a_different_book(core: Any, daemonset_ready: Any, pod_namespace: str,
+                                            book_node: tuple[str, Expected], kind_env: KindEnv,
+                                            make_pod: Callable[..., str]) -> None:
+    node, exp = book_node
+    cpus = core.read_node(node).status.allocatable["cpu"]
+    if int(cpus.rstrip("m")) // (1000 if cpus.endswith("m") else 1) < 3:
+        pytest.skip(f"kind node {node} has {cpus} allocatable CPUs; two pods with integer cpu requests need 3")
+    book = f"{kind_env.prefix}/book"
+    first = pod_env(core, pod_namespace, make_pod(node, {book: 1}))
+    second = pod_env(core, pod_namespace, make_pod(node, {book: 1}))
+    assert first["TOPOLOGY_CPUS"] != second["TOPOLOGY_CPUS"]
+    assert {first["TOPOLOGY_CPUS"], second["TOPOLOGY_CPUS"]} <= exp.cpulists(book)
+    assert first["TOPOLOGY_GROUPS"] != second["TOPOLOGY_GROUPS"]
+
+
+def test_more_books_than_exist_stay_pending(core: Any, daemonset_ready: Any, pod_namespace: str,
+                                            book_node: tuple[str, Expected], kind_env: KindEnv,
+                                            make_pod: Callable[..., str]) -> None:
+    node, exp = book_node
+    book = f"{kind_env.prefix}/book"
+    name = make_pod(node, {book: exp.allocatable[book] + 1})
+
+    def unschedulable() -> Any:
+        pod = core.read_namespaced_pod(name, pod_namespace)
+        for cond in pod.status.conditions or []:
+            short = f"Insufficient {book}" in (cond.message or "")
+            if cond.type == "PodScheduled" and cond.status == "False" and short:
+                return pod
+        return None
+
+    pod = wait_for(f"{name} to be unschedulable for lack of {book}", unschedulable, timeout=60)
+    time.sleep(5)
+    assert core.read_namespaced_pod(name, pod_namespace).status.phase == "Pending", pod.status
+
+
+def _server_minor(api: Any) -> int:
+    from kubernetes import client
+
+    version = client.VersionApi(api).get_code()
+    return int(re.match(r"[0-9]+", version.minor).group(0))  # type: ignore[union-attr]
+
+
+def test_admission_policy_rejects_two_topology_resources(api: Any, core: Any, daemonset_ready: Any,
+                                                         book_node: tuple[str, Expected], kind_env: KindEnv,
+                                                         make_pod: Callable[..., str]) -> None:
+    from kubernetes.client.rest import ApiException
+
+    if _server_minor(api) < 30:
+        pytest.skip("the ValidatingAdmissionPolicy needs Kubernetes >= 1.30 (set KIND_NODE_IMAGE)")
+    node, _ = book_node
+    p = kind_env.prefix
+
+    def rejected(resources: dict[str, int], cpu: str | None) -> str:
+        try:  # the policy becomes active a moment after install: retry until it answers
+            make_pod(node, resources, cpu=cpu)
+        except ApiException as exc:
+            return f"{exc.status} {exc.body}"
+        return ""
+
+    two = wait_for("the admission policy to reject two topology resources",
+                   lambda: rejected({f"{p}/book": 1, f"{p}/socket": 1}, "1"), timeout=60, interval=3)
+    assert two.startswith("422") and f"request more than one {p}/ resource" in two
+    no_cpu = rejected({f"{p}/book": 1}, None)
+    assert no_cpu.startswith("422") and "without an integer cpu request" in no_cpu
+    fraction = rejected({f"{p}/book": 1}, "500m")
+    assert fraction.startswith("422") and "without an integer cpu request" in fraction
+
+
+def _agent_pod(core: Any, kind_env: KindEnv, node: str) -> Any:
+    pods = core.list_namespaced_pod(kind_env.namespace, field_selector=f"spec.nodeName={node}",
+                                    label_selector=f"app.kubernetes.io/instance={kind_env.release}").items
+    assert len(pods) == 1, [p.metadata.name for p in pods]
+    return pods[0]
+
+
+def _sockets(node: str) -> dict[str, int]:
+    """The agent's sockets in kubelet's device-plugin directory on a kind node: name -> inode."""
+    script = "cd /var/lib/kubelet/device-plugins && for f in *.sock; do [ -S \"$f\" ] && stat -c '%n %i' \"$f\"; done"
+    out = subprocess.run(["docker", "exec", node, "sh", "-c", script + "; true"],
+                         capture_output=True, text=True, timeout=20, check=True).stdout
+    pairs = (line.split() for line in out.splitlines() if line.strip())
+    return {name: int(inode) for name, inode in pairs if name != "kubelet.sock"}
+
+
+def test_reregisters_after_its_socket_is_deleted(core: Any, daemonset_ready: Any,
+                                                 expectations: dict[str, Expected], kind_env: KindEnv) -> None:
+    node = sorted(expectations)[-1]
+    before = wait_for(f"the agent's sockets on {node}", lambda: _sockets(node), timeout=30)
+    agent = _agent_pod(core, kind_env, node)
+    restarts = agent.status.container_statuses[0].restart_count
+    subprocess.run(["docker", "exec", node, "rm", "-f", *(f"/var/lib/kubelet/device-plugins/{s}" for s in before)],
+                   check=True, timeout=20)
+
+    def new_sockets() -> dict[str, int]:
+        now = _sockets(node)
+        fresh = len(now) == len(before) and not set(now.values()) & set(before.values())
+        return now if fresh else {}
+
+    wait_for(f"the agent to serve again on new sockets on {node}", new_sockets, timeout=60)
+    want = {r: str(c) for r, c in expectations[node].allocatable.items()}
+    wait_for(f"{node} to advertise {want} again", lambda: advertised(core, node, kind_env.prefix) == want, timeout=60)
+    again = _agent_pod(core, kind_env, node)
+    assert again.metadata.uid == agent.metadata.uid
+    assert again.status.container_statuses[0].restart_count == restarts, "re-registered by restarting, not by itself"
+
+
+def test_metrics_are_scrapeable(core: Any, daemonset_ready: Any, workers: list[Any], kind_env: KindEnv) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for node in workers:
+        agent = _agent_pod(core, kind_env, node.metadata.name)
+        port = next(p.container_port for p in agent.spec.containers[0].ports if p.name == "metrics")
+        proxy = f"{agent.metadata.name}:{port}"
+        text = core.connect_get_namespaced_pod_proxy_with_path(proxy, kind_env.namespace, "metrics")
+        families = {f.name for f in text_string_to_metric_families(text)}
+        assert families, text[:500]
+        assert core.connect_get_namespaced_pod_proxy_with_path(proxy, kind_env.namespace, "readyz")
+        assert core.connect_get_namespaced_pod_proxy_with_path(proxy, kind_env.namespace, "allocations") is not None

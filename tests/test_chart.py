@@ -1,0 +1,723 @@
+"""The Helm chart, rendered with the real helm binary and checked object by object.
+
+helm comes from $HELM, else .tools/bin/helm (tools/get-helm.sh), else PATH. Without it the tests skip
+locally and fail under CI=true (CI installs it). The admission policy's CEL is evaluated with cel-python
+(module ``celpy``) when installed, with the Kubernetes quantity and ``join`` functions it uses supplied here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "deploy" / "helm" / "s390x-topology-agent"
+IN_CI = os.environ.get("CI", "").lower() == "true"
+VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+FLOOR, VAP_MIN, NEWEST = "1.26.0", "1.30.0", "1.34.0"
+Doc = dict[str, Any]
+
+
+def _missing(what: str, how: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{what} is missing under CI=true: {how}")
+    pytest.skip(f"{what} not available ({how})")
+
+
+def find_helm() -> str | None:
+    if os.environ.get("HELM"):
+        return shutil.which(os.environ["HELM"])  # None when $HELM is not an executable
+    local = REPO / ".tools" / "bin" / "helm"
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    return shutil.which("helm")
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    path = find_helm()
+    if path is None:
+        _missing("helm", "run tools/get-helm.sh, or set HELM=/path/to/helm")
+    assert path is not None
+    return path
+
+
+@functools.cache
+def _helm_template(helm: str, args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    cmd = [helm, "template", "t", str(CHART), "-n", "kube-system", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+
+
+Render = Callable[..., list[Doc]]
+
+
+@pytest.fixture(scope="session")
+def render(helm: str) -> Render:
+    """render("--set", "a=b", kube_version=..., vap=True) -> the rendered objects; RuntimeError on failure."""
+
+    def _render(*args: str, kube_version: str = VAP_MIN, vap: bool = True) -> list[Doc]:
+        extra = ("--kube-version", kube_version, *(("--api-versions", VAP_API) if vap else ()))
+        result = _helm_template(helm, (*extra, *args))
+        if result.returncode:
+            raise RuntimeError(result.stderr)
+        return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+    return _render
+
+
+@pytest.fixture(scope="session")
+def template_error(helm: str) -> Callable[..., str]:
+    """template_error(args...) -> helm's stderr; fails the test when helm renders fine."""
+
+    def _error(*args: str) -> str:
+        result = _helm_template(helm, ("--kube-version", VAP_MIN, *args))
+        assert result.returncode != 0, f"helm template {' '.join(args)} should have failed"
+        return result.stderr
+
+    return _error
+
+
+def kinds(docs: list[Doc]) -> dict[str, list[Doc]]:
+    out: dict[str, list[Doc]] = {}
+    for d in docs:
+        out.setdefault(d["kind"], []).append(d)
+    return out
+
+
+def one(docs: list[Doc], kind: str) -> Doc:
+    found = kinds(docs).get(kind, [])
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def agent_container(docs: list[Doc]) -> Doc:
+    containers = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["agent"]
+    return containers[0]
+
+
+def env_of(container: Doc) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def mounts_of(docs: list[Doc]) -> dict[str, tuple[Doc, Doc]]:
+    """volume name -> (volumeMount, volume)."""
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    return {m["name"]: (m, volumes[m["name"]]) for m in agent_container(docs)["volumeMounts"]}
+
+
+FAKE_ARGS = (
+    "--set", "fakeTopology.enabled=true",
+    "--set-file", f"fakeTopology.snapshots.default\\.json={REPO / 'agent/data/z16-lpar.json'}",
+    "--set-file", f"fakeTopology.snapshots.worker2\\.json={REPO / 'agent/data/z14-lpar.json'}",
+)
+
+
+# ------------------------------------------------------------------------------------------- lint / validate
+
+
+@pytest.mark.parametrize("args", [(), FAKE_ARGS], ids=["default", "fake-topology"])
+def test_helm_lint_strict(helm: str, args: tuple[str, ...]) -> None:
+    result = subprocess.run([helm, "lint", "--strict", str(CHART), *args], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout
+
+
+@pytest.mark.parametrize("kube_version", [FLOOR, VAP_MIN, NEWEST])
+@pytest.mark.parametrize("args", [(), FAKE_ARGS, ("--set", "metrics.serviceMonitor.enabled=true")],
+                         ids=["default", "fake-topology", "service-monitor"])
+def test_rendered_objects_pass_strict_schema_validation(render: Render, kube_version: str,
+                                                        args: tuple[str, ...]) -> None:
+    try:
+        import kubernetes_validate
+    except ImportError:
+        _missing("kubernetes-validate", "pip install kubernetes-validate")
+    vap = kube_version != FLOOR  # only clusters >= 1.30 serve the v1 policy
+    docs = render(*args, kube_version=kube_version, vap=vap)
+    for doc in docs:
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a CRD: no schema bundled (tools/check-chart.sh lets kubernetes-validate warn about it)
+        kubernetes_validate.validate(doc, kube_version, strict=True)
+
+
+def test_chart_refuses_kubernetes_below_its_floor(helm: str) -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == f">={FLOOR}-0"
+    result = _helm_template(helm, ("--kube-version", "1.25.0"))
+    assert result.returncode != 0 and "kubeVersion" in result.stderr
+
+
+def test_default_objects_and_namespaces(render: Render) -> None:
+    docs = render()
+    assert sorted(kinds(docs)) == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount",
+                                   "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    for doc in docs:
+        if doc["kind"] in ("DaemonSet", "ServiceAccount", "ConfigMap", "Service"):
+            assert doc["metadata"]["namespace"] == "kube-system"
+
+
+# ------------------------------------------------------------------------------------------------- DaemonSet
+
+
+def test_kubelet_directories_are_mounted_as_directories(render: Render) -> None:
+    mounts = mounts_of(render())
+    dp_mount, dp_volume = mounts["device-plugins"]
+    assert dp_mount["mountPath"] == "/var/lib/kubelet/device-plugins"
+    assert dp_volume["hostPath"] == {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}
+    assert not dp_mount.get("readOnly")  # the agent creates its sockets there
+    pr_mount, pr_volume = mounts["pod-resources"]
+    assert pr_mount["mountPath"] == "/var/lib/kubelet/pod-resources"
+    assert pr_volume["hostPath"] == {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}
+    for _, volume in mounts.values():
+        host = volume.get("hostPath")
+        if host:
+            assert not host["path"].endswith(".sock") and host.get("type") != "Socket"
+
+
+def test_sys_is_mounted_read_only_and_proc_is_the_containers_own(render: Render) -> None:
+    docs = render()
+    mount, volume = mounts_of(docs)["host-sys"]
+    assert mount == {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True}
+    assert volume["hostPath"]["path"] == "/sys"
+    env = env_of(agent_container(docs))
+    assert env["TOPOLOGY_AGENT_HOST_ROOT"] == "/host"
+    assert env["TOPOLOGY_AGENT_PROC_ROOT"] == "/proc"  # /proc/sysinfo and /proc/cpuinfo are not namespaced
+    assert "TOPOLOGY_AGENT_TOPOLOGY_FILE" not in env
+
+
+def test_kubelet_root_is_a_value(render: Render) -> None:
+    docs = render("--set", "kubelet.root=/var/lib/rancher/k3s/agent/kubelet/")
+    mounts = mounts_of(docs)
+    assert mounts["device-plugins"][1]["hostPath"]["path"] == "/var/lib/rancher/k3s/agent/kubelet/device-plugins"
+    assert mounts["pod-resources"][1]["hostPath"]["path"] == "/var/lib/rancher/k3s/agent/kubelet/pod-resources"
+    # The container paths do not move, and the agent is told where they are.
+    env = env_of(agent_container(docs))
+    assert env["TOPOLOGY_AGENT_KUBELET_DIR"] == mounts["device-plugins"][0]["mountPath"]
+    assert env["TOPOLOGY_AGENT_POD_RESOURCES_SOCKET"] == mounts["pod-resources"][0]["mountPath"] + "/kubelet.sock"
+
+
+def test_kubelet_state_mount_is_opt_in_and_read_only(render: Render) -> None:
+    docs = render()
+    assert "kubelet-root" not in mounts_of(docs)
+    env = env_of(agent_container(docs))
+    assert "TOPOLOGY_AGENT_CPU_MANAGER_STATE" not in env and "TOPOLOGY_AGENT_KUBELET_CONFIG" not in env
+    docs = render("--set", "kubelet.readState=true")
+    mount, volume = mounts_of(docs)["kubelet-root"]
+    assert mount["readOnly"] is True and volume["hostPath"] == {"path": "/var/lib/kubelet", "type": "Directory"}
+    env = env_of(agent_container(docs))
+    assert env["TOPOLOGY_AGENT_CPU_MANAGER_STATE"] == mount["mountPath"] + "/cpu_manager_state"
+    assert env["TOPOLOGY_AGENT_KUBELET_CONFIG"] == mount["mountPath"] + "/config.yaml"
+
+
+def test_security_context_uid0_without_privileges(render: Render) -> None:
+    docs = render()
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    sc = agent_container(docs)["securityContext"]
+    assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not pod.get(key)
+    # A read-only root filesystem still needs a writable /tmp.
+    assert mounts_of(docs)["tmp"][1]["emptyDir"]["medium"] == "Memory"
+
+
+def test_security_context_says_why_uid0(helm: str) -> None:
+    text = (CHART / "templates" / "daemonset.yaml").read_text()
+    comment = " ".join(line.strip().lstrip("#").strip() for line in text.splitlines() if line.strip().startswith("#"))
+    for words in ("uid 0", "0750", "CAP_DAC_OVERRIDE", "capability is dropped", "65532"):
+        assert words in comment, f"the security-context comment should mention {words!r}"
+
+
+def test_probes_on_healthz_and_readyz(render: Render) -> None:
+    container = agent_container(render("--set", "metrics.port=9555"))
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9555, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert env_of(container)["TOPOLOGY_AGENT_METRICS_PORT"] == "9555"
+
+
+def test_scrape_annotations(render: Render) -> None:
+    annotations = one(render(), "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": "9400",
+                           "prometheus.io/path": "/metrics"}
+    docs = render("--set", "metrics.podAnnotations=false")
+    assert not one(docs, "DaemonSet")["spec"]["template"]["metadata"].get("annotations")
+
+
+def test_priority_tolerations_and_arch_selector(render: Render) -> None:
+    pod = one(render("--set-json", 'extraTolerations=[{"key":"ibm.com/z","operator":"Exists"}]'),
+              "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["nodeSelector"] == {"kubernetes.io/arch": "s390x"}
+    tolerations = pod["tolerations"]
+    assert {"key": "CriticalAddonsOnly", "operator": "Exists"} in tolerations
+    assert {"operator": "Exists", "effect": "NoSchedule"} in tolerations
+    assert {"operator": "Exists", "effect": "NoExecute"} in tolerations
+    assert tolerations[-1] == {"key": "ibm.com/z", "operator": "Exists"}
+
+
+def test_node_selector_is_overridable(render: Render) -> None:
+    # Helm merges maps: a default key goes away by setting it to null.
+    pod = one(render("--set-json", 'nodeSelector={"kubernetes.io/arch":null,"example.com/pool":"inference"}'),
+              "DaemonSet")
+    assert pod["spec"]["template"]["spec"]["nodeSelector"] == {"example.com/pool": "inference"}
+    pod = one(render("--set", "nodeSelector=null"), "DaemonSet")
+    assert "nodeSelector" not in pod["spec"]["template"]["spec"]
+
+
+def test_rolling_update_never_surges(render: Render) -> None:
+    strategy = one(render(), "DaemonSet")["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+
+
+def test_agent_settings_reach_the_environment(render: Render) -> None:
+    env = env_of(agent_container(render(
+        "--set", "agent.levels=book\\,socket",
+        "--set", "agent.resourcePrefix=z.example.com",
+        "--set", "agent.reservedCpus=0-1\\,8",
+        "--set-json", 'agent.excludePolarization=["vertical:low","unknown"]',
+        "--set", "agent.ompThreadsPerCore=2",
+        "--set", "agent.reserveCoresPerGroup=1",
+        "--set", "agent.logLevel=debug",
+        "--set", "agent.logFormat=text",
+        "--set", "agent.nodeLabels=false",
+        "--set-json", "agent.rescanInterval=2.5",
+        "--set", "agent.podResourcesInterval=0",
+    )))
+    assert env["TOPOLOGY_AGENT_LEVELS"] == "book,socket"
+    assert env["TOPOLOGY_AGENT_RESOURCE_PREFIX"] == "z.example.com"
+    assert env["TOPOLOGY_AGENT_RESERVED_CPUS"] == "0-1,8"
+    assert env["TOPOLOGY_AGENT_EXCLUDE_POLARIZATION"] == "vertical:low,unknown"
+    assert env["TOPOLOGY_AGENT_OMP_THREADS_PER_CORE"] == "2"
+    assert env["TOPOLOGY_AGENT_RESERVE_CORES_PER_GROUP"] == "1"
+    assert env["TOPOLOGY_AGENT_LOG_LEVEL"] == "debug"
+    assert env["TOPOLOGY_AGENT_LOG_FORMAT"] == "text"
+    assert env["TOPOLOGY_AGENT_NODE_LABELS"] == "false"
+    assert env["TOPOLOGY_AGENT_RESCAN_INTERVAL"] == "2.5"
+    assert env["TOPOLOGY_AGENT_POD_RESOURCES_INTERVAL"] == "0"
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_every_agent_variable_is_a_serve_flag(render: Render, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart's TOPOLOGY_AGENT_* variables name real flags of `topology-agent serve`, with values it accepts."""
+    from agent import cli
+
+    container = agent_container(render("--set", "kubelet.readState=true", "--set-json",
+                                       'agent.excludePolarization=["vertical:low"]', "--set", "agent.levels=book"))
+    assert container["args"] == ["serve"]
+    env = {k: v for k, v in env_of(container).items() if k.startswith(cli.ENV_PREFIX)}
+    parser = cli.build_parser()
+    serve = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    flags = {opt for action in serve._actions for opt in action.option_strings}
+    to_flag = {k: "--" + k[len(cli.ENV_PREFIX):].lower().replace("_", "-") for k in env}
+    unknown = sorted(k for k, flag in to_flag.items() if flag not in flags)
+    assert not unknown, f"variables without a serve flag: {unknown}"
+    # The same values given as flags: argparse checks choices, the settings builders check the rest.
+    argv = ["serve"]
+    for key, value in env.items():
+        if to_flag[key] == "--node-labels":
+            argv.append("--node-labels" if value == "true" else "--no-node-labels")
+        else:
+            argv += [to_flag[key], value]
+    for key in [k for k in os.environ if k.startswith(cli.ENV_PREFIX)]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)  # the env twins must parse too (booleans are read at parser build time)
+    args = cli.build_parser().parse_args(argv)
+    assert args.kubelet_dir == "/var/lib/kubelet/device-plugins"
+    assert cli.grouping_settings(args).exclude_polarization == frozenset({"vertical:low"})
+    cli.allocation_settings(args)
+
+
+def test_image_tag_defaults_to_app_version_and_digest_wins(render: Render) -> None:
+    assert agent_container(render())["image"] == "s390x-topology-agent:0.1.0"
+    digest = "sha256:" + "a" * 64
+    container = agent_container(render("--set", "image.repository=quay.io/x/agent", "--set", f"image.digest={digest}"))
+    assert container["image"] == f"quay.io/x/agent@{digest}"
+
+
+# ------------------------------------------------------------------------------------------------------ RBAC
+
+
+def test_rbac_is_get_and_patch_on_nodes_only(render: Render) -> None:
+    docs = render()
+    role = one(docs, "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    binding = one(docs, "ClusterRoleBinding")
+    account = one(docs, "ServiceAccount")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": "kube-system"}]
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert not {"Role", "RoleBinding"} & set(kinds(docs))
+
+
+def test_no_rbac_without_node_labels(render: Render) -> None:
+    assert not {"ClusterRole", "ClusterRoleBinding"} & set(kinds(render("--set", "agent.nodeLabels=false")))
+
+
+# ---------------------------------------------------------------------------------------------------- metrics
+
+
+def test_service_monitor_off_by_default(render: Render) -> None:
+    assert not {"ServiceMonitor", "Service"} & set(kinds(render()))
+
+
+def test_service_monitor_when_enabled(render: Render) -> None:
+    docs = render("--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.serviceMonitor.interval=15s",
+                  "--set-json", 'metrics.serviceMonitor.labels={"release":"prometheus"}')
+    monitor, service = one(docs, "ServiceMonitor"), one(docs, "Service")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert monitor["spec"]["endpoints"][0]["interval"] == "15s"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["kube-system"]}
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    pod_labels = one(docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+# ------------------------------------------------------------------------------------------ admission policy
+
+
+def policy_of(docs: list[Doc]) -> tuple[Doc, Doc]:
+    return one(docs, "ValidatingAdmissionPolicy"), one(docs, "ValidatingAdmissionPolicyBinding")
+
+
+def test_admission_policy_needs_the_v1_api_or_force(render: Render) -> None:
+    assert "ValidatingAdmissionPolicy" not in kinds(render(kube_version=FLOOR, vap=False))
+    assert "ValidatingAdmissionPolicy" not in kinds(render(kube_version=NEWEST, vap=False))
+    assert "ValidatingAdmissionPolicy" in kinds(render(kube_version=NEWEST, vap=True))
+    assert "ValidatingAdmissionPolicy" in kinds(render("--set", "admissionPolicy.force=true", vap=False))
+    assert "ValidatingAdmissionPolicy" not in kinds(render("--set", "admissionPolicy.enabled=false"))
+
+
+def test_admission_policy_shape(render: Render) -> None:
+    policy, binding = policy_of(render())
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert variables["prefix"] == "'topology/'"
+    assert "initContainers" in variables["containers"]
+    assert "startsWith(variables.prefix)).size() > 1" in variables["multipleResources"]
+    assert "quantity(string(c.resources.requests['cpu'])).isInteger()" in variables["nonIntegerCpu"]
+    assert "r.startsWith('topology/')" in spec["matchConditions"][0]["expression"]
+    multiple, cpu = spec["validations"]
+    assert multiple["expression"] == "variables.multipleResources.size() == 0"
+    assert cpu["expression"] == "variables.nonIntegerCpu.size() == 0"
+    for validation in (multiple, cpu):
+        assert validation["reason"] == "Invalid"
+        assert "\n" not in validation["message"]  # the API rejects line breaks in messages
+    assert "only one topology/ resource" in multiple["message"]
+    assert "split the work into one container per group" in multiple["message"]
+    assert "whole number of CPUs" in cpu["message"] and 'such as "8"' in cpu["message"]
+
+
+def test_admission_policy_follows_the_resource_prefix(render: Render) -> None:
+    policy, _ = policy_of(render("--set", "agent.resourcePrefix=ibm.example.com"))
+    text = json.dumps(policy)
+    assert "'ibm.example.com/'" in text and "topology/" not in text
+
+
+def test_admission_policy_actions_and_namespaces(render: Render) -> None:
+    _, binding = policy_of(render("--set-json", 'admissionPolicy.validationActions=["Warn","Audit"]',
+                                  "--set-json", 'admissionPolicy.namespaceSelector={"matchLabels":{"ai":"yes"}}'))
+    assert binding["spec"]["validationActions"] == ["Warn", "Audit"]
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == {"matchLabels": {"ai": "yes"}}
+
+
+# --- evaluating the CEL with cel-python
+
+_SUFFIX = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
+           "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"),
+           "P": Decimal("1e15"), "E": Decimal("1e18"), "Ki": Decimal(2**10), "Mi": Decimal(2**20),
+           "Gi": Decimal(2**30), "Ti": Decimal(2**40), "Pi": Decimal(2**50), "Ei": Decimal(2**60)}
+_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+                       r"(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$")
+
+
+def parse_quantity(text: str) -> Decimal | None:
+    """Kubernetes resource.Quantity syntax (enough of it for the policy): None when not a quantity."""
+    m = _QUANTITY.match(text)
+    if not m:
+        return None
+    try:
+        number = Decimal(m.group(1))
+        return number * Decimal("1" + m.group(2)) if m.group(2) else number * _SUFFIX[m.group(3) or ""]
+    except InvalidOperation:
+        return None
+
+
+@pytest.fixture(scope="session")
+def cel() -> Callable[[str, dict[str, Any]], Any]:
+    """cel(expression, activation) with the Kubernetes functions the policy uses (quantity, join)."""
+    try:
+        import celpy
+        from celpy import celtypes
+    except ImportError:
+        _missing("cel-python", "pip install cel-python; it evaluates the admission policy's CEL")
+
+    def is_quantity(s: Any) -> Any:
+        return celtypes.BoolType(parse_quantity(str(s)) is not None)
+
+    def quantity(s: Any) -> Any:
+        if parse_quantity(str(s)) is None:
+            raise ValueError(f"quantity: {s!r} is not a quantity")
+        return celtypes.StringType(str(s))
+
+    def is_integer(q: Any) -> Any:
+        value = parse_quantity(str(q))
+        return celtypes.BoolType(value is not None and value == value.to_integral_value() and abs(value) < 2**63)
+
+    def as_integer(q: Any) -> Any:
+        value = parse_quantity(str(q))
+        if value is None or value != value.to_integral_value():
+            raise ValueError(f"asInteger: {q!r} is not an integer")
+        return celtypes.IntType(int(value))
+
+    def join(items: Any, sep: Any = "") -> Any:
+        return celtypes.StringType(str(sep).join(str(i) for i in items))
+
+    functions = {"isQuantity": is_quantity, "quantity": quantity, "isInteger": is_integer,
+                 "asInteger": as_integer, "join": join}
+    env = celpy.Environment()
+
+    def evaluate(expression: str, activation: dict[str, Any]) -> Any:
+        program = env.program(env.compile(expression), functions=functions)
+        result = program.evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()})
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    return evaluate
+
+
+@pytest.fixture(scope="session")
+def admit(render: Render, cel: Callable[[str, dict[str, Any]], Any]) -> Callable[..., list[str]]:
+    """admit(pod, prefix=None) -> the messages of the failed validations ([] = admitted), as the API server would."""
+
+    @functools.cache
+    def policy_spec(prefix: str | None) -> Doc:
+        args = ("--set", f"agent.resourcePrefix={prefix}") if prefix else ()
+        return policy_of(render(*args))[0]["spec"]
+
+    def _admit(pod: Doc, prefix: str | None = None) -> list[str]:
+        spec = policy_spec(prefix)
+        activation: dict[str, Any] = {"object": pod}
+        if not all(bool(cel(c["expression"], activation)) for c in spec["matchConditions"]):
+            return []
+        variables: dict[str, Any] = {}
+        for var in spec["variables"]:  # in order: later ones use earlier ones
+            value = cel(var["expression"], {"object": pod, "variables": variables})
+            variables[var["name"]] = json.loads(json.dumps(value, default=_cel_to_json))
+        failures = []
+        for validation in spec["validations"]:
+            act = {"object": pod, "variables": variables}
+            if not bool(cel(validation["expression"], act)):
+                failures.append(str(cel(validation["messageExpression"], act)))
+        return failures
+
+    return _admit
+
+
+def _cel_to_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): v for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return list(value)
+    return str(value)
+
+
+def pod(*containers: Doc, init: list[Doc] | None = None) -> Doc:
+    spec: Doc = {"containers": list(containers)}
+    if init:
+        spec["initContainers"] = init
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": spec}
+
+
+def container(name: str, **requests: str) -> Doc:
+    """A container as admission sees it: the API server has already copied limits into missing requests."""
+    c: Doc = {"name": name, "image": "vllm-cpu"}
+    if requests:
+        reqs = {k.replace("__", "/").replace("_", "."): v for k, v in requests.items()}
+        c["resources"] = {"requests": reqs, "limits": dict(reqs)}
+    return c
+
+
+def test_cel_admits_one_resource_with_integer_cpu(admit: Callable[..., list[str]]) -> None:
+    assert admit(pod(container("llm", cpu="8", memory="16Gi", topology__book="1"))) == []
+    assert admit(pod(container("llm", cpu="16", topology__socket="2"))) == []
+    assert admit(pod(container("llm", cpu="2k", topology__book="1"))) == []  # canonical form of 2000
+
+
+def test_cel_ignores_pods_without_topology_resources(admit: Callable[..., list[str]]) -> None:
+    assert admit(pod(container("web", cpu="250m", memory="64Mi"))) == []
+    assert admit(pod(container("bare"))) == []
+    assert admit(pod(container("other", cpu="500m", example_com__gpu="2"))) == []
+
+
+def test_cel_rejects_two_topology_resources(admit: Callable[..., list[str]]) -> None:
+    failures = admit(pod(container("sidecar", cpu="1"), container("llm", cpu="8", topology__book="1",
+                                                                   topology__socket="1")))
+    assert len(failures) == 1
+    assert failures[0].startswith("container(s) llm request more than one topology/ resource")
+    assert "split the work into one container per group" in failures[0]
+
+
+def test_cel_rejects_topology_resource_without_integer_cpu(admit: Callable[..., list[str]]) -> None:
+    for cpu in (None, "1500m", "0.5", "0"):
+        requests = {"topology__book": "1", **({"cpu": cpu} if cpu else {})}
+        failures = admit(pod(container("llm", memory="1Gi", **requests)))
+        assert len(failures) == 1, (cpu, failures)
+        assert failures[0].startswith("container(s) llm request a topology/ resource without an integer cpu")
+        assert 'such as "8"' in failures[0]
+
+
+def test_cel_checks_init_containers_and_names_every_offender(admit: Callable[..., list[str]]) -> None:
+    failures = admit(pod(container("a", topology__book="1", topology__socket="1"),
+                         init=[container("warmup", cpu="1", topology__book="1", topology__drawer="1")]))
+    assert failures[0].startswith("container(s) a, warmup request more than one topology/ resource")
+    assert failures[1].startswith("container(s) a request a topology/ resource without an integer cpu")
+
+
+def test_cel_uses_the_configured_prefix(admit: Callable[..., list[str]]) -> None:
+    two = pod(container("llm", cpu="500m", topology__book="1", topology__socket="1"))
+    assert admit(two, prefix="ibm.example.com") == []  # topology/ is someone else's resource now
+    mine = pod(container("llm", cpu="8", ibm_example_com__book="1", ibm_example_com__socket="1"))
+    assert admit(mine, prefix="ibm.example.com")[0].startswith(
+        "container(s) llm request more than one ibm.example.com/ resource")
+
+
+# --------------------------------------------------------------------------------------------- fake topology
+
+
+def test_fake_topology_mode(render: Render) -> None:
+    docs = render(*FAKE_ARGS, "--set-json", 'nodeSelector={"kubernetes.io/arch":"s390x","pool":"e2e"}')
+    config_map = one(docs, "ConfigMap")
+    assert sorted(config_map["data"]) == ["default.json", "worker2.json"]
+    from agent.topology import snapshot
+
+    topology = snapshot.loads(config_map["data"]["default.json"])  # a valid snapshot survives templating
+    assert topology == snapshot.load(REPO / "agent/data/z16-lpar.json")
+    ds = one(docs, "DaemonSet")
+    pod_spec = ds["spec"]["template"]["spec"]
+    assert pod_spec["nodeSelector"] == {"pool": "e2e"}  # only the arch key is dropped
+    mounts = mounts_of(docs)
+    mount, volume = mounts["fake-topology"]
+    assert mount["readOnly"] is True
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    assert "host-sys" not in mounts
+    env = env_of(agent_container(docs))
+    assert env["TOPOLOGY_AGENT_TOPOLOGY_FILE"] == mount["mountPath"]
+    assert "TOPOLOGY_AGENT_HOST_ROOT" not in env
+    assert "checksum/fake-topology" in ds["spec"]["template"]["metadata"]["annotations"]
+    assert "device-plugins" in mounts  # the kubelet side stays real
+
+
+def test_fake_topology_without_arch_selector_default(render: Render) -> None:
+    pod_spec = one(render(*FAKE_ARGS), "DaemonSet")["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod_spec
+
+
+def test_fake_topology_needs_snapshots(template_error: Callable[..., str]) -> None:
+    stderr = template_error("--set", "fakeTopology.enabled=true")
+    assert "fakeTopology.snapshots" in stderr
+
+
+# ---------------------------------------------------------------------------------------------- schema
+
+
+@pytest.mark.parametrize("args, field", [
+    (("--set", "metrics.port=0"), "port"),
+    (("--set", "metrics.port=65536"), "port"),
+    (("--set", "metrics.port=http"), "port"),
+    (("--set", "agent.logLevel=verbose"), "logLevel"),
+    (("--set", "agent.logFormat=xml"), "logFormat"),
+    (("--set", "agent.levels=books"), "levels"),
+    (("--set", "agent.levels=book\\,\\,socket"), "levels"),
+    (("--set", "agent.levels=auto\\,book"), "levels"),
+    (("--set", "agent.reserveCoresPerGroup=-1"), "reserveCoresPerGroup"),
+    (("--set", "agent.reserveCoresPerGroup=1.5"), "reserveCoresPerGroup"),
+    (("--set", "agent.ompThreadsPerCore=3"), "ompThreadsPerCore"),
+    (("--set-string", "agent.ompThreadsPerCore=2"), "ompThreadsPerCore"),
+    (("--set", "agent.nodeLabels=yes"), "nodeLabels"),
+    (("--set", "agent.reservedCpus=0-a"), "reservedCpus"),
+    (("--set", "agent.resourcePrefix=Topology_"), "resourcePrefix"),
+    (("--set", "agent.resourcePrefix=kubernetes.io"), "resourcePrefix"),
+    (("--set-json", 'agent.excludePolarization=["vertical:sideways"]'), "excludePolarization"),
+    (("--set", "agent.excludePolarization=unknown"), "excludePolarization"),
+    (("--set", "agent.source=procfs"), "source"),
+    (("--set", "agent.rescanInterval=-1"), "rescanInterval"),
+    (("--set", "agent.podResourcesInterval=soon"), "podResourcesInterval"),
+    (("--set", "kubelet.readState=yes"), "readState"),
+    (("--set", "agent.bogus=1"), "bogus"),
+    (("--set", "kubelet.root=var/lib/kubelet"), "root"),
+    (("--set", "fakeTopology.enabled=1"), "enabled"),
+    (("--set", "fakeTopology.snapshots.node1=x"), "snapshots"),
+    (("--set-json", 'admissionPolicy.validationActions=["Deny","Warn"]'), "validationActions"),
+    (("--set", "admissionPolicy.failurePolicy=Maybe"), "failurePolicy"),
+    (("--set", "updateStrategy.maxUnavailable=0"), "maxUnavailable"),
+    (("--set", "image.digest=latest"), "digest"),
+])
+def test_schema_rejects(template_error: Callable[..., str], args: tuple[str, ...], field: str) -> None:
+    stderr = template_error(*args)
+    assert "values don't meet the specifications of the schema" in stderr, stderr
+    assert field in stderr, stderr
+
+
+def iter_values(values: Any, path: str = "") -> Iterator[str]:
+    if isinstance(values, dict):
+        for key, value in values.items():
+            yield from iter_values(value, f"{path}.{key}" if path else key)
+    else:
+        yield path
+
+
+def test_every_value_is_in_the_schema() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def known(path: str) -> bool:
+        node = schema
+        for part in path.split("."):
+            props = node.get("properties", {})
+            if part in props:
+                node = props[part]
+                if "$ref" in node:
+                    node = schema["definitions"][node["$ref"].rsplit("/", 1)[1]]
+                if "oneOf" in node:  # e.g. a string map or null: free-form below this point
+                    return True
+                continue
+            return node.get("additionalProperties") not in (False, None) or node.get("type") == "object"
+        return True
+
+    unknown = [p for p in iter_values(values) if not known(p)]
+    assert not unknown, f"values.yaml keys missing from values.schema.json: {unknown}"

