@@ -8,6 +8,7 @@ import logging
 import logging.handlers
 import queue
 import sys
+import threading
 import time
 
 # Keys callers pass with ``extra=`` that belong in every rendering of the line.
@@ -40,43 +41,83 @@ class TextFormatter(logging.Formatter):
         return f"{text} [{' '.join(fields)}]" if fields else text
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Writes to whatever sys.stderr is at the time of the record (it may be replaced)."""
-
-    @property  # type: ignore[override]
-    def stream(self) -> object:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, _value: object) -> None:
-        pass
-
-
-_listener: logging.handlers.QueueListener | None = None
-
-
 class _InProcessQueueHandler(logging.handlers.QueueHandler):
-    """Hands the record over as it is: formatting happens in the listener's thread."""
+    """Hands the record over as it is: formatting happens in the writer's thread."""
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         return record
 
 
+class _BatchWriter:
+    """Formats and writes queued records from a thread of its own, a batch per wake-up: a burst
+    of Allocates costs the callers one queue put each, and stderr one write per batch."""
+
+    BATCH_DELAY = 0.02  # seconds to gather a burst before writing
+
+    def __init__(self, records: queue.SimpleQueue[logging.LogRecord | None], handler: logging.Handler) -> None:
+        self.records = records
+        self.handler = handler
+        self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            first = self.records.get()
+            batch = [first]
+            if first is not None:
+                time.sleep(self.BATCH_DELAY)
+            while True:
+                try:
+                    batch.append(self.records.get_nowait())
+                except queue.Empty:
+                    break
+            stop = None in batch
+            lines = [self.handler.format(r) for r in batch if r is not None]
+            if lines:
+                try:
+                    stream = sys.stderr
+                    stream.write("\n".join(lines) + "\n")
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass  # stderr gone: nothing sensible to do with a log line
+            if stop:
+                return
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.records.put(None)
+            self._thread.join(timeout=5)
+
+
+_writer: _BatchWriter | None = None
+
+
 def setup_logging(level: str = "info", fmt: str = "text") -> None:
     """Log lines are formatted and written by a thread of their own: a slow or blocked stderr
     never stalls Allocate."""
-    global _listener
-    handler = _StderrHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    if _listener is not None:
-        _listener.stop()
-    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    _listener = logging.handlers.QueueListener(records, handler, respect_handler_level=False)
-    _listener.start()
-    atexit.register(_listener.stop)
-    root = logging.getLogger()
-    root.handlers[:] = [_InProcessQueueHandler(records)]
+    global _writer
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r} (debug, info, warning, error)")
+    handler = logging.Handler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    if _writer is not None:
+        _writer.stop()
+    records: queue.SimpleQueue[logging.LogRecord | None] = queue.SimpleQueue()
+    _writer = _BatchWriter(records, handler)
+    _writer.start()
+    atexit.register(shutdown_logging)
+    root = logging.getLogger()
+    root.handlers[:] = [_InProcessQueueHandler(records)]  # type: ignore[arg-type]
     root.setLevel(numeric)
+
+
+def shutdown_logging() -> None:
+    """Write what is queued and stop the writer thread (also runs at exit)."""
+    global _writer
+    if _writer is not None:
+        _writer.stop()
+        _writer = None
+        logging.getLogger().handlers[:] = []
