@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from agent.config import Timing
@@ -29,7 +29,6 @@ log = logging.getLogger("topology-agent.plugin")
 class PluginManager:
     def __init__(self, kubelet_dir: Path, resources: Sequence[ResourceDevices],
                  on_allocate: AllocateHook | None = None, timing: Timing | None = None,
-                 on_event: Callable[[str, dict[str, object]], None] | None = None,
                  check: AdmissionCheck | None = None, observer: CallObserver | None = None) -> None:
         self.kubelet_dir = Path(kubelet_dir)
         self.kubelet_socket = self.kubelet_dir / KUBELET_SOCKET
@@ -38,7 +37,6 @@ class PluginManager:
         self.check = check
         self.observer = observer
         self.timing = timing or Timing()
-        self.on_event = on_event or (lambda name, fields: None)
         self.servers: dict[str, PluginServer] = {}
         self.registered = threading.Event()
         self.registrations: dict[str, int] = {d.resource: 0 for d in self.resources}
@@ -118,7 +116,6 @@ class PluginManager:
             self.last_registered[resource] = time.time()
             log.info("registered %s with kubelet (endpoint %s)", resource, server.endpoint,
                      extra={"resource": resource})
-            self.on_event("registered", {"resource": resource})
 
     def _restart_reason(self) -> str | None:
         for resource, server in self.servers.items():
@@ -166,7 +163,6 @@ class PluginManager:
             except (RegistrationError, OSError, RuntimeError) as exc:
                 self.registration_failures += 1
                 log.warning("registration failed, retrying in %.2fs: %s", delay, exc, extra={"reason": str(exc)})
-                self.on_event("registration_failed", {"reason": str(exc)})
                 # Wake early when kubelet.sock is recreated.
                 deadline = time.monotonic() + delay
                 while time.monotonic() < deadline and not self._stop.is_set():
@@ -191,10 +187,8 @@ class PluginManager:
                 self.restarts += 1
                 log.warning("kubelet restart detected (%s): serving and registering again", reason,
                             extra={"reason": reason})
-                self.on_event("restart", {"reason": reason})
                 self._stop_servers()
                 self._connect()
         except Exception:  # the thread must never die silently: the node would lose its devices
             log.exception("plugin manager failed")
-            self.on_event("fatal", {})
             raise
