@@ -201,3 +201,14 @@ def test_allocate_does_not_wait_for_anything_slow() -> None:
         finally:
             stop.set()
             t.join()
+
+
+def test_a_broken_stream_without_a_new_one_leads_to_registering_again() -> None:
+    with running_node(levels=("book",)) as node:
+        k = node.kubelet
+        k.break_stream(BOOK)  # kubelet never reconnects: allocatable drops to 0 until a new Register
+        k.wait_for(lambda: k.allocatable(BOOK) == 0, what="kubelet marked the devices unhealthy")
+        # The agent notices no stream is open (after its grace period) and registers again.
+        k.wait_for(lambda: k.registrations(BOOK) == 2 and k.allocatable(BOOK) == 8, timeout=10,
+                   what="registered again and advertised")
+        assert node.agent.manager.restarts == 1

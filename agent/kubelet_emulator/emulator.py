@@ -236,6 +236,15 @@ class KubeletEmulator:
             )
             self._up_thread.start()
 
+    def break_stream(self, resource: str) -> None:
+        """The ListAndWatch connection of ``resource`` breaks (kubelet stays up): kubelet logs
+        "ListAndWatch ended unexpectedly", marks the resource's devices unhealthy and never
+        reconnects; only a new Register from the plugin revives it."""
+        state = self._manager.state_view(resource)
+        if state is None or state.endpoint is None:
+            raise KeyError(f"no connected device plugin for {resource}")
+        state.endpoint.break_connection()
+
     def _delayed_bring_up(self, down_for: float) -> None:
         deadline = time.monotonic() + down_for
         while (remaining := deadline - time.monotonic()) > 0:

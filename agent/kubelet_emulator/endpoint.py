@@ -208,6 +208,14 @@ class PluginEndpoint:
 
     # -- teardown ---------------------------------------------------------------------------------
 
+    def break_connection(self) -> None:
+        """The connection breaks under the stream (not kubelet's choice): the consumer sees an
+        error, kubelet marks the devices unhealthy and disconnects; it never reconnects."""
+        with self._lock:
+            stream = self._stream
+        if stream is not None:
+            stream.cancel()
+
     def close(self) -> None:
         """Kubelet drops the connection: cancel the stream, close the channel; the end callback is told."""
         with self._lock:
