@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -146,13 +147,42 @@ def add_allocation_flags(parser: argparse.ArgumentParser) -> None:
          help="cores of each group left out of the OpenMP lists (kept in TOPOLOGY_CPUS)")
 
 
-def allocation_settings(args: argparse.Namespace) -> AllocationSettings:
+def _int(flag: str, value: str) -> int:
     try:
-        reserve = int(args.reserve_cores_per_group)
-        return AllocationSettings(omp_threads_per_core=int(args.omp_threads_per_core),
-                                  reserve_cores_per_group=reserve).validated()
+        return int(value)
+    except ValueError:
+        raise UsageError(f"{flag}: expected a whole number, got {value!r}") from None
+
+
+def allocation_settings(args: argparse.Namespace) -> AllocationSettings:
+    settings = AllocationSettings(omp_threads_per_core=_int("--omp-threads-per-core", args.omp_threads_per_core),
+                                  reserve_cores_per_group=_int("--reserve-cores-per-group",
+                                                               args.reserve_cores_per_group))
+    try:
+        return settings.validated()
     except ValueError as exc:
-        raise UsageError(f"{exc}" if "--" in str(exc) else f"--reserve-cores-per-group: {exc}") from None
+        raise UsageError(str(exc)) from None
+
+
+def check_choices(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Values that came from environment twins skip argparse's own choice check: do it here."""
+    for action in _all_actions(parser):
+        if action.choices is None or not action.dest or action.dest == "command":
+            continue
+        value = getattr(args, action.dest, None)
+        if value is not None and value not in action.choices:
+            env = ENV_PREFIX + action.dest.upper()
+            raise UsageError(f"{action.option_strings[0]} (or {env}): {value!r} is not one of "
+                             f"{', '.join(map(str, action.choices))}")
+
+
+def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    actions = list(parser._actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                actions.extend(_all_actions(sub))
+    return actions
 
 
 def _bool_env(flag: str, default: bool) -> bool:
@@ -180,8 +210,7 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
     _add(group, "--kubelet-config", DEFAULT_KUBELET_CONFIG, metavar="PATH",
          help="kubelet's config file, read for reservedSystemCPUs overlapping our groups")
     group = parser.add_argument_group("node labels and metrics")
-    group.add_argument("--node-labels", action=argparse.BooleanOptionalAction,
-                       default=_bool_env("--node-labels", True),
+    group.add_argument("--node-labels", action=argparse.BooleanOptionalAction, default=None,
                        help="label the Node (needs NODE_NAME and RBAC get/patch on nodes) "
                             "[env TOPOLOGY_AGENT_NODE_LABELS=true|false]")
     _add(group, "--metrics-port", "9400", metavar="PORT",
@@ -197,8 +226,8 @@ def _seconds(flag: str, value: str) -> float:
         seconds = float(value)
     except ValueError:
         raise UsageError(f"{flag}: expected seconds, got {value!r}") from None
-    if seconds < 0:
-        raise UsageError(f"{flag}: must be 0 or more")
+    if not math.isfinite(seconds) or seconds < 0 or seconds > 86400:
+        raise UsageError(f"{flag}: expected 0 to 86400 seconds, got {value!r}")
     return seconds
 
 
@@ -217,7 +246,8 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
                        allocation=allocation_settings(args), pod_resources_socket=Path(args.pod_resources_socket),
                        rescan_interval=_seconds("--rescan-interval", args.rescan_interval),
                        pod_resources_interval=_seconds("--pod-resources-interval", args.pod_resources_interval),
-                       node_name=os.environ.get("NODE_NAME") or None, node_labels=args.node_labels,
+                       node_name=os.environ.get("NODE_NAME") or None,
+                       node_labels=_bool_env("--node-labels", True) if args.node_labels is None else args.node_labels,
                        cpu_manager_state=Path(args.cpu_manager_state) if args.cpu_manager_state else None,
                        kubelet_config=Path(args.kubelet_config) if args.kubelet_config else None,
                        metrics_port=_port(args.metrics_port) or None, metrics_address=args.metrics_address)
@@ -289,9 +319,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        check_choices(parser, args)
         func: Command = args.func
         return func(args)
     except (TopologyReadError, PolicyError, UsageError, StartupError) as exc:
+        from agent.logs import shutdown_logging
+
+        shutdown_logging()  # what was logged comes first, the reason to stop last
         print(f"topology-agent: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -67,13 +67,16 @@ class HttpEndpoint:
             raise EndpointError(f"cannot serve metrics on {address}:{port}: {exc.strerror or exc} "
                                 "(choose another --metrics-port, or 0 to disable)") from None
         self.port = self.server.server_port
+        self._started = False
         self._thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
 
     def start(self) -> None:
+        self._started = True
         self._thread.start()
         log.info("serving /metrics, /healthz, /readyz, /allocations on port %d", self.port)
 
     def stop(self) -> None:
-        self.server.shutdown()
+        if self._started:  # shutdown() waits for serve_forever: never call it when that never ran
+            self.server.shutdown()
+            self._thread.join(timeout=5)
         self.server.server_close()
-        self._thread.join(timeout=5)

@@ -23,6 +23,7 @@ from agent.plugin.podresources import PodResourcesClient, PodResourcesError
 from agent.policy.allocation import AllocationSettings
 from agent.policy.grouping import Grouping, group_topology
 from agent.state import NodeState
+from agent.statefile import load_groups, save_groups
 from agent.topology.errors import TopologyReadError
 from agent.topology.model import Topology
 
@@ -65,10 +66,10 @@ class Agent:
         self._last_fingerprint: object = fingerprint() if fingerprint is not None else None
         self._quick_rescans = 0
         self.full_rescan_requested = False  # set by SIGHUP
-        self.grouping = group_topology(topology, config.grouping)
+        self.pod_resources = PodResourcesClient(config.pod_resources_socket)
+        self.grouping = self._choose_grouping(group_topology(topology, config.grouping))
         self.resources = resource_devices(topology, self.grouping, config.allocation)
         self.state = NodeState(self.grouping, self.resources, config.grouping, config.pending_timeout)
-        self.pod_resources = PodResourcesClient(config.pod_resources_socket)
         self.metrics = AgentMetrics()
         self.manager = PluginManager(config.kubelet_dir, self.resources, on_allocate=self.state.record_allocate,
                                      timing=config.timing, check=self.state.check_allocate,
@@ -89,6 +90,28 @@ class Agent:
         started = time.monotonic()
         rows = self.pod_resources.list()
         self.state.apply_list(rows, started)
+
+    def _choose_grouping(self, fresh: Grouping) -> Grouping:
+        """The groups advertised before a restart while pods hold any of them (their ids and
+        CPU sets must not change under running pods), else the groups found now."""
+        settings = self.config.grouping
+        saved = load_groups(self.config.kubelet_dir, settings)
+        chosen = fresh
+        if saved is not None and saved.groups != fresh.groups:
+            ours = {g.resource for g in saved.groups}
+            try:
+                held = {(row.resource, d) for row in self.pod_resources.list() if row.resource in ours
+                        for d in row.device_ids}
+                why = f"pods hold {len(held)} of them" if held else ""
+            except PodResourcesError as exc:
+                held, why = set(), f"holders unknown ({exc})"
+            if why:
+                log.warning("keeping the %d groups advertised before the restart (%s); the topology found now "
+                            "differs and applies once they are free and the agent restarts", len(saved.groups), why,
+                            extra={"reason": why})
+                chosen = saved
+        save_groups(self.config.kubelet_dir, chosen, settings)
+        return chosen
 
     def _periodic_rescan(self) -> None:
         full, self.full_rescan_requested = self.full_rescan_requested, False
@@ -156,7 +179,9 @@ class Agent:
             if self.http is not None:
                 self.http.start()
             return
-        # Know what is in use before serving: a restarted agent must not hand out held groups.
+        # Know what is in use, and what is whole, before serving: a restarted agent must not hand
+        # out held groups, nor groups (kept from before the restart) that lost CPUs meanwhile.
+        self.state.apply_topology(self.topology)
         self.pod_resources_loop.run_once()
         self.state.start_publisher()
         self.manager.start()

@@ -33,6 +33,7 @@ class NodeState:
         self.broken: dict[DeviceKey, str] = {}
         self.clock = clock
         self._lock = threading.Lock()
+        self._publish_lock = threading.Lock()
         self._states: dict[DeviceKey, DeviceState] = device_states(grouping, {}, {}, self.overlap)
         self.changes = 0  # device state transitions published
         self._last_allocate: dict[str, float] = {}
@@ -129,18 +130,31 @@ class NodeState:
             self._dirty.set()
 
     def _publish_loop(self) -> None:
+        # Also wakes now and then to expire pending allocations that kubelet never listed, so a
+        # node without a working pod-resources socket does not keep groups blocked for ever.
+        check = max(self.ledger.pending_timeout / 4, 1.0)
         while True:
-            self._dirty.wait()
+            dirty = self._dirty.wait(check)
             self._dirty.clear()
             if self._stopping.is_set():
                 return
             try:
+                if not dirty:
+                    self.expire_pending()
+                    continue
                 self.refresh()
             except Exception:  # keep publishing whatever happens to one refresh
                 log.exception("publishing device states failed")
 
     def refresh(self) -> None:
-        """Recompute every device's state and publish the resources whose health changed."""
+        """Recompute every device's state and publish the resources whose health changed.
+
+        One refresh at a time from compute to publish, so an older computation never overwrites
+        a newer one (the publisher, the pod-resources loop and rescans all refresh)."""
+        with self._publish_lock:
+            self._refresh_locked()
+
+    def _refresh_locked(self) -> None:
         with self._lock:
             new = device_states(self.grouping, self._held, self.broken, self.overlap)
             old, self._states = self._states, new

@@ -127,3 +127,41 @@ def test_invalid_lscpu_output_is_a_clear_error(capsys: pytest.CaptureFixture[str
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     code, _, err = run(capsys, "discover", "--source", "lscpu", "--host-root", str(tmp_path))
     assert code == 2 and "lscpu" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("cpus", "words"),
+    [
+        ([{"cpu": 0, "siblings": [0, 1]}], "sibling CPU 1 is not in the snapshot"),
+        ([{"cpu": 0, "siblings": [1]}, {"cpu": 1, "siblings": [1]}], "must include CPU 0 itself"),
+        ([{"cpu": 0, "siblings": [0, 1], "book": 0}, {"cpu": 1, "siblings": [0, 1], "book": 1}], "different"),
+        ([{"cpu": 0, "siblings": [0, 1]}, {"cpu": 1, "siblings": [1]}], "disagree"),
+        ([{"cpu": 0, "siblings": [True]}], "list of CPU numbers"),
+    ],
+)
+def test_snapshots_with_broken_cores_are_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                 cpus: list[dict], words: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"version": 1, "machine": {"arch": "s390x"}, "cpus": cpus}))
+    for command in ("discover", "explain"):
+        code, _, err = run(capsys, command, "--topology-file", str(path))
+        assert code == 2 and words in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "words"),
+    [
+        ("TOPOLOGY_AGENT_LOG_LEVEL", "verbose", "TOPOLOGY_AGENT_LOG_LEVEL"),
+        ("TOPOLOGY_AGENT_LOG_FORMAT", "JSON", "TOPOLOGY_AGENT_LOG_FORMAT"),
+        ("TOPOLOGY_AGENT_OMP_THREADS_PER_CORE", "abc", "--omp-threads-per-core"),
+        ("TOPOLOGY_AGENT_POD_RESOURCES_INTERVAL", "nan", "--pod-resources-interval"),
+        ("TOPOLOGY_AGENT_RESCAN_INTERVAL", "inf", "--rescan-interval"),
+        ("TOPOLOGY_AGENT_NODE_LABELS", "maybe", "TOPOLOGY_AGENT_NODE_LABELS"),
+    ],
+)
+def test_bad_environment_twins_are_checked_like_flags(capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      env: str, value: str, words: str) -> None:
+    monkeypatch.setenv(env, value)
+    code, _, err = run(capsys, "serve", "--topology-file", "embedded:z16-lpar", "--kubelet-dir", "/dev/null/x")
+    assert code == 2 and words in err and "Traceback" not in err

@@ -209,3 +209,28 @@ def test_quick_rescans_read_everything_only_when_the_fingerprint_moves() -> None
         node.kubelet.wait_for(lambda: unhealthy(node.kubelet, BOOK) == {"drawer0-book3"})
         node.agent.rescan(full=True)
         assert len(reads) == 3
+
+
+def test_a_restart_on_a_changed_topology_keeps_the_held_groups() -> None:
+    topology = load_embedded("pr40714")  # books of 12, 12 and 1 cores: auto picks books
+    with running_node(topology=topology, levels=None) as node:
+        k = node.kubelet
+        pod = k.admit_pod("default", "tp1", [Container("c", {BOOK: 1})])
+        (book,) = pod.devices("c", BOOK)
+        k.wait_for(lambda: node.agent.state.holders().get((BOOK, book)) == ["default/tp1/c"], what="listed")
+        config = node.agent.config
+        node.agent.stop()
+        # While the agent is down, books 1 and 2 go offline: found afresh, one book is left and the
+        # automatic choice would switch to sockets, inside the held book.
+        shrunk = Topology(machine=topology.machine, cpus=tuple(
+            dataclasses.replace(c, online=c.cpu < 24) for c in topology.cpus))
+        assert group_topology(shrunk).levels == ("socket",)
+        before, snapshots = k.registrations(BOOK), k.snapshots(BOOK)
+        node.agent = Agent(shrunk, config)
+        node.agent.start()
+        k.wait_for(lambda: k.registrations(BOOK) > before and k.snapshots(BOOK) > snapshots, what="registered")
+        assert k.resources() == [BOOK]  # no socket resource inside the held book
+        assert k.devices(BOOK) == {"drawer0-book0": "Healthy", "drawer0-book1": "Unhealthy",
+                                   "drawer0-book2": "Unhealthy"}
+        env = k.start_container("default", "tp1", "c")
+        assert env["TOPOLOGY_CPUS"] == "0-23"

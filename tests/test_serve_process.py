@@ -30,7 +30,7 @@ def test_signal_stops_cleanly_and_removes_sockets(sig: signal.Signals) -> None:
         try:
             kubelet.wait_registered("topology/book", timeout=20)
             kubelet.wait_registered("topology/socket", timeout=20)
-            kubelets_own = {"kubelet.sock", "kubelet_internal_checkpoint"}
+            kubelets_own = {"kubelet.sock", "kubelet_internal_checkpoint", "s390x-topology-agent"}
             ours = {p.name for p in kubelet.device_plugin_dir.iterdir()} - kubelets_own
             assert ours == {"topology-book.sock", "topology-socket.sock"}
             proc.send_signal(sig)
@@ -39,7 +39,8 @@ def test_signal_stops_cleanly_and_removes_sockets(sig: signal.Signals) -> None:
             if proc.poll() is None:
                 proc.kill()
         assert proc.returncode == 0, err
-        assert {p.name for p in kubelet.device_plugin_dir.iterdir()} == {"kubelet.sock", "kubelet_internal_checkpoint"}
+        assert {p.name for p in kubelet.device_plugin_dir.iterdir()} == {"kubelet.sock", "kubelet_internal_checkpoint",
+                                                                         "s390x-topology-agent"}  # its saved groups
         assert '"msg": "registered topology/book with kubelet' in err
 
 

@@ -4,7 +4,7 @@ from agent.errors import StartupError
 
 
 class SocketInUseError(StartupError):
-    """Another live process serves on our socket path."""
+    """Our socket cannot be served: another live process has it, or the path is unusable."""
 
 
 class RegistrationError(RuntimeError):

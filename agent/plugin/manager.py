@@ -81,11 +81,20 @@ class PluginManager:
 
     # --- internals ----------------------------------------------------------------------
     def _serve(self) -> None:
-        self.kubelet_dir.mkdir(parents=True, exist_ok=True)
-        for devices in self.resources:
-            server = PluginServer(devices, self.kubelet_dir, self.on_allocate, self.check, self.observer)
-            server.start()
-            self.servers[devices.resource] = server
+        """Serve every resource, or none: a failure part-way stops what was started."""
+        try:
+            self.kubelet_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            why = exc.strerror or exc
+            raise SocketInUseError(f"cannot use kubelet's directory {self.kubelet_dir}: {why}") from None
+        try:
+            for devices in self.resources:
+                server = PluginServer(devices, self.kubelet_dir, self.on_allocate, self.check, self.observer)
+                server.start()
+                self.servers[devices.resource] = server
+        except BaseException:
+            self._stop_servers()
+            raise
 
     def _stop_servers(self) -> None:
         stopping = [(server, server.begin_stop()) for server in self.servers.values()]

@@ -23,6 +23,7 @@ log = logging.getLogger("topology-agent.plugin")
 # Each open ListAndWatch stream pins a worker thread; kubelet's Register call-back and
 # Allocate need free ones at the same time.
 WORKERS = 16
+MAX_SOCKET_PATH = 107  # bytes: sun_path holds 108 with the terminating NUL
 
 
 def socket_name(resource: str) -> str:
@@ -80,12 +81,18 @@ class PluginServer:
         return self.path.name
 
     def start(self) -> None:
+        if len(os.fsencode(self.path)) > MAX_SOCKET_PATH:
+            raise SocketInUseError(f"socket path {self.path} is longer than {MAX_SOCKET_PATH} bytes, the limit of "
+                                   "Unix sockets: use a shorter --kubelet-dir or --resource-prefix")
         clear_stale_socket(self.path)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS,
                                                         thread_name_prefix=f"plugin-{self.devices.resource}"),
                              options=[("grpc.so_reuseport", 0)])
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
-        server.add_insecure_port(f"unix://{self.path}")
+        try:
+            server.add_insecure_port(f"unix://{self.path}")
+        except RuntimeError as exc:
+            raise SocketInUseError(f"cannot serve on {self.path}: {exc}") from None
         server.start()
         self._server = server
         self.inode = _identity(self.path)

@@ -230,7 +230,8 @@ def group_topology(topology: Topology, settings: GroupingSettings | None = None)
                 members[key].append(cpu)
         for key, cpus in sorted(members.items(), key=lambda kv: tuple(-1 if k is None else k for k in kv[0])):
             gid = device_id(dict(zip(LEVELS, key, strict=False)))
-            cores = sorted({c.siblings for c in cpus})
+            members_set = {c.cpu for c in cpus}
+            cores = sorted({tuple(t for t in c.siblings if t in members_set) for c in cpus})
             pol = Counter(c.polarization for c in cpus)
             nodes, recorded, fell_back = _memory_nodes(cpus, m.memory_nodes)
             if fell_back:

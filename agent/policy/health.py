@@ -9,7 +9,7 @@ hand them out; a device that is itself held is never marked, and no id is ever d
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.policy.grouping import Group, Grouping, GroupingSettings, group_topology
 from agent.topology.cpulist import format_cpulist
@@ -59,8 +59,8 @@ def machine_health(advertised: Grouping, current: Topology, settings: GroupingSe
     A device stays whole while every CPU it was advertised with is still usable and still in
     the same container. New CPUs never reshape an advertised group.
     """
-    try:
-        now = group_topology(current, settings)
+    try:  # the advertised levels, not a fresh automatic choice: a level flip is not a broken group
+        now = group_topology(current, replace(settings, levels=advertised.levels or settings.levels))
     except ValueError as exc:
         return {(g.resource, g.id): f"topology unreadable: {exc}" for g in advertised.groups}
     now_cpus = {(g.resource, g.id): set(g.cpus) for g in now.groups}

@@ -115,8 +115,10 @@ def from_dict(data: Any) -> Topology:
         seen.add(number)
         ints = {name: _opt_int(raw.get(name), f"{where}.{name}") for name in _CPU_INT_FIELDS}
         siblings = raw.get("siblings", [])
-        _want(isinstance(siblings, list) and all(isinstance(s, int) for s in siblings),
+        _want(isinstance(siblings, list)
+              and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in siblings),
               f"{where}.siblings must be a list of CPU numbers")
+        _want(not siblings or number in siblings, f"{where}.siblings must include CPU {number} itself")
         polarization = raw.get("polarization", "unknown")
         _want(polarization in POLARIZATIONS, f"{where}.polarization must be one of {', '.join(POLARIZATIONS)}")
         dedicated = raw.get("dedicated")
@@ -132,7 +134,23 @@ def from_dict(data: Any) -> Topology:
                 **ints,
             )
         )
+    _check_cores(cpus)
     return Topology(machine=machine, cpus=tuple(cpus))
+
+
+def _check_cores(cpus: list[Cpu]) -> None:
+    """SMT siblings must describe whole cores: present CPUs that agree on their core and sit in
+    the same drawer, book and socket (else groups would split cores or share threads)."""
+    by_number = {c.cpu: c for c in cpus}
+    for c in cpus:
+        for sibling in c.siblings:
+            other = by_number.get(sibling)
+            _want(other is not None, f"CPU {c.cpu}: sibling CPU {sibling} is not in the snapshot")
+            assert other is not None
+            _want(other.siblings == c.siblings,
+                  f"CPU {c.cpu} and its sibling CPU {sibling} disagree on their core's threads")
+            _want(other.socket_key == c.socket_key,
+                  f"CPU {c.cpu} and its sibling CPU {sibling} are in different drawers, books or sockets")
 
 
 def dumps(topology: Topology) -> str:
