@@ -72,6 +72,10 @@ class PeriodicLoop:
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def wake(self) -> None:
         self._wake.set()
 

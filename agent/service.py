@@ -29,6 +29,8 @@ from agent.topology.model import Topology
 
 log = logging.getLogger("topology-agent")
 
+FIRST_SYNC_PATIENCE = 5.0  # seconds to wait for pod-resources before serving after a (re)start
+
 def resource_devices(topology: Topology, grouping: Grouping, settings: AllocationSettings) -> list[ResourceDevices]:
     """One device table per advertised resource. Device.topology is set only on multi-NUMA nodes."""
     multi_numa = topology.machine.has_node_dirs and len(topology.machine.memory_nodes) > 1
@@ -113,6 +115,16 @@ class Agent:
         save_groups(self.config.kubelet_dir, chosen, settings)
         return chosen
 
+    def _first_pod_resources_sync(self) -> None:
+        """Read the holders before serving; kubelet may be restarting too, so retry for a few
+        seconds when its socket is there but does not answer (without the socket: go on)."""
+        deadline = time.monotonic() + FIRST_SYNC_PATIENCE
+        while not self.pod_resources_loop.run_once():
+            if not self.config.pod_resources_socket.exists() or time.monotonic() >= deadline:
+                log.warning("serving without knowing which groups pods hold; the pod-resources loop keeps trying")
+                return
+            time.sleep(0.5)
+
     def _periodic_rescan(self) -> None:
         full, self.full_rescan_requested = self.full_rescan_requested, False
         self.rescan(full)
@@ -182,7 +194,7 @@ class Agent:
         # Know what is in use, and what is whole, before serving: a restarted agent must not hand
         # out held groups, nor groups (kept from before the restart) that lost CPUs meanwhile.
         self.state.apply_topology(self.topology)
-        self.pod_resources_loop.run_once()
+        self._first_pod_resources_sync()
         self.state.start_publisher()
         self.manager.start()
         self.pod_resources_loop.start()
@@ -211,8 +223,11 @@ def run_until_signalled(agent: Agent) -> int:
 
     def rescan_now(signum: int, _frame: object) -> None:
         log.info("received SIGHUP: rescanning topology")
-        agent.full_rescan_requested = True
-        agent.rescan_loop.wake()
+        if agent.rescan_loop.running:
+            agent.full_rescan_requested = True
+            agent.rescan_loop.wake()
+        else:  # periodic rescans are off: read once, off the signal handler
+            threading.Thread(target=agent.rescan, kwargs={"full": True}, name="sighup-rescan", daemon=True).start()
 
     previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
     previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, rescan_now)

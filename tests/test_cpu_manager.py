@@ -102,7 +102,7 @@ def test_static_policy_warns_what_breaks_and_what_to_do(z16: Grouping) -> None:
     assert "Guaranteed" in warning  # who gets pinned
     assert "fails or lands on other CPUs" in warning  # what goes wrong
     assert "cpuManagerPolicy: none" in warning  # fix 1
-    assert "non-integer cpu requests" in warning  # fix 2
+    assert "out of the Guaranteed QoS class" in warning  # fix 2 (integer cpu requests stay: the admission policy)
 
 
 def test_exclusive_cpus_overlapping_groups_are_named(z16: Grouping) -> None:

@@ -172,8 +172,7 @@ def cpu_manager_findings(
             "agent hands out then fails or lands on other CPUs. Fix: run kubelet with "
             "cpuManagerPolicy: none on these nodes (drain the node and remove "
             f"{CPU_MANAGER_STATE_PATH} when switching), or keep kubelet from pinning topology pods: keep them "
-            "out of the Guaranteed QoS class (a cpu limit above the request) or give them non-integer cpu "
-            "requests (e.g. 3900m)")
+            "out of the Guaranteed QoS class (no cpu limit, or one above the request)")
     if state is not None and state.exclusive:
         advertised = {c for g in grouping.groups for c in g.cpus}
         holders: list[str] = []

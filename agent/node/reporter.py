@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("topology-agent.node")
 
 LabelerFactory = Callable[[str], "NodeLabeler"]
+RELOOK_EVERY = 120  # label syncs between reads of the Node (one hour at the default 30 s)
 
 
 def default_labeler(node_name: str) -> NodeLabeler:
@@ -49,9 +50,15 @@ class NodeReporter:
         self.findings: list[str] = []
         self._labeler: NodeLabeler | None = None
         self._labeler_broken = False
+        self._said_missing = False
+        self._syncs = 0
 
     # --- kubelet's CPU manager ---------------------------------------------------------
     def check_cpu_manager(self) -> None:
+        if self.cpu_manager_state is not None and not self._said_missing and not self.cpu_manager_state.exists():
+            self._said_missing = True
+            log.info("kubelet's CPU manager state %s is not visible: the static-policy check is skipped "
+                     "(the chart mounts kubelet's root read-only with kubelet.readState=true)", self.cpu_manager_state)
         state = None
         reserved: tuple[int, ...] = ()
         try:
@@ -87,6 +94,9 @@ class NodeReporter:
                 log.warning("node labels disabled: %s", exc, extra={"reason": str(exc)})
                 self._labeler_broken = True
                 return False
+        self._syncs += 1
+        if self._syncs % RELOOK_EVERY == 0:
+            self._labeler.invalidate()  # labels removed by hand come back: re-read the node now and then
         return self._labeler.sync(self.labels(), node_annotations(self.topology, self.grouping))
 
     @property

@@ -1,4 +1,4 @@
-"""Topology snapshots shipped inside the package (``agent/data/*.json``). Pure: package resources only.
+"""Topology snapshots shipped inside the package (``agent/data/*.json``, read through importlib.resources).
 
 They are the synthetic z14-z17 shapes of :mod:`agent.topology.synthetic`, written by
 ``python -m agent.topology.synthetic --write-data``, so demos and tests can run on a
