@@ -54,9 +54,10 @@ def running_node(topology: Topology | str = "z16-lpar", levels: tuple[str, ...] 
     topo = load_embedded(topology) if isinstance(topology, str) else topology
     root = short_tmpdir()
     kubelet = KubeletEmulator(root)
-    config = {"rescan_interval": 0.0, "pod_resources_interval": 0.05, **config}
+    config = {"rescan_interval": 0.0, "pod_resources_interval": 0.05, "timing": FAST,
+              "pod_resources_socket": kubelet.pod_resources_socket, **config}
     settings = AgentConfig(kubelet_dir=kubelet.device_plugin_dir, grouping=GroupingSettings(levels=levels),
-                           pod_resources_socket=kubelet.pod_resources_socket, timing=FAST, **config)  # type: ignore[arg-type]
+                           **config)  # type: ignore[arg-type]
     agent = Agent(topo, settings, loader=loader, fingerprint=fingerprint)
     try:
         if start_kubelet:

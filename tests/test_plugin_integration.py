@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import grpc
@@ -15,7 +16,7 @@ from agent.plugin.errors import SocketInUseError
 from agent.policy.allocation import plan_allocation
 from agent.service import Agent
 from agent.topology.embedded import load_embedded
-from tests.plugin_harness import FAST, running_node
+from tests.plugin_harness import FAST, running_node, short_tmpdir
 
 BOOK = "topology/book"
 SOCKET = "topology/socket"
@@ -182,25 +183,44 @@ def test_a_stale_socket_of_a_dead_instance_is_replaced(tmp_path_factory: pytest.
             again.manager.stop()
 
 
-def test_allocate_does_not_wait_for_anything_slow() -> None:
-    # Allocate answers while another thread hammers health updates: no lock is held across I/O.
-    with running_node(levels=("book",)) as node:
-        devices = node.agent.resources[0]
-        stop = threading.Event()
+def test_allocate_answers_while_pod_resources_hangs() -> None:
+    # A pod-resources socket that accepts and never answers: the agent's List calls hang or fail.
+    # Allocate must not wait for them (kubelet has no timeout on Allocate).
+    hole_dir = short_tmpdir()
+    hole = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    hole.bind(str(hole_dir / "kubelet.sock"))
+    hole.listen(8)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
 
-        def flap() -> None:
-            while not stop.is_set():
-                devices.publish({"drawer1-book7": UNHEALTHY})
-                devices.publish({"drawer1-book7": "Healthy"})
+    def swallow() -> None:
+        hole.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(hole.accept()[0])
+            except TimeoutError:
+                continue
 
-        t = threading.Thread(target=flap)
-        t.start()
-        try:
-            for _ in range(50):
-                assert node.allocate(BOOK, ["drawer0-book0"]).container_responses[0].envs["TOPOLOGY_GROUPS"]
-        finally:
-            stop.set()
-            t.join()
+    t = threading.Thread(target=swallow)
+    t.start()
+    try:
+        with running_node(levels=("book",), pod_resources_socket=hole_dir / "kubelet.sock",
+                          pod_resources_interval=0.05) as node:
+            node.kubelet.wait_for(lambda: bool(accepted), what="a List call is in flight")
+            channel, stub = node.plugin_stub(BOOK)
+            with channel:
+                for _ in range(20):
+                    request = api_pb2.AllocateRequest(container_requests=[
+                        api_pb2.ContainerAllocateRequest(devices_ids=["drawer0-book0"])])
+                    answer = stub.Allocate(request, timeout=2)  # a hang would be DEADLINE_EXCEEDED
+                    assert answer.container_responses[0].envs["TOPOLOGY_GROUPS"] == "drawer0-book0"
+            assert node.agent.pod_resources_loop.failing  # pod-resources never answered meanwhile
+    finally:
+        stop.set()
+        t.join()
+        for conn in accepted:
+            conn.close()
+        hole.close()
 
 
 def test_a_broken_stream_without_a_new_one_leads_to_registering_again() -> None:
