@@ -87,11 +87,6 @@ class Group:
     def polarization_summary(self) -> str:
         return ",".join(f"{p}:{n}" for p, n in self.polarization) or "-"
 
-    def contains(self, other: Group) -> bool:
-        """True when ``other`` lies inside this group's container (a socket inside its book)."""
-        n = len(self.key)
-        return len(other.key) > n and other.key[:n] == self.key
-
 
 @dataclass(frozen=True, slots=True)
 class Skipped:

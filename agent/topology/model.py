@@ -7,7 +7,6 @@ book by (drawer, book). ``None`` stands for "this level does not exist or is unk
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 POLARIZATIONS: tuple[str, ...] = (
@@ -85,10 +84,6 @@ class Cpu:
     dedicated: bool | None = None
     address: int | None = None
 
-    @property
-    def usable_state(self) -> bool:
-        """Online and configured: the kernel may run work on it."""
-        return self.online and self.configured
 
     @property
     def socket_key(self) -> SocketKey:
@@ -146,6 +141,3 @@ class Topology:
     def online_cpus(self) -> list[int]:
         return [c.cpu for c in self.cpus if c.online]
 
-    def cpus_in(self, numbers: Iterable[int]) -> list[Cpu]:
-        wanted = set(numbers)
-        return [c for c in self.cpus if c.cpu in wanted]
