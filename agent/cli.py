@@ -23,7 +23,7 @@ from agent.config import (
     AgentConfig,
 )
 from agent.errors import StartupError
-from agent.policy.allocation import AllocationSettings
+from agent.policy.allocation import DEFAULT_RESERVE_CORES_PER_GROUP, AllocationSettings
 from agent.policy.grouping import DEFAULT_PREFIX, GroupingSettings, PolicyError, group_topology
 from agent.topology.cpulist import CpuListError, parse_cpulist
 from agent.topology.errors import TopologyReadError
@@ -68,6 +68,9 @@ def add_policy_flags(parser: argparse.ArgumentParser) -> None:
     _add(group, "--reserved-cpus", "", metavar="CPULIST", help="CPUs kept for system daemons, never advertised")
     _add(group, "--exclude-polarization", "", metavar="LIST",
          help=f"leave out CPUs of these polarizations ({', '.join(POLARIZATIONS)})")
+    _add(group, "--min-group-cores", "auto", metavar="N",
+         help="groups with fewer cores are not advertised (kubelet counts devices, it does not size them); "
+              "auto: half the cores of the median group of the level, at least 1; 0 advertises every group")
 
 
 def _polarizations(text: str) -> frozenset[str]:
@@ -88,11 +91,14 @@ def grouping_settings(args: argparse.Namespace) -> GroupingSettings:
         reserved = frozenset(parse_cpulist(args.reserved_cpus or ""))
     except CpuListError as exc:
         raise UsageError(f"--reserved-cpus: {exc}") from None
+    min_cores_text = (getattr(args, "min_group_cores", None) or "auto").strip()
+    min_cores = None if min_cores_text == "auto" else _int("--min-group-cores", min_cores_text)
     return GroupingSettings(
         levels=levels,
         resource_prefix=args.resource_prefix,
         reserved_cpus=reserved,
         exclude_polarization=_polarizations(args.exclude_polarization or ""),
+        min_group_cores=min_cores,
     ).validated()
 
 
@@ -143,8 +149,15 @@ def add_allocation_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("what a container gets")
     _add(group, "--omp-threads-per-core", "1", metavar="N", choices=("1", "2"),
          help="OpenMP threads per core: 1 (the highest SMT thread, as vLLM picks) or 2")
-    _add(group, "--reserve-cores-per-group", "0", metavar="N",
-         help="cores of each group left out of the OpenMP lists (kept in TOPOLOGY_CPUS)")
+    _add(group, "--reserve-cores-per-group", str(DEFAULT_RESERVE_CORES_PER_GROUP), metavar="N",
+         help="cores of each group left out of the OpenMP lists (kept in TOPOLOGY_CPUS) for the serving "
+              "process's own threads, as vLLM's auto binding keeps one CPU back")
+    group.add_argument("--openmp-env", action=argparse.BooleanOptionalAction, default=None,
+                       help="also set OMP_PLACES and OMP_PROC_BIND for the whole container. Off by default: "
+                            "libgomp pins the main thread of every process that loads it to the first place, so "
+                            "a multi-process program such as vLLM ends up on one CPU; turn it on only where "
+                            "every topology pod is a single OpenMP process (the places are always in "
+                            "TOPOLOGY_OMP_PLACES) [env TOPOLOGY_AGENT_OPENMP_ENV=true|false]")
 
 
 def _int(flag: str, value: str) -> int:
@@ -155,9 +168,11 @@ def _int(flag: str, value: str) -> int:
 
 
 def allocation_settings(args: argparse.Namespace) -> AllocationSettings:
+    openmp_env = _bool_env("--openmp-env", False) if args.openmp_env is None else args.openmp_env
     settings = AllocationSettings(omp_threads_per_core=_int("--omp-threads-per-core", args.omp_threads_per_core),
                                   reserve_cores_per_group=_int("--reserve-cores-per-group",
-                                                               args.reserve_cores_per_group))
+                                                               args.reserve_cores_per_group),
+                                  openmp_env=openmp_env)
     try:
         return settings.validated()
     except ValueError as exc:

@@ -81,6 +81,10 @@ def explain(topology: Topology, grouping: Grouping, settings: AllocationSettings
     by_number = topology.by_number()
     lines = [_machine_line(topology.machine),
              f"levels: {','.join(grouping.levels) or 'none'} ({grouping.level_reason})"]
+    if grouping.groups:
+        lines.append("vLLM: a container holding N groups gets N CPU lists in VLLM_CPU_OMP_THREADS_BIND (and "
+                     "TOPOLOGY_RANKS=N): run it with tensor-parallel size x pipeline-parallel size = N, or vLLM "
+                     "stops at start-up")
     for g in grouping.groups:
         plan = plan_allocation([g], settings)
         omp = set(plan.ranks[0])
@@ -98,7 +102,7 @@ def explain(topology: Topology, grouping: Grouping, settings: AllocationSettings
                 else:
                     role = "reserved core: in TOPOLOGY_CPUS, left to the serving process (--reserve-cores-per-group)"
                 lines.append(f"  cpu {cpu:>4}  {where}, {c.polarization}: {role}")
-        lines.append("  Allocate returns:")
+        lines.append(f"  Allocate returns, for {g.resource}: 1 (run vLLM with TP x PP = 1):")
         lines += [f"    {key}={value}" for key, value in plan.envs.items()]
         lines += [f"    annotation {key}={value}" for key, value in plan.annotations.items()]
     if grouping.skipped:

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from agent.policy.allocation import AllocationSettings, plan_allocation
+from agent.policy.allocation import BINDING_ENV_KEYS, ENV_KEYS, AllocationSettings, plan_allocation
 from agent.policy.grouping import Group, GroupingSettings, group_topology
 from agent.topology.cpulist import parse_cpulist
 from agent.topology.embedded import load_embedded
@@ -40,11 +40,15 @@ def check_contract(topology: Topology, groups: list[Group], settings: Allocation
     assert parse_cpulist(env["TOPOLOGY_CPUS"]) == union
     ordered = sorted(groups, key=lambda g: g.order)
     assert env["TOPOLOGY_GROUPS"] == ",".join(g.id for g in ordered)
-    places = [p.strip("{}") for p in env["OMP_PLACES"].split("},{")]
+    places = [p.strip("{}") for p in env["TOPOLOGY_OMP_PLACES"].split("},{")]
     place_cpus = [int(p) for p in places]
-    assert int(env["OMP_NUM_THREADS"]) == len(places)
+    assert int(env["OMP_NUM_THREADS"]) == int(env["TOPOLOGY_OMP_NUM_THREADS"]) == len(places)
     assert set(place_cpus) <= set(union)
-    assert env["OMP_PROC_BIND"] == "close"
+    assert not set(BINDING_ENV_KEYS) & set(env)  # nothing that makes an OpenMP runtime bind the container
+    by_group = [[int(p.strip("{}")) for p in rank.split(",")]
+                for rank in env["TOPOLOGY_OMP_PLACES_BY_GROUP"].split("|")]
+    assert [c for rank in by_group for c in rank] == place_cpus
+    assert int(env["TOPOLOGY_RANKS"]) == len(groups)
     ranks = [vllm_parse_id_list(r) for r in env["VLLM_CPU_OMP_THREADS_BIND"].split("|")]
     assert len(ranks) == len(groups)
     seen: set[int] = set()
@@ -56,6 +60,7 @@ def check_contract(topology: Topology, groups: list[Group], settings: Allocation
         # One thread per core by default (both with --omp-threads-per-core 2, where the core has two).
         assert sum(min(settings.omp_threads_per_core, len(core)) for core in cores_used) == len(rank)
     assert sorted(place_cpus) == sorted(seen)
+    assert [vllm_parse_id_list(",".join(map(str, r))) for r in by_group] == ranks
     # No core is split between this container and anything else: every core of a group is whole in TOPOLOGY_CPUS.
     for g in groups:
         for core in g.cores:
@@ -77,8 +82,8 @@ def topologies() -> list[tuple[str, Topology]]:
 
 @pytest.mark.parametrize(
     "settings",
-    [AllocationSettings(), AllocationSettings(omp_threads_per_core=2), AllocationSettings(reserve_cores_per_group=1)],
-    ids=["default", "smt2", "reserve1"],
+    [AllocationSettings(), AllocationSettings(omp_threads_per_core=2), AllocationSettings(reserve_cores_per_group=0)],
+    ids=["default", "smt2", "reserve0"],
 )
 def test_contract_for_every_single_and_pair_allocation(settings: AllocationSettings) -> None:
     checked = 0
@@ -96,17 +101,45 @@ def test_contract_for_every_single_and_pair_allocation(settings: AllocationSetti
 def test_z16_one_book_picks_the_highest_thread_of_each_core() -> None:
     grouping = group_topology(load_embedded("z16-lpar"))
     book = grouping.by_id("topology/book")["drawer0-book0"]
-    env = plan_allocation([book]).envs
+    env = plan_allocation([book], AllocationSettings(reserve_cores_per_group=0)).envs
     assert env["TOPOLOGY_CPUS"] == "0-11"
-    assert env["OMP_PLACES"] == "{1},{3},{5},{7},{9},{11}"
+    assert env["TOPOLOGY_OMP_PLACES"] == "{1},{3},{5},{7},{9},{11}"
     assert env["OMP_NUM_THREADS"] == "6"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1,3,5,7,9,11"
     assert env["CPU_VISIBLE_MEMORY_NODES"] == "0"
 
 
+def test_by_default_one_core_per_group_is_left_to_the_serving_process() -> None:
+    book = group_topology(load_embedded("z16-lpar")).by_id("topology/book")["drawer0-book0"]
+    env = plan_allocation([book]).envs
+    assert env["TOPOLOGY_CPUS"] == "0-11"  # the whole book is the container's
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1,3,5,7,9"  # core 5 (CPUs 10-11) is not an OpenMP place
+    assert env["OMP_NUM_THREADS"] == env["TOPOLOGY_OMP_NUM_THREADS"] == "5"
+
+
+def test_openmp_env_is_an_opt_in_that_adds_exactly_places_and_binding() -> None:
+    book = group_topology(load_embedded("z16-lpar")).by_id("topology/book")["drawer0-book0"]
+    plain = plan_allocation([book]).envs
+    opted = plan_allocation([book], AllocationSettings(openmp_env=True)).envs
+    assert set(plain) == set(ENV_KEYS)
+    assert {k: v for k, v in opted.items() if k not in plain} == {
+        "OMP_PLACES": plain["TOPOLOGY_OMP_PLACES"], "OMP_PROC_BIND": "close"}
+
+
+def test_unequal_ranks_are_said_in_an_annotation() -> None:
+    books = group_topology(load_embedded("pr40714"), GroupingSettings(min_group_cores=0)).by_id("topology/book")
+    plan = plan_allocation([books["drawer0-book0"], books["drawer0-book2"]])
+    assert plan.rank_cores == (12, 1) and not plan.balanced
+    assert "unequal" in plan.annotations["topology.s390x.ibm.com/warning"]
+    assert plan.annotations["topology.s390x.ibm.com/rank-cores"] == "12,1"
+    even = plan_allocation([books["drawer0-book0"], books["drawer0-book1"]])
+    assert even.balanced and even.imbalance is None and "topology.s390x.ibm.com/warning" not in even.annotations
+
+
 def test_pr40714_two_books_give_two_ranks_like_vllm_logged() -> None:
     books = group_topology(load_embedded("pr40714")).by_id("topology/book")
-    env = plan_allocation([books["drawer0-book1"], books["drawer0-book0"]]).envs
+    env = plan_allocation([books["drawer0-book1"], books["drawer0-book0"]],
+                          AllocationSettings(reserve_cores_per_group=0)).envs
     assert env["TOPOLOGY_GROUPS"] == "drawer0-book0,drawer0-book1"
     ranks = env["VLLM_CPU_OMP_THREADS_BIND"].split("|")
     assert vllm_parse_id_list(ranks[0]) == list(range(1, 24, 2))  # the PR log's local_rank=0
@@ -119,7 +152,8 @@ def test_reserved_cores_stay_in_the_cpuset_but_not_in_openmp() -> None:
     assert env["TOPOLOGY_CPUS"] == "0-23"
     assert env["OMP_NUM_THREADS"] == "10"
     assert 23 not in vllm_parse_id_list(env["VLLM_CPU_OMP_THREADS_BIND"])
-    tiny = group_topology(load_embedded("pr40714")).by_id("topology/book")["drawer0-book2"]
+    tiny = group_topology(load_embedded("pr40714"), GroupingSettings(min_group_cores=0)).by_id(
+        "topology/book")["drawer0-book2"]
     assert plan_allocation([tiny], AllocationSettings(reserve_cores_per_group=5)).envs["OMP_NUM_THREADS"] == "1"
 
 

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.policy.grouping import GroupingSettings, PolicyError, group_topology
+from agent.policy.grouping import GroupingSettings, PolicyError, group_topology, min_cores_for
+from agent.topology.embedded import load_embedded
 from agent.topology.model import Cpu, Machine, Topology
 
 LPAR = Machine(arch="s390x", machine_type="3931", environment="lpar", topology_facility=True,
@@ -149,7 +150,9 @@ def topologies(draw: st.DrawFn) -> tuple[Topology, GroupingSettings]:
     reserved = frozenset(draw(st.sets(st.sampled_from(numbers), max_size=3)))
     levels = draw(st.sampled_from([None, ("book", "socket"), ("drawer", "book", "socket")]))
     excluded = draw(st.sampled_from([frozenset(), frozenset({"vertical:low"})]))
-    return t, GroupingSettings(levels=levels, reserved_cpus=reserved, exclude_polarization=excluded)
+    min_cores = draw(st.sampled_from([None, 0, 2]))
+    return t, GroupingSettings(levels=levels, reserved_cpus=reserved, exclude_polarization=excluded,
+                               min_group_cores=min_cores)
 
 
 @settings(max_examples=150, deadline=None)
@@ -167,14 +170,23 @@ def test_every_usable_cpu_is_in_exactly_one_group_per_level(case: tuple[Topology
     whole = {c.cpu for c in topology.cpus if all(usable(t) for t in c.siblings)}
     for level in g.levels:
         members = [c for grp in g.groups if grp.level == level for c in grp.cpus]
-        assert sorted(members) == sorted(whole), level
+        # A group too small to advertise is said per group, with its CPUs.
+        small = [c for sk in g.skipped if sk.reason.startswith(f"{level} ") and " not advertised: " in sk.reason
+                 for c in sk.cpus]
+        assert sorted(members + small) == sorted(whole), level
+        sizes = [len(grp.cores) for grp in g.groups if grp.level == level]
+        if s.min_group_cores is not None and sizes:
+            assert min(sizes) >= s.min_group_cores
+        if s.min_group_cores == 0:
+            assert not small
     for grp in g.groups:
         for core in grp.cores:
             assert set(core) <= set(grp.cpus)
             assert set(by_number[core[0]].siblings) == set(core)  # no core split
     skipped = [c for sk in g.skipped for c in sk.cpus]
+    too_small = {c for sk in g.skipped if " not advertised: " in sk.reason for c in sk.cpus}
     assert set(skipped) | whole >= {c.cpu for c in topology.cpus}
-    assert not set(skipped) & whole
+    assert not (set(skipped) - too_small) & whole  # whole cores are left out only for a group's size
 
 
 @settings(max_examples=100, deadline=None)
@@ -190,3 +202,23 @@ def test_ids_unique_and_stable_under_reordering(case: tuple[Topology, GroupingSe
         ids = [x.id for x in a.by_resource(resource)]
         assert len(ids) == len(set(ids))
         assert all(len(i) <= 63 for i in ids)
+
+
+def test_groups_far_smaller_than_their_peers_are_not_advertised_and_the_reason_names_them() -> None:
+    topology = load_embedded("pr40714")  # books of 12, 12 and 1 cores
+    auto = group_topology(topology)
+    assert [g.id for g in auto.groups] == ["drawer0-book0", "drawer0-book1"]
+    (small,) = [s for s in auto.skipped if "drawer0-book2" in s.reason]
+    assert small.cpus == (48, 49)
+    assert "1 core, fewer than 6" in small.reason and "--min-group-cores 0" in small.reason
+    every = group_topology(topology, GroupingSettings(min_group_cores=0))
+    assert [g.id for g in every.groups] == ["drawer0-book0", "drawer0-book1", "drawer0-book2"]
+    strict = group_topology(topology, GroupingSettings(min_group_cores=13))
+    assert not strict.groups and len([s for s in strict.skipped if "not advertised" in s.reason]) == 3
+
+
+@pytest.mark.parametrize(("sizes", "expected"), [([12, 12, 1], 6), ([6, 5, 5, 6, 5, 4, 6, 4], 2), ([1, 1], 1),
+                                                 ([3], 1), ([], 1), ([2, 3], 1), ([8, 9], 4)])
+def test_the_automatic_minimum_is_half_the_median_group(sizes: list[int], expected: int) -> None:
+    assert min_cores_for(sizes, None)[0] == expected
+    assert min_cores_for(sizes, 0)[0] == 0

@@ -67,10 +67,10 @@ def test_guest_without_topology_advertises_nothing() -> None:
     _assert_valid(labels)
 
 
-def test_pr40714_three_books() -> None:
+def test_pr40714_two_books_advertised() -> None:
     topology, grouping = _snapshot("pr40714")
     labels = node_labels(topology, grouping, "static")
-    assert labels[f"{P}books"] == "3"
+    assert labels[f"{P}books"] == "2"  # the one-core book is too small to advertise
     assert labels[f"{P}sockets"] == "0"
     assert labels[f"{P}machine"] == "z16"
     assert labels[f"{P}cpu-manager-policy"] == "static"
@@ -81,7 +81,7 @@ def test_socket_level_counted() -> None:
     topology = load_embedded("pr40714")
     from agent.policy.grouping import GroupingSettings
 
-    grouping = group_topology(topology, GroupingSettings(levels=("book", "socket")))
+    grouping = group_topology(topology, GroupingSettings(levels=("book", "socket"), min_group_cores=0))
     labels = node_labels(topology, grouping, "none")
     assert labels[f"{P}books"] == "3"
     assert int(labels[f"{P}sockets"]) == len(grouping.by_resource("topology/socket")) > 0

@@ -1,16 +1,14 @@
-"""What a container gets for a set of allocated groups: CPU set, memory node, OpenMP and vLLM
-environment, annotations. Pure, and a function of the groups alone: kubelet caches the answer
-and replays it on every container restart.
+"""What a container gets for a set of allocated groups: CPU set, memory node, the vLLM binding,
+OpenMP places under names no runtime reads, annotations. Pure, and a function of the groups alone:
+kubelet caches the answer and replays it on every container restart.
 
-| variable | value |
-|---|---|
-| TOPOLOGY_CPUS | every usable CPU of the groups (all SMT threads), cpulist format |
-| TOPOLOGY_GROUPS | the device ids, comma-separated, topology order |
-| CPU_VISIBLE_MEMORY_NODES | the groups' real memory nodes, comma-separated |
-| OMP_NUM_THREADS | the number of OpenMP places |
-| OMP_PLACES | one explicit place per OpenMP thread (``{1},{3},{5}``) |
-| OMP_PROC_BIND | ``close`` |
-| VLLM_CPU_OMP_THREADS_BIND | one CPU list per group, joined with ``|`` (one tensor-parallel rank per group) |
+No variable that makes an OpenMP runtime bind a process is set for the whole container by
+default: GNU libgomp pins the main thread of every process that loads it to the first place of
+``OMP_PLACES`` at load time, so a container-level ``OMP_PLACES``/``OMP_PROC_BIND`` pins vLLM's API
+server, and every process it starts, to one CPU (measured, ``../shared/docs/s390x-topology.md``
+C.2). vLLM writes the OpenMP variables of each rank into that rank's process itself, from
+``VLLM_CPU_OMP_THREADS_BIND``. ``openmp_env`` (``--openmp-env``) restores them for nodes that run
+only single-process OpenMP jobs. README's table "What a container gets" is this contract.
 """
 
 from __future__ import annotations
@@ -27,17 +25,33 @@ ENV_CPUS = "TOPOLOGY_CPUS"
 ENV_GROUPS = "TOPOLOGY_GROUPS"
 ENV_MEMORY_NODES = "CPU_VISIBLE_MEMORY_NODES"
 ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"
+ENV_VLLM_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+ENV_TOPOLOGY_OMP_PLACES = "TOPOLOGY_OMP_PLACES"
+ENV_TOPOLOGY_OMP_NUM_THREADS = "TOPOLOGY_OMP_NUM_THREADS"
+ENV_TOPOLOGY_OMP_PLACES_BY_GROUP = "TOPOLOGY_OMP_PLACES_BY_GROUP"
+ENV_TOPOLOGY_RANKS = "TOPOLOGY_RANKS"
+# Set only with --openmp-env: they make libgomp bind every process that loads it.
 ENV_OMP_PLACES = "OMP_PLACES"
 ENV_OMP_PROC_BIND = "OMP_PROC_BIND"
-ENV_VLLM_BIND = "VLLM_CPU_OMP_THREADS_BIND"
-ENV_KEYS: tuple[str, ...] = (ENV_CPUS, ENV_GROUPS, ENV_MEMORY_NODES, ENV_OMP_NUM_THREADS, ENV_OMP_PLACES,
-                             ENV_OMP_PROC_BIND, ENV_VLLM_BIND)
+
+ENV_KEYS: tuple[str, ...] = (ENV_CPUS, ENV_GROUPS, ENV_MEMORY_NODES, ENV_OMP_NUM_THREADS, ENV_VLLM_BIND,
+                             ENV_TOPOLOGY_RANKS, ENV_TOPOLOGY_OMP_NUM_THREADS, ENV_TOPOLOGY_OMP_PLACES,
+                             ENV_TOPOLOGY_OMP_PLACES_BY_GROUP)
+OPENMP_ENV_KEYS: tuple[str, ...] = (ENV_OMP_PLACES, ENV_OMP_PROC_BIND)
+# Variables that make an OpenMP runtime bind the process that reads them (libgomp: OMP_PLACES,
+# OMP_PROC_BIND, GOMP_CPU_AFFINITY; Intel/LLVM: KMP_AFFINITY). Never set by default.
+BINDING_ENV_KEYS: tuple[str, ...] = ("OMP_PLACES", "OMP_PROC_BIND", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
+
+# vLLM's `auto` binding keeps one CPU back on s390x for the serving process's own threads; one
+# core per group does the same and keeps tensor-parallel ranks of equal size.
+DEFAULT_RESERVE_CORES_PER_GROUP = 1
 
 
 @dataclass(frozen=True, slots=True)
 class AllocationSettings:
     omp_threads_per_core: int = 1  # 1: the highest-numbered SMT thread of each core (vLLM's s390x pick); 2: both
-    reserve_cores_per_group: int = 0  # cores of each group left out of the OpenMP lists (kept in TOPOLOGY_CPUS)
+    reserve_cores_per_group: int = DEFAULT_RESERVE_CORES_PER_GROUP  # cores per group left out of the OpenMP lists
+    openmp_env: bool = False  # also set OMP_PLACES/OMP_PROC_BIND for the whole container (single-process jobs only)
     annotation_domain: str = DEFAULT_ANNOTATION_DOMAIN
 
     def validated(self) -> AllocationSettings:
@@ -55,8 +69,27 @@ class ContainerPlan:
     groups: tuple[str, ...]
     cpus: tuple[int, ...]
     ranks: tuple[tuple[int, ...], ...]  # OpenMP threads of each group, one tensor-parallel rank per group
+    rank_cores: tuple[int, ...] = ()  # cores of each group, in rank order
     envs: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def balanced(self) -> bool:
+        """Every rank's group has as many cores as every other (always true for one group)."""
+        return len(set(self.rank_cores)) <= 1
+
+    @property
+    def imbalance(self) -> str | None:
+        """A one-line description of unequal ranks, or None when they are equal."""
+        return rank_imbalance(self.groups, self.rank_cores)
+
+
+def rank_imbalance(ids: tuple[str, ...], rank_cores: tuple[int, ...]) -> str | None:
+    """Why ranks of these sizes are a problem, or None when every rank has as many cores."""
+    if len(set(rank_cores)) <= 1:
+        return None
+    sizes = ", ".join(f"{g} {n} core{'s' if n != 1 else ''}" for g, n in zip(ids, rank_cores, strict=True))
+    return f"tensor-parallel ranks of unequal size ({sizes}): every rank waits for the smallest at each layer"
 
 
 def omp_threads(group: Group, settings: AllocationSettings) -> tuple[int, ...]:
@@ -73,6 +106,11 @@ def topology_order(groups: Iterable[Group]) -> list[Group]:
     return sorted(groups, key=lambda g: (g.order, g.id))
 
 
+def omp_places(cpus: Iterable[int]) -> str:
+    """An explicit OMP_PLACES value, one place per CPU: ``{1},{3},{5}``."""
+    return ",".join(f"{{{c}}}" for c in cpus)
+
+
 def plan_allocation(groups: Iterable[Group], settings: AllocationSettings | None = None) -> ContainerPlan:
     """The plan for a container holding ``groups`` (any order; the result is in topology order)."""
     settings = (settings or AllocationSettings()).validated()
@@ -82,6 +120,7 @@ def plan_allocation(groups: Iterable[Group], settings: AllocationSettings | None
     cpus = sorted({c for g in ordered for c in g.cpus})
     nodes = sorted({n for g in ordered for n in g.memory_nodes})
     ranks = tuple(omp_threads(g, settings) for g in ordered)
+    rank_cores = tuple(len(g.cores) for g in ordered)
     places = [c for rank in ranks for c in rank]
     cpulist = format_cpulist(cpus)
     node_list = ",".join(map(str, nodes))
@@ -90,15 +129,25 @@ def plan_allocation(groups: Iterable[Group], settings: AllocationSettings | None
         ENV_CPUS: cpulist,
         ENV_GROUPS: ",".join(ids),
         ENV_MEMORY_NODES: node_list,
-        ENV_OMP_NUM_THREADS: str(len(places)),
-        ENV_OMP_PLACES: ",".join(f"{{{c}}}" for c in places),
-        ENV_OMP_PROC_BIND: "close",
+        ENV_OMP_NUM_THREADS: str(len(places)),  # binds nothing; keeps a runtime from a thread per node CPU
         ENV_VLLM_BIND: "|".join(format_cpulist(rank) for rank in ranks),
+        ENV_TOPOLOGY_RANKS: str(len(ranks)),
+        ENV_TOPOLOGY_OMP_NUM_THREADS: str(len(places)),
+        ENV_TOPOLOGY_OMP_PLACES: omp_places(places),
+        ENV_TOPOLOGY_OMP_PLACES_BY_GROUP: "|".join(omp_places(rank) for rank in ranks),
     }
+    if settings.openmp_env:
+        envs[ENV_OMP_PLACES] = omp_places(places)
+        envs[ENV_OMP_PROC_BIND] = "close"
     domain = settings.annotation_domain
     annotations = {
         f"{domain}/cpus": cpulist,
         f"{domain}/memory-nodes": node_list,
         f"{domain}/groups": ",".join(ids),
+        f"{domain}/rank-cores": ",".join(map(str, rank_cores)),
     }
-    return ContainerPlan(groups=ids, cpus=tuple(cpus), ranks=ranks, envs=envs, annotations=annotations)
+    warning = rank_imbalance(ids, rank_cores)
+    if warning is not None:
+        annotations[f"{domain}/warning"] = warning
+    return ContainerPlan(groups=ids, cpus=tuple(cpus), ranks=ranks, rank_cores=rank_cores, envs=envs,
+                         annotations=annotations)

@@ -5,6 +5,9 @@ Rules (vLLM PR #40714 for the automatic level choice):
 * usable CPUs are online and configured, minus ``reserved_cpus``, minus excluded polarizations;
 * a group never splits the SMT threads of a core: a core with any unusable thread is left out;
 * automatic levels: ``book`` when more than one book has usable CPUs, else ``socket``;
+* groups much smaller than their peers are not advertised (``min_group_cores``; automatic: half
+  the cores of the median group of that level, at least 1): kubelet counts devices, it does not
+  size them, so ``topology/book: 1`` must mean a real book, not a one-core remnant;
 * degenerate topology (no topology facility, or, when /proc/sysinfo does not say, one CPU per
   book and socket on a multi-CPU s390 machine: z/VM and classic KVM guests) is not advertised
   at all, with the reason;
@@ -14,8 +17,9 @@ Rules (vLLM PR #40714 for the automatic level choice):
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from agent.policy.naming import device_id, resource_name
@@ -36,8 +40,11 @@ class GroupingSettings:
     resource_prefix: str = DEFAULT_PREFIX
     reserved_cpus: frozenset[int] = frozenset()
     exclude_polarization: frozenset[str] = frozenset()
+    min_group_cores: int | None = None  # None: half the cores of the level's median group (at least 1); 0: all
 
     def validated(self) -> GroupingSettings:
+        if self.min_group_cores is not None and self.min_group_cores < 0:
+            raise PolicyError("--min-group-cores must be 0 or more (or 'auto')")
         if self.levels is not None:
             if not self.levels:
                 raise PolicyError("--levels needs at least one of: drawer, book, socket (or 'auto')")
@@ -137,6 +144,12 @@ def _key(cpu: Cpu, level: str) -> tuple[int | None, ...]:
     return full[: LEVELS.index(level) + 1]
 
 
+def _cores(cpus: list[Cpu]) -> tuple[tuple[int, ...], ...]:
+    """Each core's threads among ``cpus``, sorted by first thread."""
+    members = {c.cpu for c in cpus}
+    return tuple(sorted({tuple(t for t in c.siblings if t in members) for c in cpus}))
+
+
 def _degenerate_reason(topology: Topology, usable: list[Cpu]) -> str | None:
     m = topology.machine
     if not m.is_s390:
@@ -170,6 +183,17 @@ def _memory_nodes(cpus: Iterable[Cpu], real: tuple[int, ...]) -> tuple[tuple[int
     if valid:
         return valid, recorded, len(valid) != len(recorded)
     return (real[0] if real else 0,), recorded, bool(recorded)
+
+
+def min_cores_for(sizes: Sequence[int], setting: int | None) -> tuple[int, str]:
+    """(the fewest cores a group of a level with these group sizes needs, how that was chosen)."""
+    if setting is not None:
+        return setting, f"--min-group-cores {setting}"
+    if not sizes:
+        return 1, "automatic"
+    median = statistics.median(sizes)
+    threshold = max(1, int(median // 2))
+    return threshold, f"half the {median:g} cores of the median group, the automatic --min-group-cores"
 
 
 def group_topology(topology: Topology, settings: GroupingSettings | None = None) -> Grouping:
@@ -223,10 +247,16 @@ def group_topology(topology: Topology, settings: GroupingSettings | None = None)
                 skipped[f"{level} unknown: the kernel reports no {level} id"].append(cpu.cpu)
             else:
                 members[key].append(cpu)
-        for key, cpus in sorted(members.items(), key=lambda kv: tuple(-1 if k is None else k for k in kv[0])):
+        ordered = sorted(members.items(), key=lambda kv: tuple(-1 if k is None else k for k in kv[0]))
+        shapes = [(key, cpus, _cores(cpus)) for key, cpus in ordered]
+        threshold, how = min_cores_for([len(cores) for _, _, cores in shapes], settings.min_group_cores)
+        for key, cpus, cores in shapes:
             gid = device_id(dict(zip(LEVELS, key, strict=False)))
-            members_set = {c.cpu for c in cpus}
-            cores = sorted({tuple(t for t in c.siblings if t in members_set) for c in cpus})
+            if len(cores) < threshold:
+                skipped[f"{level} {gid} not advertised: {len(cores)} core{'s' if len(cores) != 1 else ''}, fewer "
+                        f"than {threshold} ({how}); a pod asking for one {level} would get far less than its "
+                        f"peers (--min-group-cores 0 advertises every {level})"].extend(c.cpu for c in cpus)
+                continue
             pol = Counter(c.polarization for c in cpus)
             nodes, recorded, fell_back = _memory_nodes(cpus, m.memory_nodes)
             if fell_back:
@@ -240,7 +270,7 @@ def group_topology(topology: Topology, settings: GroupingSettings | None = None)
                 id=gid,
                 key=key,
                 cpus=tuple(sorted(c.cpu for c in cpus)),
-                cores=tuple(cores),
+                cores=cores,
                 threads_per_core=max(len(core) for core in cores),
                 polarization=tuple((p, pol[p]) for p in POLARIZATIONS if pol[p]),
                 memory_nodes=nodes,

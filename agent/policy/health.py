@@ -59,8 +59,11 @@ def machine_health(advertised: Grouping, current: Topology, settings: GroupingSe
     A device stays whole while every CPU it was advertised with is still usable and still in
     the same container. New CPUs never reshape an advertised group.
     """
-    try:  # the advertised levels, not a fresh automatic choice: a level flip is not a broken group
-        now = group_topology(current, replace(settings, levels=advertised.levels or settings.levels))
+    # The advertised levels, not a fresh automatic choice (a level flip is not a broken group), and
+    # every group whatever its size (a group that shrank is judged by its CPUs, not its size).
+    try:
+        now = group_topology(current, replace(settings, levels=advertised.levels or settings.levels,
+                                              min_group_cores=0))
     except ValueError as exc:
         return {(g.resource, g.id): f"topology unreadable: {exc}" for g in advertised.groups}
     now_cpus = {(g.resource, g.id): set(g.cpus) for g in now.groups}

@@ -17,6 +17,7 @@ def settings_key(settings: GroupingSettings) -> dict[str, Any]:
         "resource_prefix": settings.resource_prefix,
         "reserved_cpus": sorted(settings.reserved_cpus),
         "exclude_polarization": sorted(settings.exclude_polarization),
+        "min_group_cores": settings.min_group_cores,
     }
 
 
