@@ -22,7 +22,7 @@ from agent.config import (
     DEFAULT_POD_RESOURCES_SOCKET,
     AgentConfig,
 )
-from agent.errors import StartupError
+from agent.errors import StartupError, UsageError
 from agent.policy.allocation import DEFAULT_RESERVE_CORES_PER_GROUP, AllocationSettings
 from agent.policy.grouping import DEFAULT_PREFIX, GroupingSettings, PolicyError, group_topology
 from agent.topology.cpulist import CpuListError, parse_cpulist
@@ -31,10 +31,6 @@ from agent.topology.model import POLARIZATIONS, Topology, normalize_polarization
 from agent.topology.source import TopologySource
 
 ENV_PREFIX = "TOPOLOGY_AGENT_"
-
-
-class UsageError(Exception):
-    """A flag value that cannot be used; printed as one line, exit status 2."""
 
 
 def env_default(flag: str, default: str | None = None) -> str | None:
@@ -142,6 +138,19 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     else:
         snapshot.dump(topology, args.output)
         print(f"wrote {len(topology.cpus)} CPUs to {args.output}", file=sys.stderr)
+    return 0
+
+
+def cmd_seccomp_profile(args: argparse.Namespace) -> int:
+    from agent.node import seccomp
+
+    arch = args.arch or seccomp.node_arch()
+    if args.install is None:
+        sys.stdout.buffer.write(seccomp.profile(arch))
+        return 0
+    changed = seccomp.install(Path(args.install), arch)
+    where = Path(args.install) / seccomp.PROFILE_NAME
+    print(f"{'installed' if changed else 'unchanged'}: {where} ({arch})", file=sys.stderr)
     return 0
 
 
@@ -320,6 +329,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_allocation_flags(p)
     add_service_flags(p)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("seccomp-profile",
+                       help="print or install the seccomp profile vLLM pods need (RuntimeDefault plus the NUMA calls)")
+    p.add_argument("--arch", metavar="ARCH", help="s390x, amd64 or arm64 (default: this machine's)")
+    p.add_argument("--install", metavar="DIR",
+                   help="write DIR/vllm-numa.json (kubelet's <root>/seccomp/profiles), only when it differs")
+    p.set_defaults(func=cmd_seccomp_profile)
 
     p = sub.add_parser("demo", help="run the agent on a bundled z16-shaped snapshot against an emulated kubelet")
     add_topology_flags(p)

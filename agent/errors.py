@@ -3,3 +3,7 @@
 
 class StartupError(RuntimeError):
     """Something the agent needs is taken or unusable (a socket, a port)."""
+
+
+class UsageError(Exception):
+    """A flag value or input that cannot be used; printed as one line, exit status 2."""

@@ -295,7 +295,9 @@ def test_agent_settings_reach_the_environment(render: Render) -> None:
         "--set", "agent.reservedCpus=0-1\\,8",
         "--set-json", 'agent.excludePolarization=["vertical:low","unknown"]',
         "--set", "agent.ompThreadsPerCore=2",
-        "--set", "agent.reserveCoresPerGroup=1",
+        "--set", "agent.reserveCoresPerGroup=0",
+        "--set", "agent.minGroupCores=3",
+        "--set", "agent.openmpEnv=true",
         "--set", "agent.logLevel=debug",
         "--set", "agent.logFormat=text",
         "--set", "agent.nodeLabels=false",
@@ -307,13 +309,39 @@ def test_agent_settings_reach_the_environment(render: Render) -> None:
     assert env["TOPOLOGY_AGENT_RESERVED_CPUS"] == "0-1,8"
     assert env["TOPOLOGY_AGENT_EXCLUDE_POLARIZATION"] == "vertical:low,unknown"
     assert env["TOPOLOGY_AGENT_OMP_THREADS_PER_CORE"] == "2"
-    assert env["TOPOLOGY_AGENT_RESERVE_CORES_PER_GROUP"] == "1"
+    assert env["TOPOLOGY_AGENT_RESERVE_CORES_PER_GROUP"] == "0"
+    assert env["TOPOLOGY_AGENT_MIN_GROUP_CORES"] == "3"
+    assert env["TOPOLOGY_AGENT_OPENMP_ENV"] == "true"
     assert env["TOPOLOGY_AGENT_LOG_LEVEL"] == "debug"
     assert env["TOPOLOGY_AGENT_LOG_FORMAT"] == "text"
     assert env["TOPOLOGY_AGENT_NODE_LABELS"] == "false"
     assert env["TOPOLOGY_AGENT_RESCAN_INTERVAL"] == "2.5"
     assert env["TOPOLOGY_AGENT_POD_RESOURCES_INTERVAL"] == "0"
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_container_level_openmp_env_is_off_and_one_core_is_reserved_by_default(render: Render) -> None:
+    env = env_of(agent_container(render()))
+    assert env["TOPOLOGY_AGENT_OPENMP_ENV"] == "false"
+    assert env["TOPOLOGY_AGENT_RESERVE_CORES_PER_GROUP"] == "1"
+    assert env["TOPOLOGY_AGENT_MIN_GROUP_CORES"] == "auto"
+
+
+def test_seccomp_profile_install_is_an_init_container_writing_under_kubelets_seccomp_dir(render: Render) -> None:
+    plain = one(render(), "DaemonSet")["spec"]["template"]["spec"]
+    assert "initContainers" not in plain
+    assert "seccomp-profiles" not in {v["name"] for v in plain["volumes"]}
+    spec = one(render("--set", "seccompProfile.install=true", "--set", "kubelet.root=/var/lib/k0s/kubelet"),
+               "DaemonSet")["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    assert init["args"] == ["seccomp-profile", "--install", "/host-seccomp/profiles"]
+    assert init["image"] == agent_container(render())["image"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert init["securityContext"]["readOnlyRootFilesystem"] is True
+    (mount,) = init["volumeMounts"]
+    volume = {v["name"]: v for v in spec["volumes"]}[mount["name"]]
+    assert volume["hostPath"] == {"path": "/var/lib/k0s/kubelet/seccomp/profiles", "type": "DirectoryOrCreate"}
+    assert mount["name"] not in {m["name"] for m in spec["containers"][0]["volumeMounts"]}  # the agent never writes it
 
 
 def test_every_agent_variable_is_a_serve_flag(render: Render, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -333,8 +361,8 @@ def test_every_agent_variable_is_a_serve_flag(render: Render, monkeypatch: pytes
     # The same values given as flags: argparse checks choices, the settings builders check the rest.
     argv = ["serve"]
     for key, value in env.items():
-        if to_flag[key] == "--node-labels":
-            argv.append("--node-labels" if value == "true" else "--no-node-labels")
+        if to_flag[key] in ("--node-labels", "--openmp-env"):  # boolean flags
+            argv.append(to_flag[key] if value == "true" else "--no-" + to_flag[key][2:])
         else:
             argv += [to_flag[key], value]
     for key in [k for k in os.environ if k.startswith(cli.ENV_PREFIX)]:

@@ -7,6 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agent.node import seccomp
+from agent.policy.allocation import BINDING_ENV_KEYS
+from agent.policy.grouping import GroupingSettings, group_topology
+from agent.topology.embedded import load_embedded
 from tests.conftest import REPO
 
 EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
@@ -44,3 +48,32 @@ def test_examples_validate_against_the_kubernetes_schema(path: Path) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed")
     for doc in yaml.safe_load_all(path.read_text()):
         kubernetes_validate.validate(doc, "1.30.0", strict=True)
+
+
+def test_the_openmp_example_binds_through_the_one_line_wrapper() -> None:
+    (doc,) = list(yaml.safe_load_all((REPO / "deploy/examples/openmp-one-socket.yaml").read_text()))
+    (c,) = containers(doc)
+    assert 'OMP_PLACES="$TOPOLOGY_OMP_PLACES" OMP_PROC_BIND=close exec ' in c["command"][-1]
+    assert not [e for e in c.get("env", []) if e["name"] in BINDING_ENV_KEYS]
+
+
+@pytest.mark.parametrize("path", [p for p in EXAMPLES if "vllm" in p.name], ids=lambda p: p.name)
+def test_vllm_examples_use_the_shipped_seccomp_profile(path: Path) -> None:
+    (doc,) = list(yaml.safe_load_all(path.read_text()))
+    (c,) = containers(doc)
+    profile = c["securityContext"]["seccompProfile"]
+    assert profile == {"type": "Localhost", "localhostProfile": f"profiles/{seccomp.PROFILE_NAME}"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_cpu_requests_match_the_groups_of_the_named_machine(path: Path) -> None:
+    """The comments name the vLLM PR #40714 machine: the cpu request is exactly its groups' CPUs."""
+    assert "PR #40714" in path.read_text()
+    grouping = group_topology(load_embedded("pr40714"), GroupingSettings(levels=("book", "socket")))
+    (doc,) = list(yaml.safe_load_all(path.read_text()))
+    for c in containers(doc):
+        requests = c["resources"]["requests"]
+        (resource,) = [k for k in requests if k.startswith("topology/")]
+        sizes = {len(g.cpus) for g in grouping.by_resource(resource)}
+        assert len(sizes) == 1
+        assert int(requests["cpu"]) == sizes.pop() * requests[resource]

@@ -34,8 +34,8 @@ ENV_TOPOLOGY_RANKS = "TOPOLOGY_RANKS"
 ENV_OMP_PLACES = "OMP_PLACES"
 ENV_OMP_PROC_BIND = "OMP_PROC_BIND"
 
-ENV_KEYS: tuple[str, ...] = (ENV_CPUS, ENV_GROUPS, ENV_MEMORY_NODES, ENV_OMP_NUM_THREADS, ENV_VLLM_BIND,
-                             ENV_TOPOLOGY_RANKS, ENV_TOPOLOGY_OMP_NUM_THREADS, ENV_TOPOLOGY_OMP_PLACES,
+ENV_KEYS: tuple[str, ...] = (ENV_CPUS, ENV_GROUPS, ENV_MEMORY_NODES, ENV_VLLM_BIND, ENV_TOPOLOGY_RANKS,
+                             ENV_OMP_NUM_THREADS, ENV_TOPOLOGY_OMP_NUM_THREADS, ENV_TOPOLOGY_OMP_PLACES,
                              ENV_TOPOLOGY_OMP_PLACES_BY_GROUP)
 OPENMP_ENV_KEYS: tuple[str, ...] = (ENV_OMP_PLACES, ENV_OMP_PROC_BIND)
 # Variables that make an OpenMP runtime bind the process that reads them (libgomp: OMP_PLACES,
@@ -129,9 +129,9 @@ def plan_allocation(groups: Iterable[Group], settings: AllocationSettings | None
         ENV_CPUS: cpulist,
         ENV_GROUPS: ",".join(ids),
         ENV_MEMORY_NODES: node_list,
-        ENV_OMP_NUM_THREADS: str(len(places)),  # binds nothing; keeps a runtime from a thread per node CPU
         ENV_VLLM_BIND: "|".join(format_cpulist(rank) for rank in ranks),
         ENV_TOPOLOGY_RANKS: str(len(ranks)),
+        ENV_OMP_NUM_THREADS: str(len(places)),  # binds nothing; keeps a runtime from a thread per node CPU
         ENV_TOPOLOGY_OMP_NUM_THREADS: str(len(places)),
         ENV_TOPOLOGY_OMP_PLACES: omp_places(places),
         ENV_TOPOLOGY_OMP_PLACES_BY_GROUP: "|".join(omp_places(rank) for rank in ranks),

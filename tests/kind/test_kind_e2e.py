@@ -21,8 +21,10 @@ from tests.kind.snapshots import Expected, expected
 pytestmark = pytest.mark.kind
 
 WORKER_LABEL = "topology-e2e/worker"
-ENV_CONTRACT = ("TOPOLOGY_CPUS", "TOPOLOGY_GROUPS", "CPU_VISIBLE_MEMORY_NODES", "OMP_NUM_THREADS", "OMP_PLACES",
-                "OMP_PROC_BIND", "VLLM_CPU_OMP_THREADS_BIND")
+ENV_CONTRACT = ("TOPOLOGY_CPUS", "TOPOLOGY_GROUPS", "CPU_VISIBLE_MEMORY_NODES", "VLLM_CPU_OMP_THREADS_BIND",
+                "TOPOLOGY_RANKS", "OMP_NUM_THREADS", "TOPOLOGY_OMP_NUM_THREADS", "TOPOLOGY_OMP_PLACES",
+                "TOPOLOGY_OMP_PLACES_BY_GROUP")
+BINDING = ("OMP_PLACES", "OMP_PROC_BIND", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 120, interval: float = 2) -> Any:
@@ -168,9 +170,10 @@ def test_a_pod_gets_a_book_with_the_environment_contract(core: Any, daemonset_re
     missing = [k for k in ENV_CONTRACT if k not in env]
     assert not missing, f"Allocate did not set {missing}"
     assert env["TOPOLOGY_CPUS"] in exp.cpulists(f"{kind_env.prefix}/book")
-    assert int(env["OMP_NUM_THREADS"]) == places(env["OMP_PLACES"]) > 0
+    assert int(env["OMP_NUM_THREADS"]) == places(env["TOPOLOGY_OMP_PLACES"]) > 0
     assert re.fullmatch(r"[0-9]+(,[0-9]+)*", env["CPU_VISIBLE_MEMORY_NODES"])
-    assert env["VLLM_CPU_OMP_THREADS_BIND"] and env["OMP_PROC_BIND"]
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] and env["TOPOLOGY_RANKS"] == "1"
+    assert not [k for k in BINDING if k in env], "no OpenMP binding variable for the whole container"
 
 
 def test_a_second_pod_gets_a_different_book(core: Any, daemonset_ready: Any, pod_namespace: str,

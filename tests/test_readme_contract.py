@@ -1,0 +1,70 @@
+"""The README is the contract users read: its tables must say what the code does."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from agent.cli import build_parser
+from agent.policy.allocation import ENV_KEYS, OPENMP_ENV_KEYS, AllocationSettings, plan_allocation
+from agent.policy.grouping import group_topology
+from agent.topology.embedded import load_embedded
+from tests.conftest import REPO
+
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def table_after(heading: str) -> list[list[str]]:
+    """The rows of the first Markdown table after ``heading`` (header and rule left out)."""
+    text = README[README.index(heading):]
+    rows: list[list[str]] = []
+    for line in text.splitlines()[1:]:
+        if line.startswith("|"):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+            rows.append(cells)
+        elif rows:
+            break
+    return rows[2:]
+
+
+def names(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def test_the_environment_table_is_what_allocate_returns() -> None:
+    rows = table_after("## What a container gets")
+    always = [n for row in rows if "--openmp-env" not in row[1] for n in names(row[0])]
+    opt_in = [n for row in rows if "--openmp-env" in row[1] for n in names(row[0])]
+    assert always == list(ENV_KEYS)
+    assert opt_in == list(OPENMP_ENV_KEYS)
+    books = group_topology(load_embedded("z16-lpar")).by_resource("topology/book")[:2]
+    assert list(plan_allocation(books).envs) == always
+    assert set(plan_allocation(books, AllocationSettings(openmp_env=True)).envs) == {*always, *opt_in}
+
+
+def subcommand(name: str) -> argparse.ArgumentParser:
+    parser = build_parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]
+    raise AssertionError("no subcommands")
+
+
+def test_the_flag_table_lists_every_serve_flag_with_its_default() -> None:
+    rows = table_after("`topology-agent serve` is the DaemonSet's command")
+    documented = {n.split(" ")[0] for row in rows for n in names(row[0]) if n.startswith("--")}
+    serve = subcommand("serve")
+    flags = {opt for action in serve._actions for opt in action.option_strings if opt.startswith("--")} - {"--help"}
+    assert flags == documented
+    defaults: dict[str, str] = {}
+    for row in rows:
+        flag_names = [n.split(" ")[0] for n in names(row[0])]
+        values = names(row[1])
+        defaults.update(zip(flag_names, values, strict=False))
+    checked = 0
+    for action in serve._actions:
+        flag = action.option_strings[0] if action.option_strings else ""
+        if flag in defaults and isinstance(action.default, str) and action.default:
+            assert defaults[flag] == action.default, flag
+            checked += 1
+    assert checked >= 15
