@@ -347,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # gRPC core's own INFO lines (e.g. "Got goaway" when kubelet restarts) would break JSON logs.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     try:
         parser = build_parser()
         args = parser.parse_args(argv)

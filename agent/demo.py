@@ -46,6 +46,9 @@ def run_demo(topology: Topology, grouping: GroupingSettings, allocation: Allocat
     try:
         out(f"1. The node: {_machine_summary(topology)}")
         out(f"   grouping: {agent.grouping.level_reason}")
+        for skipped in agent.grouping.skipped:
+            if " not advertised: " in skipped.reason:
+                out(f"   {skipped.reason.split(';')[0]}: it stays unadvertised, so no pod is handed it")
         kubelet.start()
         started = time.monotonic()
         agent.start()
@@ -64,7 +67,10 @@ def run_demo(topology: Topology, grouping: GroupingSettings, allocation: Allocat
         resource = resources[0]
         step = 3
         for pod, count in (("vllm-tp1", 1), ("vllm-tp2", 2)):
-            if count > kubelet.allocatable(resource) - len(kubelet.allocated(resource)):
+            free = kubelet.allocatable(resource) - len(kubelet.allocated(resource))
+            if count > free:
+                out(f"{step}. Pod {pod} asks for {resource}: {count}; {free} free, so kubelet would not admit it.")
+                step += 1
                 continue
             admitted = kubelet.admit_pod("default", pod, [Container("vllm", {resource: count})])
             env = kubelet.start_container("default", pod, "vllm")
@@ -72,6 +78,8 @@ def run_demo(topology: Topology, grouping: GroupingSettings, allocation: Allocat
                 f"{', '.join(admitted.devices('vllm', resource))}. Its container starts with:")
             for key in SHOWN_ENV:
                 out(f"     {key}={env[key]}")
+            out(f"   vLLM runs one rank per list of VLLM_CPU_OMP_THREADS_BIND: start it with tensor-parallel size "
+                f"x pipeline-parallel size = {env['TOPOLOGY_RANKS']}.")
             step += 1
         kubelet.restart(down_for=0.2, block=False)
         kubelet.wait_for(lambda: kubelet.is_running, timeout=10, what="kubelet back up")
