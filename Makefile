@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-dev
 
 .PHONY: demo test lint proto bench venv clean kind-test s390x-smoke chart-check
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml devkit/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed")'
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
 	  rm -rf $(VENV); \
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	    exit 1; \
 	  fi; }
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]' -e ./devkit
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -15,18 +15,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agent import __version__
-from agent.config import (
+from agent.errors import StartupError, TopologyReadError, UsageError
+from agent.policy.allocation import DEFAULT_RESERVE_CORES_PER_GROUP, AllocationSettings
+from agent.policy.grouping import DEFAULT_PREFIX, GroupingSettings, PolicyError, group_topology
+from agent.runtime.config import (
     DEFAULT_CPU_MANAGER_STATE,
     DEFAULT_KUBELET_CONFIG,
     DEFAULT_KUBELET_DIR,
     DEFAULT_POD_RESOURCES_SOCKET,
     AgentConfig,
 )
-from agent.errors import StartupError, UsageError
-from agent.policy.allocation import DEFAULT_RESERVE_CORES_PER_GROUP, AllocationSettings
-from agent.policy.grouping import DEFAULT_PREFIX, GroupingSettings, PolicyError, group_topology
 from agent.topology.cpulist import CpuListError, parse_cpulist
-from agent.topology.errors import TopologyReadError
 from agent.topology.model import POLARIZATIONS, Topology, normalize_polarization
 from agent.topology.source import TopologySource
 
@@ -107,7 +106,7 @@ def topology_from(args: argparse.Namespace) -> Topology:
 
 
 def cmd_discover(args: argparse.Namespace) -> int:
-    from agent.report import grouping_dict, table
+    from agent.observe.report import grouping_dict, table
 
     settings = grouping_settings(args)
     topology = topology_from(args)
@@ -120,7 +119,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from agent.report import explain
+    from agent.observe.report import explain
 
     settings = grouping_settings(args)
     allocation = allocation_settings(args)
@@ -278,8 +277,8 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from agent.logs import setup_logging
-    from agent.service import Agent, run_until_signalled
+    from agent.observe.logs import setup_logging
+    from agent.runtime.agent import Agent, run_until_signalled
 
     config = agent_config(args)
     setup_logging(args.log_level, args.log_format)
@@ -288,12 +287,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from agent.demo import run_demo
-    from agent.logs import setup_logging
+    from importlib.metadata import entry_points
+
+    found = entry_points(group="topology_agent.demo", name="demo")
+    if not found:
+        raise UsageError("the demo is part of the development kit, which is not installed here: run `make demo`, "
+                         "or pip install ./devkit")
+    from agent.observe.logs import setup_logging
 
     setup_logging("warning", "text")
     if not args.topology_file and args.host_root == "/":
         args.topology_file = "embedded:z16-lpar"
+    run_demo: Callable[..., int] = next(iter(found)).load()
     return run_demo(topology_from(args), grouping_settings(args), allocation_settings(args))
 
 
@@ -356,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         func: Command = args.func
         return func(args)
     except (TopologyReadError, PolicyError, UsageError, StartupError) as exc:
-        from agent.logs import shutdown_logging
+        from agent.observe.logs import shutdown_logging
 
         shutdown_logging()  # what was logged comes first, the reason to stop last
         print(f"topology-agent: error: {exc}", file=sys.stderr)

@@ -1,9 +1,85 @@
-"""Errors that stop the agent from starting; the command line prints them as one line."""
+"""Every exception the agent raises, in one place. Imports nothing: the core and the shell both use it.
+
+The convention: one class per kind of failure a caller may handle differently, all derived from
+:class:`AgentError`. The command line prints a :class:`UserError` as one line and exits 2; anything
+else that escapes is a bug. Classes that also derive from ``ValueError`` are bad values.
+"""
+
+from __future__ import annotations
 
 
-class StartupError(RuntimeError):
+class AgentError(Exception):
+    """Base of the agent's own errors."""
+
+
+class UserError(AgentError):
+    """Input or configuration a person must fix: printed as one line, exit status 2."""
+
+
+# --- input and settings -------------------------------------------------------------------------
+class UsageError(UserError):
+    """A flag value or argument that cannot be used."""
+
+
+class TopologyReadError(UserError):
+    """Input that cannot be read as topology: the message names the file and the problem."""
+
+
+class CpuListError(UserError, ValueError):
+    """A CPU list or mask that is not in the kernel's format."""
+
+
+class PolicyError(UserError, ValueError):
+    """Grouping settings that cannot be applied (bad level, resource prefix or polarization)."""
+
+
+# --- start-up ----------------------------------------------------------------------------------
+class StartupError(UserError):
     """Something the agent needs is taken or unusable (a socket, a port)."""
 
 
-class UsageError(Exception):
-    """A flag value or input that cannot be used; printed as one line, exit status 2."""
+class SocketInUseError(StartupError):
+    """Our socket cannot be served: another live process has it, or the path is unusable."""
+
+
+class EndpointError(StartupError):
+    """The metrics port cannot be served (in use, bad address)."""
+
+
+# --- kubelet and its files ---------------------------------------------------------------------
+class RegistrationError(AgentError):
+    """kubelet refused the registration or could not be reached."""
+
+
+class PodResourcesError(AgentError):
+    """The pod-resources socket is missing or kubelet did not answer."""
+
+
+class CpuManagerStateError(AgentError, ValueError):
+    """A CPU manager checkpoint that cannot be read or is not in kubelet's format."""
+
+
+class KubeletConfigError(AgentError, ValueError):
+    """A kubelet config file that cannot be read or has a bad ``reservedSystemCPUs``."""
+
+
+class NodeLabelerError(AgentError):
+    """No Kubernetes API configuration at all (neither in-cluster nor a kubeconfig)."""
+
+
+# --- requests kubelet sends ----------------------------------------------------------------------
+class PreferenceError(AgentError, ValueError):
+    """A GetPreferredAllocation request that cannot be answered (unknown must-include ids, bad size)."""
+
+
+class Refusal(AgentError):
+    """An Allocate the agent refuses; ``kind`` says why, so the plugin can map it to a gRPC code.
+
+    ``invalid``: ids that are unknown, duplicated or missing (INVALID_ARGUMENT).
+    ``conflict``: a device overlapping a held one (FAILED_PRECONDITION).
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message

@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.topology.synthetic import SHAPES, build_topology
-from agent.topology.sysfs_writer import kernel_view, write_sysfs_tree
+from topology_devkit.synthetic import SHAPES, build_topology
+from topology_devkit.sysfs_writer import kernel_view, write_sysfs_tree
 
 LSCPU_COLUMNS = "CPU,CORE,SOCKET,BOOK,DRAWER,NODE,POLARIZATION,ADDRESS,CONFIGURED,ONLINE"
 TARGET_MS = 50.0

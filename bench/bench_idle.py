@@ -33,10 +33,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.kubelet_emulator import KubeletEmulator
-from agent.kubelet_emulator.constants import LOGGER_NAME
+from topology_devkit.kubelet_emulator import KubeletEmulator
+from topology_devkit.kubelet_emulator.constants import LOGGER_NAME
+from topology_devkit.sysfs_writer import write_sysfs_tree
+
 from agent.topology.embedded import load_embedded
-from agent.topology.sysfs_writer import write_sysfs_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPE = "z16-400"

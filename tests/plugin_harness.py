@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from topology_devkit.kubelet_emulator import KubeletEmulator
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from agent.config import AgentConfig, Timing
-from agent.kubelet_emulator import KubeletEmulator
 from agent.policy.grouping import GroupingSettings
-from agent.service import Agent
+from agent.runtime.agent import Agent
+from agent.runtime.config import AgentConfig, Timing
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
 

@@ -12,9 +12,9 @@ import kmock
 import pytest
 from kubernetes import client
 
-from agent.config import AgentConfig
 from agent.node.kube import MERGE_PATCH, NodeLabeler
-from agent.service import Agent
+from agent.runtime.agent import Agent
+from agent.runtime.config import AgentConfig
 from agent.topology.embedded import load_embedded
 from tests.plugin_harness import short_tmpdir
 

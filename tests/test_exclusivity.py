@@ -14,15 +14,15 @@ import time
 
 import grpc
 import pytest
+from topology_devkit.kubelet_emulator import AdmissionError, Container, KubeletEmulator
+from topology_devkit.sysfs_writer import write_sysfs_tree
 
-from agent.kubelet_emulator import AdmissionError, Container, KubeletEmulator
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.policy.health import overlaps
-from agent.service import Agent
+from agent.runtime.agent import Agent
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
 from agent.topology.sysfs import read_sysfs, sysfs_fingerprint
-from agent.topology.sysfs_writer import write_sysfs_tree
 from tests.plugin_harness import running_node, short_tmpdir
 
 BOOK, SOCKET = "topology/book", "topology/socket"

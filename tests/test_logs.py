@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.logs import setup_logging, shutdown_logging
+from agent.observe.logs import setup_logging, shutdown_logging
 
 
 @pytest.fixture(autouse=True)

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from topology_devkit.shape import canonical_shape
 
-from agent.topology.errors import TopologyReadError
+from agent.errors import TopologyReadError
 from agent.topology.lscpu import (
     LSCPU_COLUMNS,
     lscpu_command,
@@ -28,7 +29,6 @@ from agent.topology.lscpu import (
     repair_lscpu_json,
 )
 from agent.topology.model import POLARIZATIONS, Cpu, Machine, Topology
-from agent.topology.shape import canonical_shape
 from tests.conftest import REAL_DUMPS, REAL_FIXTURES, real_dump, real_fixtures_available
 
 Row = dict[str, Any]

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from topology_devkit.kubelet_emulator import Container
 
-from agent.kubelet_emulator import Container
 from agent.policy.allocation import BINDING_ENV_KEYS, AllocationSettings
 from agent.topology.cpulist import parse_cpulist
 from agent.topology.model import Cpu, Machine, Topology

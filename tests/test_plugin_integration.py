@@ -7,14 +7,14 @@ import threading
 
 import grpc
 import pytest
+from topology_devkit.kubelet_emulator import AdmissionError, Container
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2
-from agent.config import AgentConfig
-from agent.kubelet_emulator import AdmissionError, Container
-from agent.plugin.devices import UNHEALTHY
-from agent.plugin.errors import SocketInUseError
+from agent.devices.table import UNHEALTHY
+from agent.errors import SocketInUseError
 from agent.policy.allocation import plan_allocation
-from agent.service import Agent
+from agent.runtime.agent import Agent
+from agent.runtime.config import AgentConfig
 from agent.topology.embedded import load_embedded
 from tests.plugin_harness import FAST, running_node, short_tmpdir
 

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from topology_devkit.kubelet_emulator import KubeletEmulator
 
-from agent.kubelet_emulator import KubeletEmulator
 from tests.plugin_harness import short_tmpdir
 
 

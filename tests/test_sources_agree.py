@@ -4,10 +4,10 @@ gives the same model (ids aside: lscpu numbers containers by first appearance)."
 from __future__ import annotations
 
 import pytest
+from topology_devkit.shape import canonical_shape
 
 from agent.topology import snapshot
 from agent.topology.lscpu import parse_lscpu_json
-from agent.topology.shape import canonical_shape
 from agent.topology.sysfs import read_sysfs
 from tests.conftest import REAL_DUMPS, real_dump
 

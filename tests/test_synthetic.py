@@ -10,13 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-
-from agent.topology import snapshot
-from agent.topology.cpulist import parse_cpulist, parse_cpumask
-from agent.topology.embedded import embedded_snapshot_names, load_embedded
-from agent.topology.errors import TopologyReadError
-from agent.topology.model import Cpu, Topology
-from agent.topology.synthetic import (
+from topology_devkit.synthetic import (
     SHAPES,
     IdRule,
     LparShape,
@@ -25,8 +19,14 @@ from agent.topology.synthetic import (
     format_table,
     write_data,
 )
-from agent.topology.sysfs_writer import default_possible, format_cpumask, kernel_view, write_sysfs_tree
-from agent.topology.sysfs_writer import main as writer_main
+from topology_devkit.sysfs_writer import default_possible, format_cpumask, kernel_view, write_sysfs_tree
+from topology_devkit.sysfs_writer import main as writer_main
+
+from agent.errors import TopologyReadError
+from agent.topology import snapshot
+from agent.topology.cpulist import parse_cpulist, parse_cpumask
+from agent.topology.embedded import embedded_snapshot_names, load_embedded
+from agent.topology.model import Cpu, Topology
 
 SHIPPED = (
     "z16-lpar", "z16-vertical", "pr40714", "z14-lpar", "z15-lpar", "z17-lpar", "z16-400",
@@ -255,7 +255,7 @@ def test_snapshot_round_trip(name: str) -> None:
 def test_shipped_json_matches_generator(name: str) -> None:
     shipped = (data_dir() / f"{name}.json").read_text(encoding="utf-8")
     assert shipped == snapshot.dumps(topo(name)), (
-        f"agent/data/{name}.json is stale: run python -m agent.topology.synthetic --write-data"
+        f"agent/data/{name}.json is stale: run python -m topology_devkit.synthetic --write-data"
     )
 
 

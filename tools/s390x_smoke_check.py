@@ -28,9 +28,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agent.errors import TopologyReadError
+from agent.observe.report import grouping_dict
 from agent.policy.grouping import GroupingSettings, group_topology
-from agent.report import grouping_dict
-from agent.topology.errors import TopologyReadError
 from agent.topology.source import load_topology
 
 LSCPU_COLUMNS = ("CPU", "CORE", "SOCKET", "BOOK", "DRAWER", "ONLINE")

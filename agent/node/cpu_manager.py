@@ -21,19 +21,12 @@ from typing import Any
 
 import yaml
 
+from agent.errors import CpuListError, CpuManagerStateError, KubeletConfigError
 from agent.policy.grouping import Grouping
-from agent.topology.cpulist import CpuListError, format_cpulist, parse_cpulist
+from agent.topology.cpulist import format_cpulist, parse_cpulist
 
 CPU_MANAGER_STATE_PATH = "/var/lib/kubelet/cpu_manager_state"
 KUBELET_CONFIG_PATH = "/var/lib/kubelet/config.yaml"
-
-
-class CpuManagerStateError(ValueError):
-    """A CPU manager checkpoint that cannot be read or is not in kubelet's format."""
-
-
-class KubeletConfigError(ValueError):
-    """A kubelet config file that cannot be read or has a bad ``reservedSystemCPUs``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,16 +22,13 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from agent.errors import NodeLabelerError
 from agent.node.labels import KEY_PREFIX
 
 log = logging.getLogger("topology-agent.node")
 
 MERGE_PATCH = "application/merge-patch+json"
 DEFAULT_REQUEST_TIMEOUT = 5.0
-
-
-class NodeLabelerError(RuntimeError):
-    """No API server configuration at all (neither in-cluster nor a kubeconfig)."""
 
 
 @dataclass(frozen=True, slots=True)

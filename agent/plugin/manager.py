@@ -15,13 +15,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent.config import Timing
-from agent.plugin.devices import ResourceDevices
+from agent.devices.table import ResourceDevices
+from agent.errors import RegistrationError, SocketInUseError
 from agent.plugin.dirwatch import DirectoryWatch
-from agent.plugin.errors import RegistrationError, SocketInUseError
 from agent.plugin.registration import KUBELET_SOCKET, register
 from agent.plugin.server import PluginServer
 from agent.plugin.servicer import AdmissionCheck, AllocateHook, CallObserver
+from agent.runtime.config import Timing
 
 log = logging.getLogger("topology-agent.plugin")
 

@@ -8,14 +8,11 @@ from pathlib import Path
 import grpc
 
 from agent._proto.podresources.v1 import api_pb2, api_pb2_grpc
+from agent.errors import PodResourcesError
 from agent.plugin.registration import FRESH_CONNECTION
 from agent.policy.ledger import ListedDevice
 
 MAX_RECEIVE = 16 * 1024 * 1024  # a node with many pods answers large List responses
-
-
-class PodResourcesError(RuntimeError):
-    """The pod-resources socket is missing or kubelet did not answer."""
 
 
 class PodResourcesClient:

@@ -7,7 +7,7 @@ from pathlib import Path
 import grpc
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from agent.plugin.errors import RegistrationError
+from agent.errors import RegistrationError
 from agent.plugin.servicer import plugin_options
 
 API_VERSION = "v1beta1"

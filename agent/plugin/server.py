@@ -14,8 +14,8 @@ from pathlib import Path
 import grpc
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2_grpc
-from agent.plugin.devices import ResourceDevices
-from agent.plugin.errors import SocketInUseError
+from agent.devices.table import ResourceDevices
+from agent.errors import SocketInUseError
 from agent.plugin.servicer import AdmissionCheck, AllocateHook, CallObserver, DevicePluginServicer
 
 log = logging.getLogger("topology-agent.plugin")

@@ -13,7 +13,7 @@ from typing import TypeVar
 import grpc
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from agent.plugin.devices import DeviceRequestError, ResourceDevices
+from agent.devices.table import DeviceRequestError, ResourceDevices
 from agent.policy.preference import PreferenceError, preferred_allocation
 
 log = logging.getLogger("topology-agent.plugin")

@@ -22,16 +22,13 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from agent.errors import PolicyError
 from agent.policy.naming import device_id, resource_name
 from agent.topology.cpulist import format_cpulist
 from agent.topology.model import POLARIZATIONS, Cpu, Topology
 
 LEVELS: tuple[str, ...] = ("drawer", "book", "socket")
 DEFAULT_PREFIX = "topology"
-
-
-class PolicyError(ValueError):
-    """Settings that cannot be applied (bad level, bad resource prefix, bad polarization)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,13 +12,10 @@ from collections.abc import Mapping, Sequence
 from itertools import combinations
 from math import comb
 
+from agent.errors import PreferenceError
 from agent.policy.grouping import Group
 
 EXHAUSTIVE_LIMIT = 20_000  # candidate sets scored one by one below this many; greedy above
-
-
-class PreferenceError(ValueError):
-    """A request that cannot be answered (unknown must-include ids, impossible size)."""
 
 
 def _parent(g: Group) -> tuple[int | None, ...]:

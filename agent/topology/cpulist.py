@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-
-class CpuListError(ValueError):
-    """A CPU list or mask that is not in the kernel's format."""
+from agent.errors import CpuListError
 
 
 def parse_cpulist(text: str) -> list[int]:

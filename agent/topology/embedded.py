@@ -1,7 +1,7 @@
 """Topology snapshots shipped inside the package (``agent/data/*.json``, read through importlib.resources).
 
-They are the synthetic z14-z17 shapes of :mod:`agent.topology.synthetic`, written by
-``python -m agent.topology.synthetic --write-data``, so demos and tests can run on a
+They are the synthetic z14-z17 shapes of :mod:`topology_devkit.synthetic`, written by
+``python -m topology_devkit.synthetic --write-data``, so demos and tests can run on a
 realistic IBM Z node from any machine.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 
+from agent.errors import TopologyReadError
 from agent.topology import snapshot
-from agent.topology.errors import TopologyReadError
 from agent.topology.model import Topology
 
 _SUFFIX = ".json"

@@ -49,7 +49,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from agent.topology.errors import TopologyReadError
+from agent.errors import TopologyReadError
 from agent.topology.model import Cpu, Machine, Topology, normalize_polarization
 
 # The columns the agent asks for. Output with fewer columns, or in another order, parses too.

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agent.topology.errors import TopologyReadError
+from agent.errors import TopologyReadError
 from agent.topology.model import DISPATCHING_MODES, ENVIRONMENTS, POLARIZATIONS, Cpu, Machine, Topology
 
 SNAPSHOT_VERSION = 1

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from agent.errors import TopologyReadError
 from agent.topology import snapshot
-from agent.topology.errors import TopologyReadError
 from agent.topology.model import Topology
 
 EMBEDDED_PREFIX = "embedded:"

@@ -13,9 +13,9 @@ import platform
 import re
 from pathlib import Path
 
+from agent.errors import TopologyReadError
 from agent.topology.cpulist import CpuListError, parse_cpulist, parse_cpumask
 from agent.topology.derive import RawCpu, build_topology, environment_from_sysinfo, parse_sysinfo
-from agent.topology.errors import TopologyReadError
 from agent.topology.model import Machine, Topology, normalize_polarization
 
 _CPU_DIR = re.compile(r"cpu(\d+)")

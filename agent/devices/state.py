@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from agent.plugin.devices import ResourceDevices
+from agent.devices.table import ResourceDevices
 from agent.policy.grouping import Grouping, GroupingSettings
 from agent.policy.health import DeviceKey, DeviceState, conflict, device_states, machine_health, overlap_map
 from agent.policy.ledger import AllocationLedger, ListedDevice

@@ -13,7 +13,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from agent.errors import StartupError
+from agent.errors import EndpointError
 
 log = logging.getLogger("topology-agent.http")
 
@@ -53,10 +53,6 @@ def make_app(registry: CollectorRegistry, live: Callable[[], bool], ready: Calla
                      "text/plain")
 
     return app
-
-
-class EndpointError(StartupError):
-    """The metrics port cannot be served (in use, bad address)."""
 
 
 class HttpEndpoint:

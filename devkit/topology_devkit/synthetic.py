@@ -13,9 +13,9 @@ each z16 DCM), and drawer/book ids follow an :class:`IdRule` so they need not st
 Offline and standby (deconfigured) CPUs stay in the model with their place in the topology:
 the model is the ground truth. A modern kernel shows less (offline CPUs have no
 ``topology/`` directory and are left out of every sibling mask); see
-:func:`agent.topology.sysfs_writer.kernel_view` for what a sysfs reader can recover.
+:func:`topology_devkit.sysfs_writer.kernel_view` for what a sysfs reader can recover.
 
-``python -m agent.topology.synthetic --write-data`` regenerates ``agent/data/*.json``;
+``python -m topology_devkit.synthetic --write-data`` regenerates ``agent/data/*.json``;
 ``--table`` prints the shapes.
 """
 
@@ -379,7 +379,9 @@ def format_table(shapes: Sequence[LparShape]) -> str:
 
 def data_dir() -> Path:
     """The source tree's ``agent/data`` directory (where the shipped snapshots live)."""
-    return Path(__file__).resolve().parent.parent / "data"
+    import agent  # the product package, next to which the shipped snapshots live
+
+    return Path(agent.__file__).resolve().parent / "data"
 
 
 def write_data(target: Path | None = None) -> list[Path]:
@@ -397,7 +399,7 @@ def write_data(target: Path | None = None) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent.topology.synthetic",
+    parser = argparse.ArgumentParser(prog="python -m topology_devkit.synthetic",
                                      description="Synthetic IBM Z topologies.")
     parser.add_argument("--write-data", action="store_true", help="rewrite agent/data/<shape>.json")
     parser.add_argument("--out", type=Path, default=None, help="directory for --write-data (default agent/data)")

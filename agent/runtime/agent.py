@@ -12,19 +12,19 @@ import threading
 import time
 from collections.abc import Callable
 
-from agent.config import AgentConfig
-from agent.http import HttpEndpoint, make_app
-from agent.loops import PeriodicLoop
-from agent.metrics import AgentMetrics
+from agent.devices.persist import load_groups, save_groups
+from agent.devices.state import NodeState
+from agent.devices.table import ResourceDevices
+from agent.errors import TopologyReadError
 from agent.node.reporter import LabelerFactory, NodeReporter, default_labeler
-from agent.plugin.devices import ResourceDevices
+from agent.observe.http import HttpEndpoint, make_app
+from agent.observe.metrics import AgentMetrics
 from agent.plugin.manager import PluginManager
 from agent.plugin.podresources import PodResourcesClient, PodResourcesError
 from agent.policy.allocation import AllocationSettings
 from agent.policy.grouping import Grouping, group_topology
-from agent.state import NodeState
-from agent.statefile import load_groups, save_groups
-from agent.topology.errors import TopologyReadError
+from agent.runtime.config import AgentConfig
+from agent.runtime.loops import PeriodicLoop
 from agent.topology.model import Topology
 
 log = logging.getLogger("topology-agent")

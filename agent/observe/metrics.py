@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 from agent import __version__
 
 if TYPE_CHECKING:
-    from agent.service import Agent
+    from agent.runtime.agent import Agent
 
 PREFIX = "topology_agent"
 DEVICE_STATES: tuple[str, ...] = ("healthy", "allocated", "blocked-by-overlap", "unhealthy-offline")

@@ -23,7 +23,7 @@ kernel sources cited in docs/s390x-topology.md §B:
 :func:`kernel_view` is the model as a reader of such a tree can recover it: offline CPUs have
 no ``topology/`` directory, so their place in the topology is lost.
 
-CLI: ``python -m agent.topology.sysfs_writer SHAPE_OR_SNAPSHOT OUTDIR``.
+CLI: ``python -m topology_devkit.sysfs_writer SHAPE_OR_SNAPSHOT OUTDIR``.
 """
 
 from __future__ import annotations
@@ -427,9 +427,10 @@ def write_sysfs_tree(
 
 
 def _resolve(source: str) -> Topology:
+    from topology_devkit.synthetic import SHAPES, build_topology
+
     from agent.topology import snapshot
     from agent.topology.embedded import embedded_snapshot_names, load_embedded
-    from agent.topology.synthetic import SHAPES, build_topology
 
     if source in SHAPES:
         return build_topology(SHAPES[source])
@@ -441,9 +442,9 @@ def _resolve(source: str) -> Topology:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent.topology.sysfs_writer",
+    parser = argparse.ArgumentParser(prog="python -m topology_devkit.sysfs_writer",
                                      description="Write a synthetic s390 sysfs/procfs host-root tree.")
-    parser.add_argument("source", help="a shape name (see python -m agent.topology.synthetic) or a snapshot file")
+    parser.add_argument("source", help="a shape name (see python -m topology_devkit.synthetic) or a snapshot file")
     parser.add_argument("outdir", type=Path, help="host root to write sys/ and proc/ into")
     parser.add_argument("--kernel", choices=KERNELS, default="modern")
     parser.add_argument("--possible", type=int, default=None, help="number of possible CPUs")

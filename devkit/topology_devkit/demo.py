@@ -11,11 +11,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.config import AgentConfig, Timing
-from agent.kubelet_emulator import Container, KubeletEmulator
+from topology_devkit.kubelet_emulator import Container, KubeletEmulator
+
 from agent.policy.allocation import ENV_KEYS, AllocationSettings
 from agent.policy.grouping import GroupingSettings
-from agent.service import Agent
+from agent.runtime.agent import Agent
+from agent.runtime.config import AgentConfig, Timing
 from agent.topology.model import Topology
 
 SHOWN_ENV = ENV_KEYS
