@@ -278,12 +278,13 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from agent.observe.logs import setup_logging
-    from agent.runtime.agent import Agent, run_until_signalled
+    from agent.runtime.agent import run_until_signalled
+    from agent.runtime.build import build_agent
 
     config = agent_config(args)
     setup_logging(args.log_level, args.log_format)
     source = topology_source(args)
-    return run_until_signalled(Agent(source.load(), config, loader=source.load, fingerprint=source.fingerprint))
+    return run_until_signalled(build_agent(source.load(), config, loader=source.load, fingerprint=source.fingerprint))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

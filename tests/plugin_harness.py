@@ -15,6 +15,7 @@ from topology_devkit.kubelet_emulator import KubeletEmulator
 from agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from agent.policy.grouping import GroupingSettings
 from agent.runtime.agent import Agent
+from agent.runtime.build import build_agent
 from agent.runtime.config import AgentConfig, Timing
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
@@ -58,7 +59,7 @@ def running_node(topology: Topology | str = "z16-lpar", levels: tuple[str, ...] 
               "pod_resources_socket": kubelet.pod_resources_socket, **config}
     settings = AgentConfig(kubelet_dir=kubelet.device_plugin_dir, grouping=GroupingSettings(levels=levels),
                            **config)  # type: ignore[arg-type]
-    agent = Agent(topo, settings, loader=loader, fingerprint=fingerprint)
+    agent = build_agent(topo, settings, loader=loader, fingerprint=fingerprint)
     try:
         if start_kubelet:
             kubelet.start()

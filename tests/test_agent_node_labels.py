@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 
 from agent.node.kube import MERGE_PATCH, NodeLabeler
-from agent.runtime.agent import Agent
+from agent.runtime.build import build_agent
 from agent.runtime.config import AgentConfig
 from agent.topology.embedded import load_embedded
 from tests.plugin_harness import short_tmpdir
@@ -42,7 +42,7 @@ async def test_agent_patches_its_node_once_and_then_stays_quiet(kmock: kmock.Kub
     config = AgentConfig(kubelet_dir=root / "device-plugins", pod_resources_socket=root / "none.sock",
                          node_name=NODE, node_labels=True, label_interval=0.02, rescan_interval=0,
                          pod_resources_interval=0)
-    agent = Agent(load_embedded("z16-lpar"), config, labeler_factory=factory)
+    agent = build_agent(load_embedded("z16-lpar"), config, labeler_factory=factory)
     await asyncio.to_thread(agent.start)
     try:
         await wait_until(lambda: agent.reporter.patches == 1)

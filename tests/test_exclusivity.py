@@ -19,7 +19,7 @@ from topology_devkit.sysfs_writer import write_sysfs_tree
 
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.policy.health import overlaps
-from agent.runtime.agent import Agent
+from agent.runtime.build import build_agent
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
 from agent.topology.sysfs import read_sysfs, sysfs_fingerprint
@@ -41,7 +41,7 @@ def test_a_book_pod_blocks_its_sockets_until_deleted() -> None:
         k.wait_for(lambda: unhealthy(k, SOCKET) == inside, what="sockets of the held book blocked")
         assert k.allocatable(SOCKET) == 16 - len(inside) and k.capacity(SOCKET) == 16
         assert unhealthy(k, BOOK) == set()  # the held book itself is never marked
-        k.wait_for(lambda: node.agent.state.holders().get((BOOK, book)) == ["default/book/c"], what="listed")
+        k.wait_for(lambda: node.agent.devices.holders().get((BOOK, book)) == ["default/book/c"], what="listed")
         k.delete_pod("default", "book")
         k.wait_for(lambda: unhealthy(k, SOCKET) == set(), what="sockets healthy after the pod is gone")
 
@@ -53,7 +53,7 @@ def test_a_socket_pod_blocks_its_book_and_allocate_rechecks() -> None:
         (socket_id,) = pod.devices("c", SOCKET)
         book = socket_id.rsplit("-", 1)[0]
         k.wait_for(lambda: unhealthy(k, BOOK) == {book}, what="the socket's book blocked")
-        k.wait_for(lambda: node.agent.state.holders().get((SOCKET, socket_id)) == ["default/sock/c"], what="listed")
+        k.wait_for(lambda: node.agent.devices.holders().get((SOCKET, socket_id)) == ["default/sock/c"], what="listed")
         # A conflict that slips through (kubelet acting on an older snapshot) is refused by Allocate itself.
         with pytest.raises(grpc.RpcError) as err:
             node.allocate(BOOK, [book])
@@ -152,7 +152,7 @@ def test_random_walk_never_hands_out_an_id_twice() -> None:
                 before = {r: k.registrations(r) for r in (BOOK, SOCKET)}
                 if step == 100:  # the agent restarts: it must relearn what is held before serving
                     node.agent.stop()
-                    node.agent = Agent(topology, node.agent.config)
+                    node.agent = build_agent(topology, node.agent.config)
                     node.agent.start()
                 else:
                     k.restart(down_for=0.02)
@@ -223,7 +223,7 @@ def test_a_restart_on_a_changed_topology_keeps_the_held_groups() -> None:
         k = node.kubelet
         pod = k.admit_pod("default", "tp1", [Container("c", {BOOK: 1})])
         (book,) = pod.devices("c", BOOK)
-        k.wait_for(lambda: node.agent.state.holders().get((BOOK, book)) == ["default/tp1/c"], what="listed")
+        k.wait_for(lambda: node.agent.devices.holders().get((BOOK, book)) == ["default/tp1/c"], what="listed")
         config = node.agent.config
         node.agent.stop()
         # While the agent is down, books 1 and 2 go offline: found afresh, one book is left and the
@@ -232,7 +232,7 @@ def test_a_restart_on_a_changed_topology_keeps_the_held_groups() -> None:
             dataclasses.replace(c, online=c.cpu < 24) for c in topology.cpus))
         assert group_topology(shrunk).levels == ("socket",)
         before, snapshots = k.registrations(BOOK), k.snapshots(BOOK)
-        node.agent = Agent(shrunk, config)
+        node.agent = build_agent(shrunk, config)
         node.agent.start()
         k.wait_for(lambda: k.registrations(BOOK) > before and k.snapshots(BOOK) > snapshots, what="registered")
         assert k.resources() == [BOOK]  # no socket resource inside the held book

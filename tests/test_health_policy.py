@@ -1,12 +1,12 @@
-"""Exclusivity across levels, machine health and the allocation ledger, as pure functions."""
+"""Exclusivity across levels and machine health, as pure functions."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from agent.policy.grouping import GroupingSettings, group_topology
-from agent.policy.health import Holder, conflict, device_states, machine_health, overlap_map, overlaps
-from agent.policy.ledger import AllocationLedger, ListedDevice
+from agent.policy.health import Holder, device_states, machine_health, overlap_map, overlaps
+from agent.policy.ledger import conflict
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
 
@@ -71,26 +71,3 @@ def test_moved_cpus_break_the_group_and_new_cpus_do_not_reshape_it() -> None:
     broken = machine_health(GROUPING, moved, SETTINGS)
     assert (BOOK, "drawer0-book0") in broken and "moved" in broken[(BOOK, "drawer0-book0")]
     assert (BOOK, "drawer0-book1") not in broken  # gained CPUs: still whole, not reshaped
-
-
-def test_ledger_pending_until_listed_then_listed_until_gone() -> None:
-    ledger = AllocationLedger(frozenset({BOOK, SOCKET}), pending_timeout=60, visibility_grace=2)
-    ledger.record_allocate(BOOK, ["drawer0-book0"], now=100.0)
-    assert (BOOK, "drawer0-book0") in ledger.held()
-    ledger.apply_list([], started=100.5, now=100.6)  # too early to be visible: kept
-    assert (BOOK, "drawer0-book0") in ledger.held()
-    row = ListedDevice("default", "p", "c", BOOK, ("drawer0-book0",))
-    ledger.apply_list([row, ListedDevice("default", "q", "c", "other/thing", ("x",))], started=101.0, now=101.1)
-    assert ledger.held() == {(BOOK, "drawer0-book0"): {POD}} and not ledger.pending
-    ledger.apply_list([], started=200.0, now=200.1)  # pod deleted
-    assert ledger.held() == {}
-
-
-def test_ledger_forgets_a_rolled_back_allocation() -> None:
-    ledger = AllocationLedger(frozenset({BOOK}), pending_timeout=60, visibility_grace=2)
-    ledger.record_allocate(BOOK, ["drawer0-book0"], now=100.0)
-    ledger.apply_list([], started=103.0, now=103.1)  # a List begun well after it does not show it
-    assert ledger.held() == {}
-    ledger.record_allocate(BOOK, ["drawer0-book1"], now=100.0)
-    assert not ledger.expire(now=150.0) and ledger.expire(now=160.0)
-    assert ledger.held() == {}

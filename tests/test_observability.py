@@ -95,7 +95,7 @@ def test_allocations_endpoint_shows_holders_and_blocked_devices() -> None:
         k = node.kubelet
         pod = k.admit_pod("ml", "llm", [Container("vllm", {BOOK: 1})])
         (book,) = pod.devices("vllm", BOOK)
-        k.wait_for(lambda: node.agent.state.holders().get((BOOK, book)) == ["ml/llm/vllm"])
+        k.wait_for(lambda: node.agent.devices.holders().get((BOOK, book)) == ["ml/llm/vllm"])
         status, body = get(node, "/allocations")
         data = json.loads(body)
         assert status == 200 and data["ready"] is True
@@ -122,7 +122,7 @@ def test_metric_series_stay_bounded_while_a_thousand_pods_come_and_go() -> None:
             k.delete_pod("default", f"p{i}")
             if i == 10:
                 baseline = scrape(node)
-        k.wait_for(lambda: not node.agent.state.holders(), timeout=10, what="all pods gone")
+        k.wait_for(lambda: not node.agent.devices.holders(), timeout=10, what="all pods gone")
         final = scrape(node)
         assert admitted >= 900
         assert baseline is not None and set(final) == set(baseline)  # the same series, not just as many

@@ -13,7 +13,7 @@ from agent._proto.deviceplugin.v1beta1 import api_pb2
 from agent.devices.table import UNHEALTHY
 from agent.errors import SocketInUseError
 from agent.policy.allocation import plan_allocation
-from agent.runtime.agent import Agent
+from agent.runtime.build import build_agent
 from agent.runtime.config import AgentConfig
 from agent.topology.embedded import load_embedded
 from tests.plugin_harness import FAST, running_node, short_tmpdir
@@ -101,7 +101,7 @@ def test_preferred_allocation_over_the_wire() -> None:
 
 def test_list_and_watch_streams_are_full_snapshots_and_end_cleanly() -> None:
     with running_node(levels=("book",)) as node:
-        devices = node.agent.resources[0]
+        devices = node.agent.devices.table(BOOK)
         servicer = node.agent.manager.servers[BOOK].servicer
         channel, stub = node.plugin_stub(BOOK)
         with channel:
@@ -155,7 +155,7 @@ def test_kubelet_socket_appearing_late_is_waited_for() -> None:
 
 def test_a_second_instance_does_not_steal_the_sockets() -> None:
     with running_node(levels=("book",)) as node:
-        second = Agent(load_embedded("z16-lpar"), AgentConfig(kubelet_dir=node.kubelet.device_plugin_dir,
+        second = build_agent(load_embedded("z16-lpar"), AgentConfig(kubelet_dir=node.kubelet.device_plugin_dir,
                                                                timing=FAST))
         with pytest.raises(SocketInUseError, match="another running process"):
             second.manager.start()
@@ -173,7 +173,7 @@ def test_a_stale_socket_of_a_dead_instance_is_replaced(tmp_path_factory: pytest.
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.bind(str(path))  # ...so make a dead socket file like a killed process leaves
         s.close()
-        again = Agent(load_embedded("z16-lpar"), AgentConfig(kubelet_dir=node.kubelet.device_plugin_dir,
+        again = build_agent(load_embedded("z16-lpar"), AgentConfig(kubelet_dir=node.kubelet.device_plugin_dir,
                                                               timing=FAST))
         again.manager.start()
         try:
@@ -214,7 +214,7 @@ def test_allocate_answers_while_pod_resources_hangs() -> None:
                         api_pb2.ContainerAllocateRequest(devices_ids=["drawer0-book0"])])
                     answer = stub.Allocate(request, timeout=2)  # a hang would be DEADLINE_EXCEEDED
                     assert answer.container_responses[0].envs["TOPOLOGY_GROUPS"] == "drawer0-book0"
-            assert node.agent.pod_resources_loop.failing  # pod-resources never answered meanwhile
+            assert not node.agent.devices.ledger.synced  # pod-resources never answered meanwhile
     finally:
         stop.set()
         t.join()

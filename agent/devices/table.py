@@ -1,37 +1,42 @@
-"""One resource's devices as the plugin serves them: groups by id, their health as published
-to kubelet, and the Allocate answers, computed once per id set. No I/O, no gRPC."""
+"""The node's device table: every advertised device, who holds it, what it publishes to kubelet,
+and the Allocate answers. No I/O and no gRPC; one lock for the node's state.
+
+:class:`DeviceTable` is what the gRPC servicer needs of one resource, in one place:
+:meth:`~DeviceTable.snapshot` and :meth:`~DeviceTable.wait_for_change` for ListAndWatch,
+:meth:`~DeviceTable.admit` for Allocate (validate the ids, check overlap, record the holders and
+return the ready answer, under one lock, or raise :class:`~agent.errors.Refusal`) and
+:meth:`~DeviceTable.preferred` for GetPreferredAllocation. :class:`NodeDevices` owns the tables
+and everything they share: the holders (pod-resources plus our own Allocates), the machine's
+health from rescans, and the published states, recomputed off the Allocate path.
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
+from agent.errors import Refusal
 from agent.policy.allocation import AllocationSettings, ContainerPlan, plan_allocation
-from agent.policy.grouping import Group
+from agent.policy.grouping import Group, Grouping, GroupingSettings
+from agent.policy.health import DeviceKey, DeviceState, device_states, machine_health, overlap_map
+from agent.policy.ledger import AllocationLedger, ListedDevice
+from agent.policy.preference import preferred_allocation
+from agent.topology.model import Topology
+
+log = logging.getLogger("topology-agent.devices")
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+MAX_ANSWERS = 512  # cached Allocate answers per resource (distinct id lists kubelet sent); the oldest go first
+MAX_ECHOED_IDS = 8  # ids named in a refusal; the rest are counted (a refusal is a gRPC status, and a log line)
+MAX_ECHOED_ID_LENGTH = 64
 
-
-class DeviceRequestError(ValueError):
-    """Device ids kubelet sent that this resource cannot honour (unknown, duplicate, none)."""
-
-
-def check_ids(ids: Sequence[str], known: Mapping[str, object], resource: str) -> None:
-    """Raise DeviceRequestError naming every bad id."""
-    if not ids:
-        raise DeviceRequestError(f"{resource}: container request has no device ids")
-    unknown = sorted({i for i in ids if i not in known})
-    seen: set[str] = set()
-    duplicates = sorted({i for i in ids if i in seen or seen.add(i)})  # type: ignore[func-returns-value]
-    problems = []
-    if unknown:
-        problems.append(f"unknown device id(s) {', '.join(map(repr, unknown))}")
-    if duplicates:
-        problems.append(f"duplicate device id(s) {', '.join(map(repr, duplicates))}")
-    if problems:
-        raise DeviceRequestError(f"{resource}: {'; '.join(problems)} (known: {', '.join(sorted(known))})")
+W = TypeVar("W")
+Clock = Callable[[], float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,37 +47,106 @@ class DeviceHealth:
     health: tuple[tuple[str, str], ...]
 
 
-class ResourceDevices:
-    """The devices of one extended resource and their published health."""
+@dataclass(frozen=True, slots=True)
+class Answer(Generic[W]):
+    """What Allocate returns for one container request: the plan and its ready wire form."""
 
-    def __init__(self, resource: str, groups: Iterable[Group], settings: AllocationSettings | None = None,
-                 numa_topology: bool = False) -> None:
+    plan: ContainerPlan
+    wire: W
+
+
+def _shown(ids: Iterable[str]) -> str:
+    ids = list(ids)
+    shown = [repr(i if len(i) <= MAX_ECHOED_ID_LENGTH else i[:MAX_ECHOED_ID_LENGTH] + "...")
+             for i in ids[:MAX_ECHOED_IDS]]
+    more = f" and {len(ids) - MAX_ECHOED_IDS} more" if len(ids) > MAX_ECHOED_IDS else ""
+    return ", ".join(shown) + more
+
+
+def check_ids(ids: Sequence[str], known: Mapping[str, object], resource: str) -> None:
+    """Raise Refusal("invalid") naming the bad ids (at most a few of them)."""
+    if not ids:
+        raise Refusal("invalid", f"{resource}: container request has no device ids")
+    unknown = sorted({i for i in ids if i not in known})
+    seen: set[str] = set()
+    duplicates = sorted({i for i in ids if i in seen or seen.add(i)})  # type: ignore[func-returns-value]
+    problems = []
+    if unknown:
+        problems.append(f"unknown device id(s) {_shown(unknown)}")
+    if duplicates:
+        problems.append(f"duplicate device id(s) {_shown(duplicates)}")
+    if problems:
+        raise Refusal("invalid", f"{resource}: {'; '.join(problems)} (known: {_shown(sorted(known))})")
+
+
+class DeviceTable(Generic[W]):
+    """One extended resource: its devices, their published health and its Allocate answers."""
+
+    def __init__(self, node: NodeDevices[W], resource: str, groups: Iterable[Group], numa_topology: bool) -> None:
+        self._node = node
         self.resource = resource
         self.groups: dict[str, Group] = {g.id: g for g in groups}
-        self.settings = (settings or AllocationSettings()).validated()
         self.numa_topology = numa_topology  # set Device.topology (only when the node has several NUMA nodes)
-        self._plans: dict[frozenset[str], ContainerPlan] = {}
+        self._answers: dict[tuple[str, ...], Answer[W]] = {}  # insertion order: the oldest is evicted first
         self._cond = threading.Condition()
         self._snapshot = DeviceHealth(1, tuple((i, HEALTHY) for i in self.groups))
 
-    # --- Allocate -----------------------------------------------------------------------
-    def plan(self, ids: Sequence[str]) -> ContainerPlan:
-        """The container plan for ``ids`` (validated); cached per id set."""
-        check_ids(ids, self.groups, self.resource)
-        key = frozenset(ids)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = plan_allocation((self.groups[i] for i in key), self.settings)
-            self._plans[key] = plan
-        return plan
+    # --- Allocate ---------------------------------------------------------------------------
+    def admit(self, requests: Sequence[Sequence[str]]) -> list[Answer[W]]:
+        """The answers for one Allocate's container requests, after recording their devices as held.
 
-    # --- health ------------------------------------------------------------------------
+        All or nothing: Refusal("invalid") for bad ids, Refusal("conflict") when a device overlaps a
+        device of another resource that is held; then nothing is recorded.
+        """
+        node = self._node
+        if not requests:
+            raise Refusal("invalid", f"{self.resource}: Allocate request has no container requests")
+        answers = [self._answers.get(tuple(ids)) or self._answer(ids) for ids in requests]
+        with node.lock:
+            admission = node.ledger.admit(self.resource, [a.plan.groups for a in answers], node.clock(), node.overlap)
+        if admission.refused is not None:
+            raise Refusal("conflict", f"{self.resource}: {admission.refused}")
+        if admission.changed:  # publish the new blocked set right after, off this path
+            node.request_refresh()
+        for other in admission.recent:
+            log.warning("%s allocated right after %s: if one container requested both, their environments "
+                        "collide (a container must request only one topology resource)", self.resource, other,
+                        extra={"resource": self.resource, "reason": "possibly two topology resources in one container"})
+        return answers
+
+    def _answer(self, ids: Sequence[str]) -> Answer[W]:
+        """Validate, plan and render a container request seen for the first time (pure work, no lock)."""
+        check_ids(ids, self.groups, self.resource)
+        plan = plan_allocation((self.groups[i] for i in ids), self._node.allocation)
+        answer = Answer(plan, self._node.render(plan))
+        with self._node.lock:
+            if len(self._answers) >= MAX_ANSWERS:
+                del self._answers[next(iter(self._answers))]
+            self._answers[tuple(ids)] = answer
+        return answer
+
+    # --- GetPreferredAllocation -------------------------------------------------------------------
+    def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+        return preferred_allocation(self.groups, available, must_include, size)
+
+    # --- ListAndWatch -----------------------------------------------------------------------
     def snapshot(self) -> DeviceHealth:
         with self._cond:
             return self._snapshot
 
+    def wait_for_change(self, version: int, timeout: float, cancelled: threading.Event) -> DeviceHealth:
+        """The snapshot once its version differs from ``version``, or when cancelled or timed out."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._snapshot.version != version or cancelled.is_set(), timeout)
+            return self._snapshot
+
+    def wake(self) -> None:
+        """Wake every waiting stream (a stream was cancelled or the server stops)."""
+        with self._cond:
+            self._cond.notify_all()
+
     def publish(self, health: Mapping[str, str]) -> bool:
-        """Set every device's health (ids not named stay as they are); True when it changed."""
+        """Set devices' health (ids not named stay as they are); True when it changed."""
         with self._cond:
             current = dict(self._snapshot.health)
             for device, state in health.items():
@@ -86,13 +160,135 @@ class ResourceDevices:
             self._cond.notify_all()
             return True
 
-    def wait_for_change(self, version: int, timeout: float, cancelled: threading.Event) -> DeviceHealth:
-        """The snapshot once its version differs from ``version``, or when cancelled or timed out."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._snapshot.version != version or cancelled.is_set(), timeout)
-            return self._snapshot
 
-    def wake(self) -> None:
-        """Wake every waiting stream (used when a stream is cancelled or the server stops)."""
-        with self._cond:
-            self._cond.notify_all()
+class NodeDevices(Generic[W]):
+    """Every resource's table and what they share: holders, machine health, published states."""
+
+    def __init__(self, grouping: Grouping, settings: GroupingSettings, allocation: AllocationSettings,
+                 render: Callable[[ContainerPlan], W], *, numa_topology: bool = False,
+                 pending_timeout: float = 60.0, clock: Clock = time.monotonic) -> None:
+        self.grouping = grouping
+        self.settings = settings
+        self.allocation = allocation.validated()
+        self.render = render
+        self.clock = clock
+        self.lock = threading.Lock()  # the node state's one lock: ledger, broken groups, states
+        self.overlap = overlap_map(grouping)
+        self.ledger = AllocationLedger(frozenset(grouping.resources()), pending_timeout=pending_timeout)
+        self.tables: tuple[DeviceTable[W], ...] = tuple(
+            DeviceTable(self, r, grouping.by_resource(r), numa_topology) for r in grouping.resources())
+        self.broken: dict[DeviceKey, str] = {}
+        self.changes = 0  # device state transitions published
+        self._states: dict[DeviceKey, DeviceState] = device_states(grouping, {}, {}, self.overlap)
+        self._publish_lock = threading.Lock()
+        self._dirty = threading.Event()
+        self._stopping = threading.Event()
+        self._publisher: threading.Thread | None = None
+
+    def table(self, resource: str) -> DeviceTable[W]:
+        return next(t for t in self.tables if t.resource == resource)
+
+    # --- inputs ---------------------------------------------------------------------------
+    def apply_list(self, rows: Iterable[ListedDevice], started: float) -> None:
+        with self.lock:
+            self.ledger.apply_list(rows, started, self.clock())
+        self.refresh()
+
+    def expire_pending(self) -> None:
+        with self.lock:
+            changed = self.ledger.expire(self.clock())
+        if changed:
+            self.refresh()
+
+    def apply_topology(self, topology: Topology) -> None:
+        broken = machine_health(self.grouping, topology, self.settings)
+        with self.lock:
+            before, self.broken = self.broken, broken
+        for key in sorted(set(before) | set(broken)):
+            if before.get(key) != broken.get(key):
+                log.warning("topology change for %s %s: %s -> %s", key[0], key[1], before.get(key, "whole"),
+                            broken.get(key, "whole again"),
+                            extra={"resource": key[0], "device": key[1], "before": before.get(key, "whole"),
+                                   "after": broken.get(key, "whole")})
+        self.refresh()
+
+    # --- outputs --------------------------------------------------------------------------
+    def states(self) -> dict[DeviceKey, DeviceState]:
+        with self.lock:
+            return dict(self._states)
+
+    def holders(self) -> dict[DeviceKey, list[str]]:
+        with self.lock:
+            return {k: sorted(map(str, v)) for k, v in self.ledger.held().items()}
+
+    def allocations(self) -> dict[str, Any]:
+        """Devices, their states and holders, for /allocations."""
+        states = self.states()
+        holders = self.holders()
+        devices = []
+        for g in self.grouping.groups:
+            key = (g.resource, g.id)
+            s = states[key]
+            devices.append({"resource": g.resource, "id": g.id, "cpus": g.cpulist, "health": s.health,
+                            "state": s.state, "reason": s.reason, "holders": holders.get(key, [])})
+        return {
+            "resources": self.grouping.resources(),
+            "devices": devices,
+            "blocked": [d for d in devices if d["state"] == "blocked-by-overlap"],
+            "unhealthy": [d for d in devices if d["health"] != HEALTHY],
+        }
+
+    # --- publishing off the Allocate path -------------------------------------------------
+    def start_publisher(self) -> None:
+        """Publish allocation-driven changes from a thread of their own (until stop_publisher)."""
+        self._publisher = threading.Thread(target=self._publish_loop, name="state-publisher", daemon=True)
+        self._publisher.start()
+
+    def stop_publisher(self) -> None:
+        self._stopping.set()
+        self._dirty.set()
+        if self._publisher is not None:
+            self._publisher.join(timeout=5)
+            self._publisher = None
+
+    def request_refresh(self) -> None:
+        if self._publisher is None:
+            self.refresh()
+        else:
+            self._dirty.set()
+
+    def _publish_loop(self) -> None:
+        # Also wakes now and then to expire pending allocations that kubelet never listed.
+        check = max(self.ledger.pending_timeout / 4, 1.0)
+        while True:
+            dirty = self._dirty.wait(check)
+            self._dirty.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                if dirty:
+                    self.refresh()
+                else:
+                    self.expire_pending()
+            except Exception:  # keep publishing whatever happens to one refresh
+                log.exception("publishing device states failed")
+
+    def refresh(self) -> None:
+        """Recompute every device's state and publish the resources whose health changed.
+
+        One refresh at a time from compute to publish, so an older computation never overwrites
+        a newer one (the publisher, the pod-resources loop and rescans all refresh)."""
+        with self._publish_lock:
+            with self.lock:
+                new = device_states(self.grouping, self.ledger.held(), self.broken, self.overlap)
+                old, self._states = self._states, new
+            for key, state in new.items():
+                if old.get(key) != state:
+                    self.changes += 1
+                    before = old[key].state if key in old else "-"
+                    log.info("device %s %s: %s -> %s%s", key[0], key[1], before, state.state,
+                             f" ({state.reason})" if state.reason else "",
+                             extra={"resource": key[0], "device": key[1], "before": before, "after": state.state,
+                                    "reason": state.reason})
+            for table in self.tables:
+                table.publish({dev: s.health for (res, dev), s in new.items() if res == table.resource})

@@ -55,10 +55,17 @@ def make_app(registry: CollectorRegistry, live: Callable[[], bool], ready: Calla
     return app
 
 
+def _not_yet(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+    start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+    return [b"starting\n"]
+
+
 class HttpEndpoint:
-    def __init__(self, address: str, port: int, app: WsgiApp) -> None:
+    """The bound port (bound when made, so a taken port stops the start-up); serves once started."""
+
+    def __init__(self, address: str, port: int) -> None:
         try:
-            self.server = make_server(address, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+            self.server = make_server(address, port, _not_yet, ThreadingWSGIServer, handler_class=_QuietHandler)
         except OSError as exc:
             raise EndpointError(f"cannot serve metrics on {address}:{port}: {exc.strerror or exc} "
                                 "(choose another --metrics-port, or 0 to disable)") from None
@@ -66,7 +73,8 @@ class HttpEndpoint:
         self._started = False
         self._thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
 
-    def start(self) -> None:
+    def start(self, app: WsgiApp) -> None:
+        self.server.set_app(app)
         self._started = True
         self._thread.start()
         log.info("serving /metrics, /healthz, /readyz, /allocations on port %d", self.port)

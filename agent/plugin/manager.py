@@ -15,32 +15,29 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent.devices.table import ResourceDevices
+from agent.devices.table import DeviceTable
 from agent.errors import RegistrationError, SocketInUseError
 from agent.plugin.dirwatch import DirectoryWatch
 from agent.plugin.registration import KUBELET_SOCKET, register
 from agent.plugin.server import PluginServer
-from agent.plugin.servicer import AdmissionCheck, AllocateHook, CallObserver
-from agent.runtime.config import Timing
+from agent.plugin.servicer import Observer, Wire
+from agent.plugin.timing import Timing
 
 log = logging.getLogger("topology-agent.plugin")
 
 
 class PluginManager:
-    def __init__(self, kubelet_dir: Path, resources: Sequence[ResourceDevices],
-                 on_allocate: AllocateHook | None = None, timing: Timing | None = None,
-                 check: AdmissionCheck | None = None, observer: CallObserver | None = None) -> None:
+    def __init__(self, kubelet_dir: Path, tables: Sequence[DeviceTable[Wire]], observer: Observer | None = None,
+                 timing: Timing | None = None) -> None:
         self.kubelet_dir = Path(kubelet_dir)
         self.kubelet_socket = self.kubelet_dir / KUBELET_SOCKET
-        self.resources = list(resources)
-        self.on_allocate = on_allocate
-        self.check = check
+        self.tables = list(tables)
         self.observer = observer
         self.timing = timing or Timing()
         self.servers: dict[str, PluginServer] = {}
         self.registered = threading.Event()
-        self.registrations: dict[str, int] = {d.resource: 0 for d in self.resources}
-        self.last_registered: dict[str, float] = {}  # resource -> time.time() of its last registration
+        self.registrations: dict[str, int] = {t.resource: 0 for t in self.tables}
+        self.last_registered: dict[str, float] = {}  # resource -> time.monotonic() of its last registration
         self.restarts = 0
         self.registration_failures = 0
         self._stop = threading.Event()
@@ -75,6 +72,15 @@ class PluginManager:
         """The watcher thread runs (or was never needed)."""
         return self._thread is None or self._thread.is_alive() or self._stop.is_set()
 
+    def streams_open(self, resource: str) -> int:
+        """ListAndWatch streams kubelet holds open for ``resource`` right now."""
+        server = self.servers.get(resource)
+        return server.servicer.streams.open if server is not None else 0
+
+    def seconds_since_registration(self, resource: str) -> float | None:
+        at = self.last_registered.get(resource)
+        return None if at is None else time.monotonic() - at
+
     def ready(self) -> bool:
         """Registered, and kubelet holds a ListAndWatch stream for every resource."""
         return self.registered.is_set() and all(s.servicer.streams.open > 0 for s in self.servers.values())
@@ -88,10 +94,10 @@ class PluginManager:
             why = exc.strerror or exc
             raise SocketInUseError(f"cannot use kubelet's directory {self.kubelet_dir}: {why}") from None
         try:
-            for devices in self.resources:
-                server = PluginServer(devices, self.kubelet_dir, self.on_allocate, self.check, self.observer)
+            for table in self.tables:
+                server = PluginServer(table, self.kubelet_dir, self.observer)
                 server.start()
-                self.servers[devices.resource] = server
+                self.servers[table.resource] = server
         except BaseException:
             self._stop_servers()
             raise
@@ -122,7 +128,7 @@ class PluginManager:
         for resource, server in self.servers.items():
             register(self.kubelet_socket, server.endpoint, resource, self.timing.register_timeout)
             self.registrations[resource] += 1
-            self.last_registered[resource] = time.time()
+            self.last_registered[resource] = time.monotonic()
             log.info("registered %s with kubelet (endpoint %s)", resource, server.endpoint,
                      extra={"resource": resource})
 

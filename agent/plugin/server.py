@@ -14,9 +14,9 @@ from pathlib import Path
 import grpc
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2_grpc
-from agent.devices.table import ResourceDevices
+from agent.devices.table import DeviceTable
 from agent.errors import SocketInUseError
-from agent.plugin.servicer import AdmissionCheck, AllocateHook, CallObserver, DevicePluginServicer
+from agent.plugin.servicer import DevicePluginServicer, Observer, Wire
 
 log = logging.getLogger("topology-agent.plugin")
 
@@ -67,12 +67,11 @@ def _identity(path: Path) -> tuple[int, int, int]:
 class PluginServer:
     """Serves one resource until stopped; a stopped server is not restarted (make a new one)."""
 
-    def __init__(self, devices: ResourceDevices, directory: Path, on_allocate: AllocateHook | None = None,
-                 check: AdmissionCheck | None = None, observer: CallObserver | None = None) -> None:
-        self.devices = devices
-        self.path = Path(directory) / socket_name(devices.resource)
+    def __init__(self, table: DeviceTable[Wire], directory: Path, observer: Observer | None = None) -> None:
+        self.table = table
+        self.path = Path(directory) / socket_name(table.resource)
         self.stopping = threading.Event()
-        self.servicer = DevicePluginServicer(devices, self.stopping, on_allocate, check, observer)
+        self.servicer = DevicePluginServicer(table, self.stopping, observer)
         self._server: grpc.Server | None = None
         self.inode: tuple[int, int, int] | None = None
 
@@ -86,7 +85,7 @@ class PluginServer:
                                    "Unix sockets: use a shorter --kubelet-dir or --resource-prefix")
         clear_stale_socket(self.path)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS,
-                                                        thread_name_prefix=f"plugin-{self.devices.resource}"),
+                                                        thread_name_prefix=f"plugin-{self.table.resource}"),
                              options=[("grpc.so_reuseport", 0)])
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
         try:
@@ -107,7 +106,7 @@ class PluginServer:
     def begin_stop(self, grace: float | None = 0.2) -> threading.Event | None:
         """End our streams and stop accepting calls; returns the event set once fully stopped."""
         self.stopping.set()
-        self.devices.wake()
+        self.table.wake()
         server, self._server = self._server, None
         return server.stop(grace) if server is not None else None
 

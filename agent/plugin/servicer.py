@@ -1,38 +1,47 @@
-"""The kubelet v1beta1 DevicePlugin service for one resource: a thin adapter over
-:class:`ResourceDevices`. Allocate and GetPreferredAllocation do no I/O and hold no lock
-across anything slow: kubelet has no timeout on them."""
+"""The kubelet v1beta1 DevicePlugin service for one resource: a thin adapter over a
+:class:`~agent.devices.table.DeviceTable`. Allocate and GetPreferredAllocation do no I/O and hold no
+lock across anything slow: kubelet has no timeout on them."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Iterator
+from typing import Protocol
 
 import grpc
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from agent.devices.table import DeviceRequestError, ResourceDevices
-from agent.policy.preference import PreferenceError, preferred_allocation
+from agent.devices.table import DeviceTable
+from agent.errors import PreferenceError, Refusal
+from agent.policy.allocation import ContainerPlan
 
 log = logging.getLogger("topology-agent.plugin")
 
-# Called after a successful Allocate with (resource, device ids); must not block.
-AllocateHook = Callable[[str, Sequence[str]], None]
-# Called before answering Allocate: why these ids must be refused (an overlapping device is held), or None.
-AdmissionCheck = Callable[[str, Sequence[str]], str | None]
-# Sees every Allocate / GetPreferredAllocation: (method, resource, gRPC code name, seconds).
-CallObserver = Callable[[str, str, str, float], None]
-
-T = TypeVar("T")
+Wire = api_pb2.ContainerAllocateResponse
+REFUSAL_CODES = {"invalid": grpc.StatusCode.INVALID_ARGUMENT, "conflict": grpc.StatusCode.FAILED_PRECONDITION}
 
 
-class _Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+class Observer(Protocol):
+    """Sees every Allocate and GetPreferredAllocation (the metrics implement it; must not block)."""
+
+    def call(self, method: str, resource: str, code: str, seconds: float) -> None: ...
+
+    def unbalanced(self, resource: str) -> None: ...
+
+
+class NoObserver:
+    def call(self, method: str, resource: str, code: str, seconds: float) -> None:
+        pass
+
+    def unbalanced(self, resource: str) -> None:
+        pass
+
+
+def render(plan: ContainerPlan) -> Wire:
+    """The wire form of a plan: built once per id list and kept by the device table."""
+    return api_pb2.ContainerAllocateResponse(envs=dict(plan.envs), annotations=dict(plan.annotations))
 
 
 def plugin_options() -> api_pb2.DevicePluginOptions:
@@ -63,15 +72,11 @@ class StreamTracker:
 
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
-    def __init__(self, devices: ResourceDevices, stopping: threading.Event,
-                 on_allocate: AllocateHook | None = None, check: AdmissionCheck | None = None,
-                 observer: CallObserver | None = None, heartbeat: float = 30.0) -> None:
-        self.devices = devices
+    def __init__(self, table: DeviceTable[Wire], stopping: threading.Event, observer: Observer | None = None,
+                 heartbeat: float = 30.0) -> None:
+        self.table = table
         self.stopping = stopping
-        self.on_allocate = on_allocate
-        self.check = check
-        self.observer = observer
-        self._responses: dict[tuple[str, ...], api_pb2.ContainerAllocateResponse] = {}
+        self.observer: Observer = observer or NoObserver()
         self.heartbeat = heartbeat
         self.streams = StreamTracker()
 
@@ -80,12 +85,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         return plugin_options()
 
     def _response(self) -> api_pb2.ListAndWatchResponse:
-        snap = self.devices.snapshot()
+        snap = self.table.snapshot()
         devices = []
         for device_id, health in snap.health:
             device = api_pb2.Device(ID=device_id, health=health)
-            if self.devices.numa_topology:
-                nodes = self.devices.groups[device_id].memory_nodes
+            if self.table.numa_topology:
+                nodes = self.table.groups[device_id].memory_nodes
                 device.topology.nodes.extend(api_pb2.NUMANode(ID=n) for n in nodes)
             devices.append(device)
         return api_pb2.ListAndWatchResponse(devices=devices)
@@ -96,17 +101,17 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
 
         def on_done() -> None:
             cancelled.set()
-            self.devices.wake()
+            self.table.wake()
 
         context.add_callback(on_done)
         self.streams.opened()
-        resource = self.devices.resource
+        resource = self.table.resource
         log.info("ListAndWatch stream opened", extra={"resource": resource})
         try:
-            version = self.devices.snapshot().version
+            version = self.table.snapshot().version
             yield self._response()
             while not cancelled.is_set() and not self.stopping.is_set():
-                snap = self.devices.wait_for_change(version, self.heartbeat, cancelled)
+                snap = self.table.wait_for_change(version, self.heartbeat, cancelled)
                 if cancelled.is_set() or self.stopping.is_set():
                     break
                 if snap.version != version:
@@ -116,68 +121,50 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             self.streams.closed()
             log.info("ListAndWatch stream closed", extra={"resource": resource})
 
-    def _observed(self, method: str, context: grpc.ServicerContext, call: Callable[[], T]) -> T:
-        """Run ``call``; a _Refused becomes a gRPC error; the observer sees code and duration."""
-        started = time.perf_counter()
-        code = grpc.StatusCode.OK
-        try:
-            return call()
-        except _Refused as refused:
-            code = refused.code
-            context.abort(refused.code, refused.message)
-            raise  # not reached: abort raises
-        except Exception:
-            code = grpc.StatusCode.INTERNAL
-            raise
-        finally:
-            if self.observer is not None:
-                self.observer(method, self.devices.resource, code.name, time.perf_counter() - started)
-
     def GetPreferredAllocation(self, request: api_pb2.PreferredAllocationRequest, context: grpc.ServicerContext
                                ) -> api_pb2.PreferredAllocationResponse:
-        return self._observed("GetPreferredAllocation", context, lambda: self._preferred(request))
-
-    def _preferred(self, request: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
-        responses = []
-        for creq in request.container_requests:
-            try:
-                ids = preferred_allocation(self.devices.groups, list(creq.available_deviceIDs),
-                                           list(creq.must_include_deviceIDs), creq.allocation_size)
-            except PreferenceError as exc:
-                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{self.devices.resource}: {exc}") from None
-            responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
-        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+        started = time.perf_counter()
+        code = grpc.StatusCode.INTERNAL
+        try:
+            responses = [
+                api_pb2.ContainerPreferredAllocationResponse(deviceIDs=self.table.preferred(
+                    list(c.available_deviceIDs), list(c.must_include_deviceIDs), c.allocation_size))
+                for c in request.container_requests]
+            code = grpc.StatusCode.OK
+            return api_pb2.PreferredAllocationResponse(container_responses=responses)
+        except PreferenceError as exc:
+            code = grpc.StatusCode.INVALID_ARGUMENT
+            context.abort(code, f"{self.table.resource}: {exc}")
+            raise  # not reached: abort raises
+        finally:
+            self.observer.call("GetPreferredAllocation", self.table.resource, code.name,
+                               time.perf_counter() - started)
 
     def Allocate(self, request: api_pb2.AllocateRequest, context: grpc.ServicerContext) -> api_pb2.AllocateResponse:
-        return self._observed("Allocate", context, lambda: self._allocate(request))
-
-    def _allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
-        responses = []
-        resource = self.devices.resource
-        if not request.container_requests:
-            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{resource}: Allocate request has no container requests")
-        for creq in request.container_requests:
-            try:
-                plan = self.devices.plan(list(creq.devices_ids))
-            except DeviceRequestError as exc:
-                log.warning("Allocate refused: %s", exc, extra={"resource": resource, "reason": "invalid ids"})
-                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-            why = self.check(resource, plan.groups) if self.check is not None else None
-            if why is not None:
-                log.warning("Allocate refused: %s", why, extra={"resource": resource, "device": ",".join(plan.groups),
-                                                                 "reason": why})
-                raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{resource}: {why}")
-            response = self._responses.get(plan.groups)
-            if response is None:  # the wire form of a plan is built once per id set, like the plan
-                response = api_pb2.ContainerAllocateResponse(envs=dict(plan.envs), annotations=dict(plan.annotations))
-                self._responses[plan.groups] = response
-            responses.append(response)
-            log.info("Allocate %s -> cpus %s", ",".join(plan.groups), plan.envs["TOPOLOGY_CPUS"],
-                     extra={"resource": resource, "device": ",".join(plan.groups),
-                            "cpus": plan.envs["TOPOLOGY_CPUS"]})
-            if self.on_allocate is not None:
-                self.on_allocate(resource, plan.groups)
-        return api_pb2.AllocateResponse(container_responses=responses)
+        started = time.perf_counter()
+        resource = self.table.resource
+        code = grpc.StatusCode.INTERNAL
+        try:
+            answers = self.table.admit([c.devices_ids for c in request.container_requests])
+            code = grpc.StatusCode.OK
+        except Refusal as refusal:
+            code = REFUSAL_CODES[refusal.kind]
+            log.warning("Allocate refused: %s", refusal.message, extra={"resource": resource, "reason": refusal.kind})
+            context.abort(code, refusal.message)
+            raise  # not reached: abort raises
+        finally:
+            self.observer.call("Allocate", resource, code.name, time.perf_counter() - started)
+        for answer in answers:
+            plan = answer.plan
+            if plan.imbalance is not None:
+                log.warning("Allocate %s: %s", ",".join(plan.groups), plan.imbalance,
+                            extra={"resource": resource, "device": ",".join(plan.groups), "reason": "unbalanced"})
+                self.observer.unbalanced(resource)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("Allocate %s -> cpus %s", ",".join(plan.groups), plan.envs["TOPOLOGY_CPUS"],
+                          extra={"resource": resource, "device": ",".join(plan.groups),
+                                 "cpus": plan.envs["TOPOLOGY_CPUS"]})
+        return api_pb2.AllocateResponse(container_responses=[a.wire for a in answers])
 
     def PreStartContainer(self, request: api_pb2.PreStartContainerRequest, context: grpc.ServicerContext
                           ) -> api_pb2.PreStartContainerResponse:

@@ -109,13 +109,3 @@ def device_states(
         else:
             states[key] = DeviceState("Healthy", "healthy")
     return states
-
-
-def conflict(key: DeviceKey, held: Mapping[DeviceKey, Iterable[Holder]],
-             overlap: Mapping[DeviceKey, list[DeviceKey]]) -> str | None:
-    """Why allocating ``key`` now would break exclusivity, or None."""
-    for other in overlap.get(key, []):
-        holders = sorted(held.get(other, ()))
-        if holders:
-            return f"{key[0]} {key[1]} overlaps {other[0]} {other[1]}, held by {holders[0]}"
-    return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.plugin.timing import Timing
 from agent.policy.allocation import AllocationSettings
 from agent.policy.grouping import GroupingSettings
 
@@ -12,16 +13,6 @@ DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_CPU_MANAGER_STATE = "/var/lib/kubelet/cpu_manager_state"
 DEFAULT_KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    poll: float = 0.05  # how often kubelet's directory is looked at without inotify
-    idle_poll: float = 1.0  # the safety poll when inotify wakes the agent on every change
-    stream_grace: float = 5.0  # a registered resource with no open ListAndWatch for this long re-registers
-    backoff_min: float = 0.05
-    backoff_max: float = 2.0
-    register_timeout: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,13 +11,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from topology_devkit.kubelet_emulator import Container, KubeletEmulator
-
+from agent.plugin.timing import Timing
 from agent.policy.allocation import ENV_KEYS, AllocationSettings
 from agent.policy.grouping import GroupingSettings
-from agent.runtime.agent import Agent
-from agent.runtime.config import AgentConfig, Timing
+from agent.runtime.build import build_agent
+from agent.runtime.config import AgentConfig
 from agent.topology.model import Topology
+from topology_devkit.kubelet_emulator import Container, KubeletEmulator
 
 SHOWN_ENV = ENV_KEYS
 
@@ -43,14 +43,14 @@ def run_demo(topology: Topology, grouping: GroupingSettings, allocation: Allocat
     config = AgentConfig(kubelet_dir=kubelet.device_plugin_dir, grouping=grouping, allocation=allocation,
                          pod_resources_socket=kubelet.pod_resources_socket,
                          timing=Timing(poll=0.02, backoff_min=0.02, backoff_max=0.5))
-    agent = Agent(topology, config)
+    kubelet.start()
+    agent = build_agent(topology, config)
     try:
         out(f"1. The node: {_machine_summary(topology)}")
         out(f"   grouping: {agent.grouping.level_reason}")
         for skipped in agent.grouping.skipped:
             if " not advertised: " in skipped.reason:
                 out(f"   {skipped.reason.split(';')[0]}: it stays unadvertised, so no pod is handed it")
-        kubelet.start()
         started = time.monotonic()
         agent.start()
         resources = agent.grouping.resources()

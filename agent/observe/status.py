@@ -1,0 +1,39 @@
+"""What the running agent reports about itself: one frozen value, built by the agent on demand and
+read by the metrics collector (which never reaches into the agent's parts)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceStatus:
+    resource: str
+    registrations: int = 0  # successful registrations with kubelet
+    streams: int = 0  # open ListAndWatch streams
+    seconds_since_registration: float | None = None  # monotonic; None before the first registration
+    states: Mapping[str, int] = field(default_factory=dict)  # device state -> number of devices
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStatus:
+    machine: str  # generation, machine type or architecture
+    fidelity: str
+    dispatching: str
+    smt: int
+    groups: tuple[tuple[str, str, int], ...]  # (resource, device id, CPUs)
+    resources: tuple[ResourceStatus, ...]
+    ready: bool
+    kubelet_restarts: int = 0
+    registration_failures: int = 0
+    memory_node_fallbacks: int = 0
+    rescans: int = 0
+    rescan_failures: int = 0
+    topology_changes: int = 0
+    pod_resources_polls: int = 0
+    pod_resources_failures: int = 0
+    label_patches: int = 0
+    label_failures: int = 0
+    cpu_manager_static: bool = False
+    cpu_manager_findings: int = 0

@@ -1,0 +1,99 @@
+"""The composition root: every bit of start-up I/O, then finished parts handed to :class:`Agent`.
+
+In order: the groups to advertise (the saved ones while pods hold them, else the ones found now;
+reading the saved file and asking pod-resources who holds what), the device table with the
+machine's health and the holders as known before serving, the plugin manager, the node
+reporter, metrics and the bound HTTP port. Nothing is served or registered here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from agent.devices.persist import load_groups, save_groups
+from agent.devices.table import NodeDevices
+from agent.errors import PodResourcesError
+from agent.node.reporter import LabelerFactory, NodeReporter, default_labeler
+from agent.observe.http import HttpEndpoint
+from agent.observe.metrics import AgentMetrics
+from agent.plugin.manager import PluginManager
+from agent.plugin.podresources import PodResourcesClient
+from agent.plugin.servicer import Wire, render
+from agent.policy.grouping import Grouping, group_topology
+from agent.runtime.agent import Agent
+from agent.runtime.config import AgentConfig
+from agent.topology.model import Topology
+
+log = logging.getLogger("topology-agent")
+
+FIRST_SYNC_PATIENCE = 5.0  # seconds to wait for pod-resources before serving after a (re)start
+FIRST_SYNC_RETRY = 0.5
+
+
+def choose_grouping(fresh: Grouping, config: AgentConfig, pod_resources: PodResourcesClient) -> Grouping:
+    """The groups advertised before a restart while pods hold any of them (their ids and CPU sets
+    must not change under running pods), else the groups found now. Saves the choice."""
+    settings = config.grouping
+    saved = load_groups(config.kubelet_dir, settings)
+    chosen = fresh
+    if saved is not None and saved.groups != fresh.groups:
+        ours = {g.resource for g in saved.groups}
+        try:
+            held = {(row.resource, d) for row in pod_resources.list() if row.resource in ours for d in row.device_ids}
+            why = f"pods hold {len(held)} of them" if held else ""
+        except PodResourcesError as exc:
+            why = f"holders unknown ({exc})"
+        if why:
+            log.warning("keeping the %d groups advertised before the restart (%s); the topology found now differs "
+                        "and applies once they are free and the agent restarts", len(saved.groups), why,
+                        extra={"reason": why})
+            chosen = saved
+    save_groups(config.kubelet_dir, chosen, settings)
+    return chosen
+
+
+def first_pod_resources_sync(devices: NodeDevices[Wire], pod_resources: PodResourcesClient,
+                             config: AgentConfig) -> bool:
+    """Read the holders before serving; kubelet may be restarting too, so retry for a few seconds
+    when its socket is there but does not answer (without the socket: go on)."""
+    deadline = time.monotonic() + FIRST_SYNC_PATIENCE
+    while True:
+        started = time.monotonic()
+        try:
+            devices.apply_list(pod_resources.list(), started)
+            return True
+        except PodResourcesError as exc:
+            if not config.pod_resources_socket.exists() or time.monotonic() >= deadline:
+                log.warning("serving without knowing which groups pods hold (%s); the pod-resources loop keeps "
+                            "trying", exc, extra={"reason": str(exc)})
+                return False
+        time.sleep(FIRST_SYNC_RETRY)
+
+
+def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[], Topology] | None = None,
+                fingerprint: Callable[[], object] | None = None,
+                labeler_factory: LabelerFactory = default_labeler) -> Agent:
+    first_fingerprint = fingerprint() if fingerprint is not None else None
+    pod_resources = PodResourcesClient(config.pod_resources_socket)
+    grouping = choose_grouping(group_topology(topology, config.grouping), config, pod_resources)
+    machine = topology.machine
+    devices = NodeDevices(grouping, config.grouping, config.allocation, render,
+                          numa_topology=machine.has_node_dirs and len(machine.memory_nodes) > 1,
+                          pending_timeout=config.pending_timeout)
+    metrics = AgentMetrics()
+    manager = PluginManager(config.kubelet_dir, devices.tables, metrics, config.timing)
+    reporter = NodeReporter(topology, grouping, node_name=config.node_name, labels_enabled=config.node_labels,
+                            cpu_manager_state=config.cpu_manager_state, kubelet_config=config.kubelet_config,
+                            labeler_factory=labeler_factory)
+    reporter.check_cpu_manager()
+    if devices.tables:
+        # Know what is in use, and what is whole, before serving: a restarted agent must not hand
+        # out held groups, nor groups (kept from before the restart) that lost CPUs meanwhile.
+        devices.apply_topology(topology)
+        first_pod_resources_sync(devices, pod_resources, config)
+    http = HttpEndpoint(config.metrics_address, config.metrics_port) if config.metrics_port is not None else None
+    return Agent(topology=topology, config=config, grouping=grouping, devices=devices, manager=manager,
+                 pod_resources=pod_resources, reporter=reporter, metrics=metrics, http=http, loader=loader,
+                 fingerprint=fingerprint, first_fingerprint=first_fingerprint)
