@@ -52,14 +52,13 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from topology_devkit.kubelet_emulator import KubeletEmulator
-from topology_devkit.kubelet_emulator.constants import LOGGER_NAME
-
 from agent._proto.deviceplugin.v1beta1 import api_pb2
 from agent.plugin.server import WORKERS, socket_name
 from agent.policy.allocation import plan_allocation
 from agent.policy.grouping import Group, group_topology
 from agent.topology.embedded import load_embedded
+from topology_devkit.kubelet_emulator import KubeletEmulator
+from topology_devkit.kubelet_emulator.constants import LOGGER_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGY = "z16-lpar"

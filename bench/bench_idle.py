@@ -33,11 +33,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agent.topology.embedded import load_embedded
 from topology_devkit.kubelet_emulator import KubeletEmulator
 from topology_devkit.kubelet_emulator.constants import LOGGER_NAME
 from topology_devkit.sysfs_writer import write_sysfs_tree
-
-from agent.topology.embedded import load_embedded
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPE = "z16-400"

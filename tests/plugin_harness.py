@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from topology_devkit.kubelet_emulator import KubeletEmulator
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from agent.policy.grouping import GroupingSettings
@@ -19,6 +18,7 @@ from agent.runtime.build import build_agent
 from agent.runtime.config import AgentConfig, Timing
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
+from topology_devkit.kubelet_emulator import KubeletEmulator
 
 FAST = Timing(poll=0.02, stream_grace=1.0, backoff_min=0.02, backoff_max=0.2, register_timeout=5.0)
 

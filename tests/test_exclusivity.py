@@ -14,8 +14,6 @@ import time
 
 import grpc
 import pytest
-from topology_devkit.kubelet_emulator import AdmissionError, Container, KubeletEmulator
-from topology_devkit.sysfs_writer import write_sysfs_tree
 
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.policy.health import overlaps
@@ -24,6 +22,8 @@ from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
 from agent.topology.sysfs import read_sysfs, sysfs_fingerprint
 from tests.plugin_harness import running_node, short_tmpdir
+from topology_devkit.kubelet_emulator import AdmissionError, Container, KubeletEmulator
+from topology_devkit.sysfs_writer import write_sysfs_tree
 
 BOOK, SOCKET = "topology/book", "topology/socket"
 

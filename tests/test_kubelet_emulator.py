@@ -20,6 +20,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+
+from agent._proto.deviceplugin.v1beta1 import api_pb2 as dp
+from agent._proto.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from agent._proto.podresources.v1 import api_pb2 as pr
+from agent._proto.podresources.v1 import api_pb2_grpc as pr_grpc
 from topology_devkit.kubelet_emulator import (
     AdmissionError,
     Container,
@@ -29,11 +34,6 @@ from topology_devkit.kubelet_emulator import (
     TokenBucket,
     is_extended_resource_name,
 )
-
-from agent._proto.deviceplugin.v1beta1 import api_pb2 as dp
-from agent._proto.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
-from agent._proto.podresources.v1 import api_pb2 as pr
-from agent._proto.podresources.v1 import api_pb2_grpc as pr_grpc
 
 BOOK = "topology/book"
 SOCKET = "topology/socket"

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from topology_devkit.shape import canonical_shape
 
 from agent.errors import TopologyReadError
 from agent.topology.lscpu import (
@@ -30,6 +29,7 @@ from agent.topology.lscpu import (
 )
 from agent.topology.model import POLARIZATIONS, Cpu, Machine, Topology
 from tests.conftest import REAL_DUMPS, REAL_FIXTURES, real_dump, real_fixtures_available
+from topology_devkit.shape import canonical_shape
 
 Row = dict[str, Any]
 

@@ -9,9 +9,9 @@ import urllib.request
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from topology_devkit.kubelet_emulator import AdmissionError, Container
 
 from tests.plugin_harness import Node, running_node
+from topology_devkit.kubelet_emulator import AdmissionError, Container
 
 BOOK, SOCKET = "topology/book", "topology/socket"
 

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from topology_devkit.kubelet_emulator import Container
 
 from agent.policy.allocation import BINDING_ENV_KEYS, AllocationSettings
 from agent.topology.cpulist import parse_cpulist
 from agent.topology.model import Cpu, Machine, Topology
 from tests.plugin_harness import running_node
+from topology_devkit.kubelet_emulator import Container
 
 PROBE = Path(__file__).with_name("openmp_probe.py")
 BOOK = "topology/book"

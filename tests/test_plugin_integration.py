@@ -7,7 +7,6 @@ import threading
 
 import grpc
 import pytest
-from topology_devkit.kubelet_emulator import AdmissionError, Container
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2
 from agent.devices.table import UNHEALTHY
@@ -17,6 +16,7 @@ from agent.runtime.build import build_agent
 from agent.runtime.config import AgentConfig
 from agent.topology.embedded import load_embedded
 from tests.plugin_harness import FAST, running_node, short_tmpdir
+from topology_devkit.kubelet_emulator import AdmissionError, Container
 
 BOOK = "topology/book"
 SOCKET = "topology/socket"

@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from topology_devkit.kubelet_emulator import KubeletEmulator
 
 from tests.plugin_harness import short_tmpdir
+from topology_devkit.kubelet_emulator import KubeletEmulator
 
 
 def serve(kubelet: KubeletEmulator, *extra: str) -> subprocess.Popen[str]:

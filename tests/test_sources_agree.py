@@ -4,12 +4,12 @@ gives the same model (ids aside: lscpu numbers containers by first appearance)."
 from __future__ import annotations
 
 import pytest
-from topology_devkit.shape import canonical_shape
 
 from agent.topology import snapshot
 from agent.topology.lscpu import parse_lscpu_json
 from agent.topology.sysfs import read_sysfs
 from tests.conftest import REAL_DUMPS, real_dump
+from topology_devkit.shape import canonical_shape
 
 # sysfs puts both CPUs of this 2009 dump in one socket (core_siblings); lscpu prints no socket
 # because there is no thread_siblings file. The grouping advertises nothing there either way.

@@ -10,6 +10,12 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+
+from agent.errors import TopologyReadError
+from agent.topology import snapshot
+from agent.topology.cpulist import parse_cpulist, parse_cpumask
+from agent.topology.embedded import embedded_snapshot_names, load_embedded
+from agent.topology.model import Cpu, Topology
 from topology_devkit.synthetic import (
     SHAPES,
     IdRule,
@@ -21,12 +27,6 @@ from topology_devkit.synthetic import (
 )
 from topology_devkit.sysfs_writer import default_possible, format_cpumask, kernel_view, write_sysfs_tree
 from topology_devkit.sysfs_writer import main as writer_main
-
-from agent.errors import TopologyReadError
-from agent.topology import snapshot
-from agent.topology.cpulist import parse_cpulist, parse_cpumask
-from agent.topology.embedded import embedded_snapshot_names, load_embedded
-from agent.topology.model import Cpu, Topology
 
 SHIPPED = (
     "z16-lpar", "z16-vertical", "pr40714", "z14-lpar", "z15-lpar", "z17-lpar", "z16-400",

@@ -72,16 +72,12 @@ class ContainerPlan:
     rank_cores: tuple[int, ...] = ()  # cores of each group, in rank order
     envs: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    imbalance: str | None = None  # why the ranks' unequal sizes matter; None when they are equal
 
     @property
     def balanced(self) -> bool:
         """Every rank's group has as many cores as every other (always true for one group)."""
-        return len(set(self.rank_cores)) <= 1
-
-    @property
-    def imbalance(self) -> str | None:
-        """A one-line description of unequal ranks, or None when they are equal."""
-        return rank_imbalance(self.groups, self.rank_cores)
+        return self.imbalance is None
 
 
 def rank_imbalance(ids: tuple[str, ...], rank_cores: tuple[int, ...]) -> str | None:
@@ -150,4 +146,4 @@ def plan_allocation(groups: Iterable[Group], settings: AllocationSettings | None
     if warning is not None:
         annotations[f"{domain}/warning"] = warning
     return ContainerPlan(groups=ids, cpus=tuple(cpus), ranks=ranks, rank_cores=rank_cores, envs=envs,
-                         annotations=annotations)
+                         annotations=annotations, imbalance=warning)

@@ -427,10 +427,9 @@ def write_sysfs_tree(
 
 
 def _resolve(source: str) -> Topology:
-    from topology_devkit.synthetic import SHAPES, build_topology
-
     from agent.topology import snapshot
     from agent.topology.embedded import embedded_snapshot_names, load_embedded
+    from topology_devkit.synthetic import SHAPES, build_topology
 
     if source in SHAPES:
         return build_topology(SHAPES[source])

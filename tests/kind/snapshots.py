@@ -19,12 +19,11 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script from run.sh
     sys.path.insert(0, str(REPO))
 
-from topology_devkit.synthetic import IdRule, LparShape, build_topology  # noqa: E402
-
 from agent.node.labels import LABEL_CPU_MANAGER_POLICY, node_labels  # noqa: E402
 from agent.policy.grouping import Grouping, GroupingSettings, group_topology  # noqa: E402
 from agent.topology import snapshot  # noqa: E402
 from agent.topology.model import Topology  # noqa: E402
+from topology_devkit.synthetic import IdRule, LparShape, build_topology  # noqa: E402
 
 REAL_FIXTURES = Path(os.environ.get("S390X_FIXTURES", REPO.parent / "shared" / "fixtures" / "s390x-real"))
 Z13_DUMP = REAL_FIXTURES / "util-linux" / "s390-lpar-drawer"

@@ -1,0 +1,163 @@
+"""The device table driven directly: no sockets, no threads, an injected clock."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+import grpc
+import pytest
+
+from agent._proto.deviceplugin.v1beta1 import api_pb2
+from agent.devices.table import MAX_ANSWERS, NodeDevices
+from agent.errors import Refusal
+from agent.observe.metrics import AgentMetrics
+from agent.plugin.servicer import DevicePluginServicer, Wire, render
+from agent.policy.allocation import AllocationSettings
+from agent.policy.grouping import GroupingSettings, group_topology
+from agent.policy.ledger import ListedDevice
+from agent.topology.embedded import load_embedded
+from tests.conftest import REPO
+
+BOOK, SOCKET = "topology/book", "topology/socket"
+SETTINGS = GroupingSettings(levels=("book", "socket"))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CountingLock:
+    """The node's lock, counting how often it is taken."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.taken = 0
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        self.taken += 1
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self._lock.release()
+
+
+def node(clock: Clock | None = None, topology: str = "z16-lpar") -> NodeDevices[Wire]:
+    grouping = group_topology(load_embedded(topology), SETTINGS)
+    return NodeDevices(grouping, SETTINGS, AllocationSettings(), render, pending_timeout=60.0,
+                       clock=clock or Clock())
+
+
+def states(devices: NodeDevices[Wire]) -> dict[str, str]:
+    return {f"{r}|{d}": s.state for (r, d), s in devices.states().items() if s.state != "healthy"}
+
+
+def test_admit_records_the_holder_at_the_clocks_time_and_blocks_the_overlapping_devices() -> None:
+    clock = Clock()
+    devices = node(clock)
+    (answer,) = devices.table(BOOK).admit([["drawer0-book0"]])
+    assert answer.plan.groups == ("drawer0-book0",)
+    assert answer.wire.envs["TOPOLOGY_CPUS"] == "0-11"
+    assert devices.ledger.pending == {(BOOK, "drawer0-book0"): 1000.0}
+    assert states(devices) == {f"{BOOK}|drawer0-book0": "allocated", f"{SOCKET}|drawer0-book0-socket0":
+                               "blocked-by-overlap", f"{SOCKET}|drawer0-book0-socket1": "blocked-by-overlap"}
+    with pytest.raises(Refusal) as refused:
+        devices.table(SOCKET).admit([["drawer0-book0-socket1"]])
+    assert refused.value.kind == "conflict" and "held by" in refused.value.message
+    clock.now += 61  # never listed by kubelet: the hold expires
+    devices.expire_pending()
+    assert states(devices) == {}
+    assert devices.table(SOCKET).admit([["drawer0-book0-socket1"]])
+
+
+def test_a_refused_allocate_holds_nothing_even_with_a_valid_container_request() -> None:
+    devices = node()
+    with pytest.raises(Refusal) as refused:
+        devices.table(BOOK).admit([["drawer0-book0"], ["drawer9-book9"]])
+    assert refused.value.kind == "invalid" and "drawer9-book9" in refused.value.message
+    assert devices.ledger.held() == {} and states(devices) == {}
+
+
+def test_listed_holders_replace_pending_ones() -> None:
+    clock = Clock()
+    devices = node(clock)
+    devices.table(BOOK).admit([["drawer0-book0"]])
+    clock.now += 3
+    devices.apply_list([ListedDevice("ml", "llm", "vllm", BOOK, ("drawer0-book0",))], started=clock.now - 0.1)
+    assert devices.holders() == {(BOOK, "drawer0-book0"): ["ml/llm/vllm"]} and not devices.ledger.pending
+
+
+def test_refusals_echo_a_bounded_number_of_ids() -> None:
+    devices = node()
+    with pytest.raises(Refusal) as refused:
+        devices.table(BOOK).admit([[f"bogus-{i}" * 20 for i in range(10_000)]])
+    assert len(refused.value.message) < 2000 and "more" in refused.value.message
+
+
+def test_the_answer_cache_is_bounded() -> None:
+    devices = node(topology="z16-400")
+    table = devices.table(BOOK)
+    ids = list(table.groups)
+    requests = list(itertools.islice(itertools.permutations(ids, 3), MAX_ANSWERS + 100))
+    for request in requests:
+        table._answer(list(request))
+    assert len(requests) > MAX_ANSWERS and len(table._answers) == MAX_ANSWERS
+    assert tuple(requests[-1]) in table._answers and tuple(requests[0]) not in table._answers  # oldest evicted
+
+
+# --- a warm Allocate, as kubelet sends it, traced -------------------------------------------------
+
+class Context:
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise RuntimeError(f"{code}: {details}")
+
+
+def project_files_called(call: Any) -> set[str]:
+    """Which of the project's files run code while ``call()`` runs."""
+    agent_dir = str(REPO / "agent")
+    files: set[str] = set()
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(agent_dir):
+            files.add(str(Path(frame.f_code.co_filename).relative_to(REPO)))
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return files
+
+
+@pytest.fixture
+def traced() -> Iterator[tuple[NodeDevices[Wire], DevicePluginServicer, CountingLock]]:
+    devices = node()
+    lock = CountingLock()
+    devices.lock = lock  # type: ignore[assignment]
+    servicer = DevicePluginServicer(devices.table(BOOK), threading.Event(), AgentMetrics())
+    yield devices, servicer, lock
+
+
+def test_a_warm_allocate_touches_four_files_and_takes_the_node_lock_once(
+        traced: tuple[NodeDevices[Wire], DevicePluginServicer, CountingLock]) -> None:
+    _, servicer, lock = traced
+    request = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(
+        devices_ids=["drawer0-book1", "drawer0-book2"])])
+    servicer.Allocate(request, Context())  # cold: validates, plans and renders once
+    lock.taken = 0
+    answers: list[api_pb2.AllocateResponse] = []
+    files = project_files_called(lambda: answers.append(servicer.Allocate(request, Context())))
+    assert answers[0].container_responses[0].envs["TOPOLOGY_GROUPS"] == "drawer0-book1,drawer0-book2"
+    assert files <= {"agent/plugin/servicer.py", "agent/devices/table.py", "agent/policy/ledger.py",
+                     "agent/observe/metrics.py"}, files
+    assert len(files) <= 4
+    assert lock.taken == 1
