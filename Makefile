@@ -27,13 +27,15 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/topology-agent demo
 
-## Lint, then the whole test suite (kind tests skip without Docker and kind).
+## Lint, type-check (strict on the core), then the whole test suite (kind tests skip without Docker and kind).
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 ## Regenerate the gRPC code in agent/_proto from proto/ (a test checks it is up to date).
 proto: $(STAMP)
@@ -56,4 +58,4 @@ s390x-smoke: $(STAMP)
 	tools/s390x-smoke.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis build *.egg-info devkit/*.egg-info

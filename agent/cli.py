@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agent import __version__
-from agent.errors import StartupError, TopologyReadError, UsageError
+from agent.errors import CpuListError, PolicyError, StartupError, TopologyReadError, UsageError
 from agent.policy.allocation import DEFAULT_RESERVE_CORES_PER_GROUP, AllocationSettings
-from agent.policy.grouping import DEFAULT_PREFIX, GroupingSettings, PolicyError, group_topology
+from agent.policy.grouping import DEFAULT_PREFIX, GroupingSettings, group_topology
 from agent.runtime.config import (
     DEFAULT_CPU_MANAGER_STATE,
     DEFAULT_KUBELET_CONFIG,
@@ -25,7 +25,7 @@ from agent.runtime.config import (
     DEFAULT_POD_RESOURCES_SOCKET,
     AgentConfig,
 )
-from agent.topology.cpulist import CpuListError, parse_cpulist
+from agent.topology.cpulist import parse_cpulist
 from agent.topology.model import POLARIZATIONS, Topology, normalize_polarization
 from agent.topology.source import TopologySource
 
@@ -36,7 +36,8 @@ def env_default(flag: str, default: str | None = None) -> str | None:
     return os.environ.get(ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper(), default)
 
 
-def _add(parser: argparse.ArgumentParser, flag: str, default: str | None = None, **kwargs: object) -> None:
+def _add(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, default: str | None = None,
+         **kwargs: object) -> None:
     env = ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
     help_text = str(kwargs.pop("help", ""))
     parser.add_argument(flag, default=env_default(flag, default), help=f"{help_text} [env {env}]",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 
@@ -170,6 +171,6 @@ def test_annotations_carry_cpus_and_memory_nodes_under_our_domain() -> None:
 
 
 @pytest.mark.parametrize("kwargs", [{"omp_threads_per_core": 3}, {"reserve_cores_per_group": -1}])
-def test_bad_allocation_settings(kwargs: dict) -> None:
+def test_bad_allocation_settings(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="--"):
         AllocationSettings(**kwargs).validated()

@@ -7,6 +7,7 @@ locally and fail under CI=true (CI installs it). The admission policy's CEL is e
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
@@ -352,8 +353,8 @@ def test_every_agent_variable_is_a_serve_flag(render: Render, monkeypatch: pytes
                                        'agent.excludePolarization=["vertical:low"]', "--set", "agent.levels=book"))
     assert container["args"] == ["serve"]
     env = {k: v for k, v in env_of(container).items() if k.startswith(cli.ENV_PREFIX)}
-    parser = cli.build_parser()
-    serve = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    serve = next(a for a in cli.build_parser()._actions
+                 if isinstance(a, argparse._SubParsersAction)).choices["serve"]
     flags = {opt for action in serve._actions for opt in action.option_strings}
     to_flag = {k: "--" + k[len(cli.ENV_PREFIX):].lower().replace("_", "-") for k in env}
     unknown = sorted(k for k, flag in to_flag.items() if flag not in flags)
@@ -540,7 +541,7 @@ def cel() -> Callable[[str, dict[str, Any]], Any]:
 
     def evaluate(expression: str, activation: dict[str, Any]) -> Any:
         program = env.program(env.compile(expression), functions=functions)
-        result = program.evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()})
+        result = program.evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()})  # type: ignore[attr-defined]
         if isinstance(result, Exception):
             raise result
         return result

@@ -6,6 +6,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -140,7 +141,7 @@ def test_invalid_lscpu_output_is_a_clear_error(capsys: pytest.CaptureFixture[str
     ],
 )
 def test_snapshots_with_broken_cores_are_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                                 cpus: list[dict], words: str) -> None:
+                                                 cpus: list[dict[str, Any]], words: str) -> None:
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({"version": 1, "machine": {"arch": "s390x"}, "cpus": cpus}))
     for command in ("discover", "explain"):

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.errors import CpuManagerStateError, KubeletConfigError
 from agent.node.cpu_manager import (
     CpuManagerState,
-    CpuManagerStateError,
-    KubeletConfigError,
     cpu_manager_findings,
     parse_cpu_manager_state,
     read_cpu_manager_state,

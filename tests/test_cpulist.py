@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.topology.cpulist import CpuListError, format_cpulist, parse_cpulist, parse_cpumask
+from agent.errors import CpuListError
+from agent.topology.cpulist import format_cpulist, parse_cpulist, parse_cpumask
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -16,7 +17,7 @@ from tests.conftest import REPO
 EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
 
 
-def containers(doc: dict) -> list[dict]:
+def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
     spec = doc["spec"]
     pod_spec = spec["template"]["spec"] if "template" in spec else spec
     return pod_spec["containers"]

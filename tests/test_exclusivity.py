@@ -4,6 +4,7 @@ all through the kubelet emulator and its pod-resources server."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import random
 import shutil
@@ -157,7 +158,7 @@ def test_random_walk_never_hands_out_an_id_twice() -> None:
                 else:
                     k.restart(down_for=0.02)
                 for r in (BOOK, SOCKET):
-                    k.wait_for(lambda r=r, b=before: k.registrations(r) > b[r] and bool(k.devices(r)), timeout=10,
+                    k.wait_for(functools.partial(registered_since, k, r, before[r]), timeout=10,
                                what=f"{r} registered again at step {step}")
             if live and rnd.random() < 0.45:
                 name = live.pop(rnd.randrange(len(live)))
@@ -239,3 +240,7 @@ def test_a_restart_on_a_changed_topology_keeps_the_held_groups() -> None:
         assert k.devices(BOOK) == {"drawer0-book0": "Healthy", "drawer0-book1": "Unhealthy"}
         env = k.start_container("default", "tp1", "c")
         assert env["TOPOLOGY_CPUS"] == "0-23"
+
+
+def registered_since(kubelet: KubeletEmulator, resource: str, before: int) -> bool:
+    return kubelet.registrations(resource) > before and bool(kubelet.devices(resource))

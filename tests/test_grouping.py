@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.policy.grouping import GroupingSettings, PolicyError, group_topology, min_cores_for
+from agent.errors import PolicyError
+from agent.policy.grouping import GroupingSettings, group_topology, min_cores_for
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Cpu, Machine, Topology
 
@@ -17,7 +19,7 @@ LPAR = Machine(arch="s390x", machine_type="3931", environment="lpar", topology_f
 
 
 def lpar(layout: list[list[list[int]]], smt: int = 2, machine: Machine = LPAR,
-         changes: dict[int, dict] | None = None) -> Topology:
+         changes: dict[int, dict[str, Any]] | None = None) -> Topology:
     """CPUs for drawers > books > sockets > core counts, SMT threads adjacent; socket ids reused per book."""
     cpus: list[Cpu] = []
     n = core = 0
@@ -117,7 +119,7 @@ def test_x86_machine_groups_by_socket() -> None:
         ({"exclude_polarization": frozenset({"vertical:tiny"})}, "unknown polarization"),
     ],
 )
-def test_bad_settings_are_clear_errors(kwargs: dict, message: str) -> None:
+def test_bad_settings_are_clear_errors(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(PolicyError, match=message):
         group_topology(lpar([[[1]]]), GroupingSettings(**kwargs))
 
@@ -140,7 +142,7 @@ def topologies(draw: st.DrawFn) -> tuple[Topology, GroupingSettings]:
     smt = draw(st.sampled_from([1, 2]))
     base = lpar(draw(layouts), smt=smt)
     numbers = [c.cpu for c in base.cpus]
-    changes: dict[int, dict] = {}
+    changes: dict[int, dict[str, Any]] = {}
     for cpu in draw(st.sets(st.sampled_from(numbers), max_size=4)):
         changes[cpu] = {"online": False}
     for cpu in draw(st.sets(st.sampled_from(numbers), max_size=3)):

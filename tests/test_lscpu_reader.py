@@ -442,6 +442,10 @@ def machines(draw: st.DrawFn) -> tuple[Topology, list[Row]]:
     numbers = draw(st.permutations(sorted(draw(st.sets(st.integers(0, 300), min_size=count, max_size=count)))))
     cpus = []
     for i, number in enumerate(numbers):
+        drawer: int | None
+        book: int | None
+        socket: int | None
+        core: int | None
         drawer, book, socket, core = paths[i // threads]
         kind = draw(st.sampled_from(["full", "full", "full", "no-core", "bare"]))
         if kind != "full":

@@ -33,7 +33,7 @@ def scrape(node: Node) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def value(samples: dict, name: str, **labels: str) -> float:
+def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
 
 

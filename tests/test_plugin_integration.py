@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 
@@ -16,7 +17,7 @@ from agent.runtime.build import build_agent
 from agent.runtime.config import AgentConfig
 from agent.topology.embedded import load_embedded
 from tests.plugin_harness import FAST, running_node, short_tmpdir
-from topology_devkit.kubelet_emulator import AdmissionError, Container
+from topology_devkit.kubelet_emulator import AdmissionError, Container, KubeletEmulator
 
 BOOK = "topology/book"
 SOCKET = "topology/socket"
@@ -136,7 +137,7 @@ def test_twenty_kubelet_restarts_in_a_row_lose_nothing() -> None:
         for i in range(20):
             k.restart(down_for=0.05 if i % 2 else 0.0)
             for resource in (BOOK, SOCKET):
-                k.wait_for(lambda r=resource, n=i: k.registrations(r) == n + 2 and k.allocatable(r) > 0,
+                k.wait_for(functools.partial(registered_times, k, resource, i + 2),
                            timeout=5, what=f"re-registration {i + 1} of {resource}")
             assert {r: k.devices(r) for r in (BOOK, SOCKET)} == before
         assert node.agent.manager.restarts >= 20
@@ -232,3 +233,7 @@ def test_a_broken_stream_without_a_new_one_leads_to_registering_again() -> None:
         k.wait_for(lambda: k.registrations(BOOK) == 2 and k.allocatable(BOOK) == 8, timeout=10,
                    what="registered again and advertised")
         assert node.agent.manager.restarts == 1
+
+
+def registered_times(kubelet: KubeletEmulator, resource: str, times: int) -> bool:
+    return kubelet.registrations(resource) == times and kubelet.allocatable(resource) > 0

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.errors import PreferenceError
 from agent.policy.grouping import GroupingSettings, group_topology
-from agent.policy.preference import PreferenceError, preferred_allocation
+from agent.policy.preference import preferred_allocation
 from agent.topology.embedded import load_embedded
 
 Z16 = group_topology(load_embedded("z16-lpar"), GroupingSettings(levels=("book", "socket")))

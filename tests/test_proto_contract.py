@@ -11,6 +11,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor, FileDescriptor
@@ -22,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 PROTO_DIR = REPO / "proto"
 
 
-def _load_generate_module():
+def _load_generate_module() -> ModuleType:
     spec = importlib.util.spec_from_file_location("proto_generate", PROTO_DIR / "generate.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -75,7 +76,7 @@ def test_vendored_protos_have_no_gogo() -> None:
 # (b) descriptor facts that match upstream
 
 
-def _file(module) -> FileDescriptor:
+def _file(module: ModuleType) -> FileDescriptor:
     return module.DESCRIPTOR
 
 
@@ -243,7 +244,7 @@ POD_RESOURCES_FIELDS: list[tuple[str, str, int, str, int]] = [
 ]
 
 
-def _check_field(module, message: str, field: str, number: int, label: str, ftype: int) -> None:
+def _check_field(module: ModuleType, message: str, field: str, number: int, label: str, ftype: int) -> None:
     msg = _file(module).message_types_by_name[message]
     assert field in msg.fields_by_name, f"{msg.full_name} has no field {field!r}"
     fd = msg.fields_by_name[field]
@@ -274,6 +275,7 @@ def test_maps_are_string_to_string() -> None:
     resp = _file(dp).message_types_by_name["ContainerAllocateResponse"]
     for name in ("envs", "annotations"):
         entry = resp.fields_by_name[name].message_type
+        assert entry is not None
         assert entry.GetOptions().map_entry, name
         assert entry.fields_by_name["key"].type == _T.TYPE_STRING
         assert entry.fields_by_name["value"].type == _T.TYPE_STRING

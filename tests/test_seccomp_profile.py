@@ -103,13 +103,12 @@ def compile_with_libseccomp(p: dict[str, Any], native: str) -> int:
     lib = ctypes.CDLL(LIBSECCOMP, use_errno=True)
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_arch_resolve_name.restype = ctypes.c_uint32
-    for fn in ("seccomp_arch_add", "seccomp_arch_remove", "seccomp_export_bpf", "seccomp_rule_add_array"):
-        getattr(lib, fn).argtypes = [ctypes.c_void_p, *{"seccomp_arch_add": [ctypes.c_uint32],
-                                                        "seccomp_arch_remove": [ctypes.c_uint32],
-                                                        "seccomp_export_bpf": [ctypes.c_int],
-                                                        "seccomp_rule_add_array": [ctypes.c_uint32, ctypes.c_int,
-                                                                                   ctypes.c_uint,
-                                                                                   ctypes.POINTER(ArgCmp)]}[fn]]
+    argtypes: dict[str, list[Any]] = {
+        "seccomp_arch_add": [ctypes.c_uint32], "seccomp_arch_remove": [ctypes.c_uint32],
+        "seccomp_export_bpf": [ctypes.c_int],
+        "seccomp_rule_add_array": [ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(ArgCmp)]}
+    for fn, types in argtypes.items():
+        getattr(lib, fn).argtypes = [ctypes.c_void_p, *types]
     lib.seccomp_release.argtypes = [ctypes.c_void_p]
     lib.seccomp_syscall_resolve_name_arch.argtypes = [ctypes.c_uint32, ctypes.c_char_p]
     lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]

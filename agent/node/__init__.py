@@ -10,10 +10,9 @@ Import :mod:`agent.node.kube` explicitly: it pulls in the ``kubernetes`` client 
 
 from __future__ import annotations
 
+from agent.errors import CpuManagerStateError, KubeletConfigError
 from agent.node.cpu_manager import (
     CpuManagerState,
-    CpuManagerStateError,
-    KubeletConfigError,
     cpu_manager_findings,
     parse_cpu_manager_state,
     read_cpu_manager_state,

@@ -9,13 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.node.cpu_manager import (
-    CpuManagerStateError,
-    KubeletConfigError,
-    cpu_manager_findings,
-    read_cpu_manager_state,
-    read_reserved_system_cpus,
-)
+from agent.errors import CpuManagerStateError, KubeletConfigError
+from agent.node.cpu_manager import cpu_manager_findings, read_cpu_manager_state, read_reserved_system_cpus
 from agent.node.labels import node_annotations, node_labels
 from agent.policy.grouping import Grouping
 from agent.topology.model import Topology

@@ -110,7 +110,7 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
     _writer.start()
     atexit.register(shutdown_logging)
     root = logging.getLogger()
-    root.handlers[:] = [_InProcessQueueHandler(records)]  # type: ignore[arg-type]
+    root.handlers[:] = [_InProcessQueueHandler(records)]
     root.setLevel(numeric)
 
 

@@ -17,7 +17,7 @@ class PeriodicLoop:
     ``max_backoff``; the first failure of a streak is logged as a warning, the recovery once.
     """
 
-    def __init__(self, name: str, interval: float, step: Callable[[], None],
+    def __init__(self, name: str, interval: float, step: Callable[[], object],
                  expected: tuple[type[BaseException], ...], max_backoff: float = 30.0,
                  on_failure: Callable[[BaseException], None] | None = None) -> None:
         self.name = name

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agent.errors import TopologyReadError
 from agent.topology.model import DISPATCHING_MODES, ENVIRONMENTS, POLARIZATIONS, Cpu, Machine, Topology
@@ -61,7 +61,7 @@ def _want(cond: bool, what: str) -> None:
 def _opt_int(value: Any, what: str) -> int | None:
     ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
     _want(ok, f"{what} must be an integer or null")
-    return value
+    return cast("int | None", value)
 
 
 def _bool(value: Any, what: str) -> bool:

@@ -13,8 +13,8 @@ import platform
 import re
 from pathlib import Path
 
-from agent.errors import TopologyReadError
-from agent.topology.cpulist import CpuListError, parse_cpulist, parse_cpumask
+from agent.errors import CpuListError, TopologyReadError
+from agent.topology.cpulist import parse_cpulist, parse_cpumask
 from agent.topology.derive import RawCpu, build_topology, environment_from_sysinfo, parse_sysinfo
 from agent.topology.model import Machine, Topology, normalize_polarization
 

@@ -4,6 +4,7 @@ temporary directory, in a few seconds."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import tempfile
@@ -31,6 +32,10 @@ def _machine_summary(topology: Topology) -> str:
     name = f"{m.generation} ({m.machine_type})" if m.generation else (m.machine_type or m.arch)
     return (f"{name} {m.environment}, SMT-{m.smt_threads}, {len(usable)} CPUs in {len(drawers)} drawer(s), "
             f"{len(books)} books, {len(sockets)} sockets, memory node(s) {','.join(map(str, m.memory_nodes))}")
+
+
+def _registered_again(kubelet: KubeletEmulator, resource: str) -> bool:
+    return kubelet.registrations(resource) >= 2 and kubelet.allocatable(resource) > 0
 
 
 def run_demo(topology: Topology, grouping: GroupingSettings, allocation: AllocationSettings,
@@ -86,7 +91,7 @@ def run_demo(topology: Topology, grouping: GroupingSettings, allocation: Allocat
         kubelet.wait_for(lambda: kubelet.is_running, timeout=10, what="kubelet back up")
         back = time.monotonic()
         for r in resources:
-            kubelet.wait_for(lambda r=r: kubelet.registrations(r) >= 2 and kubelet.allocatable(r) > 0, timeout=10,
+            kubelet.wait_for(functools.partial(_registered_again, kubelet, r), timeout=10,
                              what=f"re-registration of {r}")
         out(f"{step}. kubelet restarted (deleted every socket, back after 200 ms): the agent noticed, served "
             f"again and re-registered {(time.monotonic() - back) * 1000:.0f} ms after kubelet.sock came back.")

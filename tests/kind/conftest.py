@@ -111,7 +111,7 @@ def core(api: Any) -> Any:
 def pod_namespace(core: Any, kind_env: KindEnv) -> Iterator[str]:
     """A namespace for the test pods, deleted at the end."""
     from kubernetes import client
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     name = "topology-e2e-pods"
     try:

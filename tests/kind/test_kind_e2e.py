@@ -69,8 +69,8 @@ def daemonset_ready(api: Any, kind_env: KindEnv) -> Any:
 
     def ready() -> Any:
         for ds in apps.list_namespaced_daemon_set(kind_env.namespace).items:
-            s = ds.status
-            if (ds.metadata.labels or {}).get("app.kubernetes.io/instance") == kind_env.release \
+            s: Any = ds.status
+            if ((ds.metadata and ds.metadata.labels) or {}).get("app.kubernetes.io/instance") == kind_env.release \
                     and s.desired_number_scheduled >= 2 and s.number_ready == s.desired_number_scheduled \
                     and s.updated_number_scheduled == s.desired_number_scheduled:
                 return ds
@@ -221,7 +221,7 @@ def _server_minor(api: Any) -> int:
 def test_admission_policy_rejects_two_topology_resources(api: Any, core: Any, daemonset_ready: Any,
                                                          book_node: tuple[str, Expected], kind_env: KindEnv,
                                                          make_pod: Callable[..., str]) -> None:
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     if _server_minor(api) < 30:
         pytest.skip("the ValidatingAdmissionPolicy needs Kubernetes >= 1.30 (set KIND_NODE_IMAGE)")

@@ -49,4 +49,5 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
             context.abort(
                 grpc.StatusCode.UNKNOWN, f"pod {request.pod_name} in namespace {request.pod_namespace} not found"
             )
+        assert pod is not None  # abort raised
         return pr.GetPodResourcesResponse(pod_resources=self._manager.pod_resources(pod))
