@@ -10,7 +10,7 @@ pods admitted one-book pods first (the order that fragments the free books most)
   the plugin), and its ranks are the ``VLLM_CPU_OMP_THREADS_BIND`` lists of ``plan_allocation``
   (one rank per group).
 * ``vLLM alone``: no agent, every pod sees the whole node and applies PR #40714's rule by itself
-  (docs/s390x-topology.md C.3): book-aware binding over the books of the online CPUs with a known
+  (../shared/docs/s390x-topology.md C.3): book-aware binding over the books of the online CPUs with a known
   core, in lscpu's logical book order; rank i takes book i (round-robin when ranks outnumber books);
   per core, the highest SMT thread. (vLLM's one reserved CPU is not modelled.) ``--vllm-domain
   drawer`` models the alternative version of the PR that prefers drawers (when there are several)

@@ -4,6 +4,7 @@ DaemonSet's package ships the product alone."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import zipfile
@@ -160,3 +161,20 @@ def test_the_product_wheel_ships_no_emulator_generator_or_demo(product_wheel: zi
     for unwanted in ("kubelet_emulator", "synthetic", "sysfs_writer", "shape.py", "demo", "topology_devkit"):
         assert not [n for n in names if unwanted in n], unwanted
     assert "agent/data/seccomp/vllm-numa-s390x.json" in names and "agent/data/z16-lpar.json" in names
+
+
+def test_every_cited_reference_note_exists() -> None:
+    """Docstrings cite the team's reference notes (../shared/docs/<name>.md): the file must be there."""
+    shared = REPO.parent / "shared" / "docs"
+    if not shared.is_dir():
+        pytest.skip(f"the reference notes are not beside the repository ({shared})")
+    cited: dict[str, list[str]] = {}
+    for folder in ("agent", "devkit", "tests", "bench", "tools"):
+        for path in (REPO / folder).rglob("*.py"):
+            for name in re.findall(r"(?<![\w/.])(?:\.\./shared/)?docs/([\w.-]+\.md)", path.read_text(encoding="utf-8")):
+                cited.setdefault(name, []).append(str(path.relative_to(REPO)))
+    assert cited, "no citation found: the pattern is wrong"
+    assert {name: where for name, where in cited.items() if not (shared / name).is_file()} == {}
+    bare = [str(p.relative_to(REPO)) for folder in ("agent", "devkit") for p in (REPO / folder).rglob("*.py")
+            if re.search(r"(?<![\w/.])docs/[\w-]+\.md", p.read_text(encoding="utf-8").replace("../shared/docs/", ""))]
+    assert bare == [], "cite the notes by their path from the repository root: it has no docs/ folder"

@@ -229,7 +229,7 @@ def test_241_dialect_really_stringifies_columns_with_a_dash() -> None:
 
 
 def test_known_groups_of_real_dumps() -> None:
-    """Hand-written from docs/s390x-topology.md §A.3/§A.4 (not derived from the table)."""
+    """Hand-written from ../shared/docs/s390x-topology.md §A.3/§A.4 (not derived from the table)."""
 
     def shape(name: str) -> dict[str, Any]:
         dump_dir, _ = real_dump(name)

@@ -212,10 +212,11 @@ def imports(path):
                 yield from (f"{sub.module}.{a.name}" for a in sub.names)
 
 def module_file(name):
-    base = src.joinpath(*name.split("."))
-    for cand in (base.with_suffix(".py"), base / "__init__.py"):
-        if cand.is_file():
-            return cand
+    for root in (src, src / "devkit"):  # the product, and the development kit beside it
+        base = root.joinpath(*name.split("."))
+        for cand in (base.with_suffix(".py"), base / "__init__.py"):
+            if cand.is_file():
+                return cand
     return None
 
 memo = {}
@@ -228,7 +229,7 @@ def tainted(path, stack=()):
     for name in imports(path):
         if name.split(".")[0] in BLOCKED:
             bad = True
-        elif name.split(".")[0] in ("agent", "tests"):
+        elif name.split(".")[0] in ("agent", "tests", "topology_devkit"):
             parts = name.split(".")
             for i in range(1, len(parts) + 1):  # packages on the way are imported too
                 f = module_file(".".join(parts[:i]))

@@ -6,7 +6,7 @@ agent can compare its view with what vLLM computes inside the pod (vLLM runs
 
 ``parse_lscpu_json`` is pure; ``read_lscpu`` runs the command and parses its output.
 
-Dialects (util-linux release tags; see docs/s390x-topology.md §A.4):
+Dialects (util-linux release tags; see ../shared/docs/s390x-topology.md §A.4):
 
 * <= 2.37: every value a string (``"0"``, ``"-"``, ``"yes"``/``"no"``);
 * 2.38 - 2.40: numbers and booleans, and a *bare* ``-`` for a missing number, which is not

@@ -1,6 +1,6 @@
 """Synthetic IBM Z (z14-z17) LPAR topologies: a small declarative shape and a builder. Pure.
 
-No public sysfs dump of a z14-z17 LPAR with SMT exists (see docs §A.5), so the agent's
+No public sysfs dump of a z14-z17 LPAR with SMT exists (see ../shared/docs/s390x-topology.md §A.5), so the agent's
 tests, demos and benchmark run on shapes built here. A shape lists, per drawer and per book,
 the core count of each socket (PU chip). The builder numbers logical CPUs the way the s390
 kernel does on an LPAR: in order drawer > book > socket > core > thread, with the SMT threads

@@ -2,7 +2,7 @@
 
 The tree is what :func:`agent.topology.sysfs.read_sysfs` and ``lscpu --sysroot`` read, so the
 synthetic z14-z17 shapes can be discovered like a real node. What is written follows the
-kernel sources cited in docs/s390x-topology.md §B:
+kernel sources cited in ../shared/docs/s390x-topology.md §B:
 
 * ``cpu/{online,offline,present,possible,kernel_max,dispatching}``; ``possible`` is larger
   than ``present`` (like real LPARs), ``offline`` is ``possible`` minus ``online``.

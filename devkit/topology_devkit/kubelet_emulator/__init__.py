@@ -5,7 +5,7 @@ It reproduces what a real kubelet (>= 1.25) does with device plugins, on real un
 ListAndWatch consumption with full-snapshot semantics and no reconnect, the admission-time allocation
 algorithm (GetPreferredAllocation, Allocate, rollback), cached-response replay on container start,
 silent deallocation, kubelet restarts, and the pod-resources v1 service with its rate limit.
-Reference: docs/kubelet-device-plugin.md §2, §3 and §7. Logs go to the ``kubelet-emulator`` logger.
+Reference: ../shared/docs/kubelet-device-plugin.md §2, §3 and §7. Logs go to the ``kubelet-emulator`` logger.
 
 Example::
 

@@ -1,4 +1,7 @@
-"""Kubelet constants the emulator reproduces (values from kubelet sources, see docs §1.2, §2.8, §3.1)."""
+"""Kubelet constants the emulator reproduces.
+
+Values from kubelet sources; see ../shared/docs/kubelet-device-plugin.md §1.2, §2.8, §3.1.
+"""
 
 from __future__ import annotations
 

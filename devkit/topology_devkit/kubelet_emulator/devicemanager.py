@@ -1,7 +1,8 @@
 """The emulated kubelet device manager: plugin state, capacity, admission-time allocation, run options.
 
-Mirrors `pkg/kubelet/cm/devicemanager/manager.go` (docs §2.2-§2.7, §2.10) for a node with the
-Topology Manager policy ``none`` (no NUMA hints, so GetPreferredAllocation always sees the whole free set).
+Mirrors `pkg/kubelet/cm/devicemanager/manager.go` (../shared/docs/kubelet-device-plugin.md §2.2-§2.7,
+§2.10) for a node with the Topology Manager policy ``none`` (no NUMA hints, so GetPreferredAllocation
+always sees the whole free set).
 
 Locking: ``self._lock`` guards every piece of state and is never held across an RPC. Admissions are
 serialised by ``self._admit_lock`` (kubelet admits pods one at a time); that lock may be held across RPCs

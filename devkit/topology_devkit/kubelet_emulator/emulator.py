@@ -2,7 +2,7 @@
 
 Serves ``v1beta1.Registration`` on ``<root>/device-plugins/kubelet.sock`` and ``v1.PodResourcesLister`` on
 ``<root>/pod-resources/kubelet.sock``, consumes plugins' ListAndWatch streams, admits pods through the
-device manager's allocation algorithm and simulates kubelet restarts. See docs/kubelet-device-plugin.md §7.
+device manager's allocation algorithm and simulates kubelet restarts. See ../shared/docs/kubelet-device-plugin.md §7.
 """
 
 from __future__ import annotations

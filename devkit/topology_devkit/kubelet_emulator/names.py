@@ -1,4 +1,7 @@
-"""Extended-resource name validation, as kubelet's `v1helper.IsExtendedResourceName` does it (docs §2.3)."""
+"""Extended-resource name validation, as kubelet's `v1helper.IsExtendedResourceName` does it.
+
+See ../shared/docs/kubelet-device-plugin.md §2.3.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Kubelet's pod-resources v1 service (`pkg/kubelet/apis/podresources/server_v1.go`, docs §3.3)."""
+"""Kubelet's pod-resources v1 service (`pkg/kubelet/apis/podresources/server_v1.go`).
+
+See ../shared/docs/kubelet-device-plugin.md §3.3.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Kubelet's `v1beta1.Registration` service (`plugin/v1beta1/server.go: Register`, docs §2.2)."""
+"""Kubelet's `v1beta1.Registration` service (`plugin/v1beta1/server.go: Register`).
+
+See ../shared/docs/kubelet-device-plugin.md §2.2.
+"""
 
 from __future__ import annotations
 
