@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() == "true"
+BOOK, SOCKET = "topology/book", "topology/socket"  # the resources under the default prefix
 REAL_FIXTURES = Path(os.environ.get("S390X_FIXTURES", REPO.parent / "shared" / "fixtures" / "s390x-real"))
 
 # Each real dump: name -> (dump dir holding lscpu outputs, host root holding sys/ and proc/)
@@ -32,3 +35,10 @@ def real_dump(name: str) -> tuple[Path, Path]:
         pytest.skip(f"real s390x dumps not found at {REAL_FIXTURES} (they live in ../shared/fixtures)")
     dump_dir, root = REAL_DUMPS[name]
     return REAL_FIXTURES / dump_dir, REAL_FIXTURES / root
+
+
+def missing(what: str, how: str) -> NoReturn:
+    """A tool or library a test needs is absent: skip here, fail under CI=true (CI installs it)."""
+    if IN_CI:
+        pytest.fail(f"{what} is missing under CI=true: {how}", pytrace=False)
+    pytest.skip(f"{what} not available ({how})")

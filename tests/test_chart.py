@@ -16,24 +16,17 @@ import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from decimal import Decimal, InvalidOperation
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO, missing
+
 CHART = REPO / "deploy" / "helm" / "s390x-topology-agent"
-IN_CI = os.environ.get("CI", "").lower() == "true"
 VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 FLOOR, VAP_MIN, NEWEST = "1.26.0", "1.30.0", "1.34.0"
 Doc = dict[str, Any]
-
-
-def _missing(what: str, how: str) -> None:
-    if IN_CI:
-        pytest.fail(f"{what} is missing under CI=true: {how}")
-    pytest.skip(f"{what} not available ({how})")
 
 
 def find_helm() -> str | None:
@@ -49,7 +42,7 @@ def find_helm() -> str | None:
 def helm() -> str:
     path = find_helm()
     if path is None:
-        _missing("helm", "run tools/get-helm.sh, or set HELM=/path/to/helm")
+        missing("helm", "run tools/get-helm.sh, or set HELM=/path/to/helm")
     assert path is not None
     return path
 
@@ -145,7 +138,7 @@ def test_rendered_objects_pass_strict_schema_validation(render: Render, kube_ver
     try:
         import kubernetes_validate
     except ImportError:
-        _missing("kubernetes-validate", "pip install kubernetes-validate")
+        missing("kubernetes-validate", "pip install kubernetes-validate")
     vap = kube_version != FLOOR  # only clusters >= 1.30 serve the v1 policy
     docs = render(*args, kube_version=kube_version, vap=vap)
     for doc in docs:
@@ -512,7 +505,7 @@ def cel() -> Callable[[str, dict[str, Any]], Any]:
         import celpy
         from celpy import celtypes
     except ImportError:
-        _missing("cel-python", "pip install cel-python; it evaluates the admission policy's CEL")
+        missing("cel-python", "pip install cel-python; it evaluates the admission policy's CEL")
 
     def is_quantity(s: Any) -> Any:
         return celtypes.BoolType(parse_quantity(str(s)) is not None)

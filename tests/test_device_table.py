@@ -22,9 +22,8 @@ from agent.policy.allocation import AllocationSettings
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.policy.ledger import ListedDevice
 from agent.topology.embedded import load_embedded
-from tests.conftest import REPO
+from tests.conftest import BOOK, REPO, SOCKET
 
-BOOK, SOCKET = "topology/book", "topology/socket"
 SETTINGS = GroupingSettings(levels=("book", "socket"))
 
 

@@ -22,11 +22,10 @@ from agent.runtime.build import build_agent
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
 from agent.topology.sysfs import read_sysfs, sysfs_fingerprint
+from tests.conftest import BOOK, SOCKET
 from tests.plugin_harness import running_node, short_tmpdir
 from topology_devkit.kubelet_emulator import AdmissionError, Container, KubeletEmulator
 from topology_devkit.sysfs_writer import write_sysfs_tree
-
-BOOK, SOCKET = "topology/book", "topology/socket"
 
 
 def unhealthy(kubelet: KubeletEmulator, resource: str) -> set[str]:

@@ -9,11 +9,11 @@ from agent.policy.health import Holder, device_states, machine_health, overlap_m
 from agent.policy.ledger import conflict
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
+from tests.conftest import BOOK, SOCKET
 
 SETTINGS = GroupingSettings(levels=("book", "socket"))
 Z16 = load_embedded("z16-lpar")
 GROUPING = group_topology(Z16, SETTINGS)
-BOOK, SOCKET = "topology/book", "topology/socket"
 POD = Holder("default", "p", "c")
 
 

@@ -22,16 +22,16 @@ import pytest
 from agent.policy.allocation import BINDING_ENV_KEYS, AllocationSettings
 from agent.topology.cpulist import parse_cpulist
 from agent.topology.model import Cpu, Machine, Topology
+from tests.conftest import BOOK, IN_CI
 from tests.plugin_harness import running_node
 from topology_devkit.kubelet_emulator import Container
 
 PROBE = Path(__file__).with_name("openmp_probe.py")
-BOOK = "topology/book"
 LIBGOMP = ctypes.util.find_library("gomp")
 MASK = sorted(os.sched_getaffinity(0))  # the container's CPUs: what this process may run on
 
 if LIBGOMP is None:
-    if os.environ.get("CI") == "true":
+    if IN_CI:
         pytest.fail("libgomp1 is not installed (.ci/run installs it)", pytrace=False)
     pytestmark = pytest.mark.skip(reason="GNU libgomp (Debian libgomp1) is not installed")
 elif len(MASK) < 2:

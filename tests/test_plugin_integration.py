@@ -16,11 +16,9 @@ from agent.policy.allocation import plan_allocation
 from agent.runtime.build import build_agent
 from agent.runtime.config import AgentConfig
 from agent.topology.embedded import load_embedded
+from tests.conftest import BOOK, SOCKET
 from tests.plugin_harness import FAST, running_node, short_tmpdir
 from topology_devkit.kubelet_emulator import AdmissionError, Container, KubeletEmulator
-
-BOOK = "topology/book"
-SOCKET = "topology/socket"
 
 
 def test_registers_and_advertises_every_group() -> None:

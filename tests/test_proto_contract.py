@@ -18,8 +18,8 @@ from google.protobuf.descriptor import FieldDescriptor, FileDescriptor
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2 as dp
 from agent._proto.podresources.v1 import api_pb2 as pr
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 PROTO_DIR = REPO / "proto"
 
 
