@@ -15,16 +15,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agent import __version__
-from agent.errors import CpuListError, PolicyError, StartupError, TopologyReadError, UsageError
-from agent.policy.allocation import DEFAULT_RESERVE_CORES_PER_GROUP, AllocationSettings
-from agent.policy.grouping import DEFAULT_PREFIX, GroupingSettings, group_topology
-from agent.runtime.config import (
+from agent.app.config import (
     DEFAULT_CPU_MANAGER_STATE,
     DEFAULT_KUBELET_CONFIG,
     DEFAULT_KUBELET_DIR,
     DEFAULT_POD_RESOURCES_SOCKET,
     AgentConfig,
 )
+from agent.errors import CpuListError, PolicyError, StartupError, TopologyReadError, UsageError
+from agent.policy.allocation import DEFAULT_RESERVE_CORES_PER_GROUP, AllocationSettings
+from agent.policy.grouping import DEFAULT_PREFIX, GroupingSettings, group_topology
 from agent.topology.cpulist import parse_cpulist
 from agent.topology.model import POLARIZATIONS, Topology, normalize_polarization
 from agent.topology.source import TopologySource
@@ -278,9 +278,9 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from agent.app.agent import run_until_signalled
+    from agent.app.build import build_agent
     from agent.observe.logs import setup_logging
-    from agent.runtime.agent import run_until_signalled
-    from agent.runtime.build import build_agent
 
     config = agent_config(args)
     setup_logging(args.log_level, args.log_format)

@@ -12,11 +12,11 @@ from pathlib import Path
 import grpc
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from agent.app.agent import Agent
+from agent.app.build import build_agent
+from agent.app.config import AgentConfig
 from agent.plugin.timing import Timing
 from agent.policy.grouping import GroupingSettings
-from agent.runtime.agent import Agent
-from agent.runtime.build import build_agent
-from agent.runtime.config import AgentConfig
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
 from topology_devkit.kubelet_emulator import KubeletEmulator

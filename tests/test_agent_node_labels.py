@@ -12,9 +12,9 @@ import kmock
 import pytest
 from kubernetes import client
 
+from agent.app.build import build_agent
+from agent.app.config import AgentConfig
 from agent.node.kube import MERGE_PATCH, NodeLabeler
-from agent.runtime.build import build_agent
-from agent.runtime.config import AgentConfig
 from agent.topology.embedded import load_embedded
 from tests.plugin_harness import short_tmpdir
 

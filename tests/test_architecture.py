@@ -22,7 +22,7 @@ LAYERS: dict[str, int] = {
     "agent.topology": 1, "agent.policy": 2,  # the core: pure model, readers, rules
     "agent.devices": 3,  # the node's device table
     "agent.plugin": 4, "agent.node": 4, "agent.observe": 4,  # adapters: kubelet, Kubernetes API, metrics/HTTP/logs
-    "agent.runtime": 5,  # wiring and the running agent
+    "agent.app": 5,  # wiring and the running agent
     "agent.cli": 6, "agent.__main__": 7,
 }
 CORE = ("agent.topology", "agent.policy")

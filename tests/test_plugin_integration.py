@@ -10,11 +10,11 @@ import grpc
 import pytest
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2
+from agent.app.build import build_agent
+from agent.app.config import AgentConfig
 from agent.devices.table import UNHEALTHY
 from agent.errors import SocketInUseError
 from agent.policy.allocation import plan_allocation
-from agent.runtime.build import build_agent
-from agent.runtime.config import AgentConfig
 from agent.topology.embedded import load_embedded
 from tests.conftest import BOOK, SOCKET
 from tests.plugin_harness import FAST, running_node, short_tmpdir

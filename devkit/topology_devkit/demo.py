@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from agent.app.build import build_agent
+from agent.app.config import AgentConfig
 from agent.plugin.timing import Timing
 from agent.policy.allocation import ENV_KEYS, AllocationSettings
 from agent.policy.grouping import GroupingSettings
-from agent.runtime.build import build_agent
-from agent.runtime.config import AgentConfig
 from agent.topology.model import Topology
 from topology_devkit.kubelet_emulator import Container, KubeletEmulator
 

@@ -12,6 +12,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from agent.app.agent import Agent
+from agent.app.config import AgentConfig
 from agent.devices.persist import load_groups, save_groups
 from agent.devices.table import NodeDevices
 from agent.errors import PodResourcesError
@@ -22,8 +24,6 @@ from agent.plugin.manager import PluginManager
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire, render
 from agent.policy.grouping import Grouping, group_topology
-from agent.runtime.agent import Agent
-from agent.runtime.config import AgentConfig
 from agent.topology.model import Topology
 
 log = logging.getLogger("topology-agent")

@@ -1,4 +1,4 @@
-"""The running agent: finished parts (made by :func:`agent.runtime.build.build_agent`) that it starts,
+"""The running agent: finished parts (made by :func:`agent.app.build.build_agent`) that it starts,
 keeps true with its loops (pod-resources, rescans, node labels) and stops. No I/O in the constructor."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from agent.app.config import AgentConfig
+from agent.app.loops import PeriodicLoop
 from agent.devices.table import NodeDevices
 from agent.errors import PodResourcesError, TopologyReadError
 from agent.node.reporter import NodeReporter
@@ -20,8 +22,6 @@ from agent.plugin.manager import PluginManager
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire
 from agent.policy.grouping import Grouping
-from agent.runtime.config import AgentConfig
-from agent.runtime.loops import PeriodicLoop
 from agent.topology.model import Topology
 
 log = logging.getLogger("topology-agent")
