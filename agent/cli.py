@@ -240,6 +240,10 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
     _add(group, "--metrics-port", "9400", metavar="PORT",
          help="port of /metrics, /healthz, /readyz and /allocations (0 disables)")
     _add(group, "--metrics-address", "0.0.0.0", metavar="ADDRESS", help="address the metrics port listens on")
+    group.add_argument("--allocations-pod-names", action=argparse.BooleanOptionalAction, default=None,
+                       help="name the holders (namespace/pod/container) in /allocations; off: device ids, states "
+                            "and counts only, since anyone who reaches the port can read it "
+                            "[env TOPOLOGY_AGENT_ALLOCATIONS_POD_NAMES=true|false]")
     group = parser.add_argument_group("logging")
     _add(group, "--log-level", "info", choices=("debug", "info", "warning", "error"), help="log level")
     _add(group, "--log-format", "text", choices=("text", "json"), help="log format")
@@ -274,7 +278,9 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
                        node_labels=_bool_env("--node-labels", True) if args.node_labels is None else args.node_labels,
                        cpu_manager_state=Path(args.cpu_manager_state) if args.cpu_manager_state else None,
                        kubelet_config=Path(args.kubelet_config) if args.kubelet_config else None,
-                       metrics_port=_port(args.metrics_port) or None, metrics_address=args.metrics_address)
+                       metrics_port=_port(args.metrics_port) or None, metrics_address=args.metrics_address,
+                       allocations_pod_names=(_bool_env("--allocations-pod-names", False)
+                                              if args.allocations_pod_names is None else args.allocations_pod_names))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

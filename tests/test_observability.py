@@ -90,7 +90,7 @@ def test_readyz_follows_registration() -> None:
 
 
 def test_allocations_endpoint_shows_holders_and_blocked_devices() -> None:
-    with running_node(metrics_port=0, metrics_address="127.0.0.1") as node:
+    with running_node(metrics_port=0, metrics_address="127.0.0.1", allocations_pod_names=True) as node:
         k = node.kubelet
         pod = k.admit_pod("ml", "llm", [Container("vllm", {BOOK: 1})])
         (book,) = pod.devices("vllm", BOOK)
@@ -104,6 +104,20 @@ def test_allocations_endpoint_shows_holders_and_blocked_devices() -> None:
                          "holders": ["ml/llm/vllm"]}]
         assert {d["id"] for d in data["blocked"]} == {f"{book}-socket0", f"{book}-socket1"}
         assert all("ml/llm/vllm" in d["reason"] for d in data["blocked"])
+
+
+def test_allocations_endpoint_names_no_pod_by_default() -> None:
+    with running_node(metrics_port=0, metrics_address="127.0.0.1") as node:
+        k = node.kubelet
+        pod = k.admit_pod("ml", "llm", [Container("vllm", {BOOK: 1})])
+        (book,) = pod.devices("vllm", BOOK)
+        k.wait_for(lambda: node.agent.devices.holders().get((BOOK, book)) == ["ml/llm/vllm"])
+        status, body = get(node, "/allocations")
+        assert status == 200 and "ml" not in json.loads(body).get("resources", []) and "llm" not in body
+        data = json.loads(body)
+        held = [d for d in data["devices"] if d["state"] == "allocated"]
+        assert [(d["id"], d["holders"], d["reason"]) for d in held] == [(book, 1, "held by 1 container")]
+        assert {d["reason"] for d in data["blocked"]} == {f"{BOOK} {book} is held"}
 
 
 def test_metric_series_stay_bounded_while_a_thousand_pods_come_and_go() -> None:

@@ -115,7 +115,7 @@ class Agent:
         return self.manager.alive()
 
     def allocations(self) -> dict[str, object]:
-        return {"ready": self.ready(), **self.devices.allocations()}
+        return {"ready": self.ready(), **self.devices.allocations(pod_names=self.config.allocations_pod_names)}
 
     def status(self) -> AgentStatus:
         m = self.topology.machine

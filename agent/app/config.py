@@ -33,3 +33,4 @@ class AgentConfig:
     kubelet_config: Path | None = None  # kubelet's config file, for reservedSystemCPUs
     metrics_port: int | None = None  # None: no HTTP endpoint; 0: any free port (tests)
     metrics_address: str = "0.0.0.0"
+    allocations_pod_names: bool = False  # /allocations names the holders' namespace/pod/container

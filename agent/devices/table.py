@@ -221,16 +221,24 @@ class NodeDevices(Generic[W]):
         with self.lock:
             return {k: sorted(map(str, v)) for k, v in self.ledger.held().items()}
 
-    def allocations(self) -> dict[str, Any]:
-        """Devices, their states and holders, for /allocations."""
+    def allocations(self, pod_names: bool = False) -> dict[str, Any]:
+        """Devices, their states and holders, for /allocations. Without ``pod_names`` the holders are
+        counted and the reasons name devices only: who runs what is not for whoever reaches the port."""
         states = self.states()
         holders = self.holders()
         devices = []
         for g in self.grouping.groups:
             key = (g.resource, g.id)
             s = states[key]
+            held = holders.get(key, [])
+            reason = s.reason
+            if not pod_names and s.state == "allocated":
+                reason = f"held by {len(held)} container{'s' if len(held) != 1 else ''}"
+            elif not pod_names and s.state == "blocked-by-overlap":
+                blocker = next((o for o in self.overlap.get(key, ()) if holders.get(o)), None)
+                reason = f"{blocker[0]} {blocker[1]} is held" if blocker else "an overlapping device is held"
             devices.append({"resource": g.resource, "id": g.id, "cpus": g.cpulist, "health": s.health,
-                            "state": s.state, "reason": s.reason, "holders": holders.get(key, [])})
+                            "state": s.state, "reason": reason, "holders": held if pod_names else len(held)})
         return {
             "resources": self.grouping.resources(),
             "devices": devices,
