@@ -63,6 +63,10 @@ class KubeletConfigError(AgentError, ValueError):
     """A kubelet config file that cannot be read or has a bad ``reservedSystemCPUs``."""
 
 
+class SavedStateError(AgentError, ValueError):
+    """A saved state file (groups, holds) that cannot be trusted: the message says why."""
+
+
 class NodeLabelerError(AgentError):
     """No Kubernetes API configuration at all (neither in-cluster nor a kubeconfig)."""
 

@@ -60,10 +60,15 @@ def running_node(topology: Topology | str = "z16-lpar", levels: tuple[str, ...] 
               "pod_resources_socket": kubelet.pod_resources_socket, **config}
     settings = AgentConfig(kubelet_dir=kubelet.device_plugin_dir, grouping=GroupingSettings(levels=levels),
                            **config)  # type: ignore[arg-type]
-    agent = build_agent(topo, settings, loader=loader, fingerprint=fingerprint)
+    if start_kubelet:
+        kubelet.start()
     try:
-        if start_kubelet:
-            kubelet.start()
+        agent = build_agent(topo, settings, loader=loader, fingerprint=fingerprint)
+    except BaseException:
+        kubelet.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    try:
         agent.start()
         node = Node(kubelet, agent, root, topo)
         if start_kubelet:

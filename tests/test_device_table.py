@@ -52,8 +52,7 @@ class CountingLock:
 
 def node(clock: Clock | None = None, topology: str = "z16-lpar") -> NodeDevices[Wire]:
     grouping = group_topology(load_embedded(topology), SETTINGS)
-    return NodeDevices(grouping, SETTINGS, AllocationSettings(), render, pending_timeout=60.0,
-                       clock=clock or Clock())
+    return NodeDevices(grouping, SETTINGS, AllocationSettings(), render, clock=clock or Clock())
 
 
 def states(devices: NodeDevices[Wire]) -> dict[str, str]:
@@ -72,9 +71,12 @@ def test_admit_records_the_holder_at_the_clocks_time_and_blocks_the_overlapping_
     with pytest.raises(Refusal) as refused:
         devices.table(SOCKET).admit([["drawer0-book0-socket1"]])
     assert refused.value.kind == "conflict" and "held by" in refused.value.message
-    clock.now += 61  # never listed by kubelet: the hold expires
-    devices.expire_pending()
-    assert states(devices) == {}
+    clock.now += 3600  # an hour without a word from pod-resources: still held, still refused
+    with pytest.raises(Refusal):
+        devices.table(SOCKET).admit([["drawer0-book0-socket1"]])
+    assert not devices.exclusivity_confirmed()
+    devices.apply_list([], started=clock.now)  # pod-resources answers: kubelet never admitted it
+    assert states(devices) == {} and devices.exclusivity_confirmed()
     assert devices.table(SOCKET).admit([["drawer0-book0-socket1"]])
 
 

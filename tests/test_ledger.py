@@ -14,7 +14,7 @@ POD = Holder("default", "p", "c")
 
 
 def test_ledger_pending_until_listed_then_listed_until_gone() -> None:
-    ledger = AllocationLedger(frozenset({BOOK, SOCKET}), pending_timeout=60, visibility_grace=2)
+    ledger = AllocationLedger(frozenset({BOOK, SOCKET}), visibility_grace=2)
     ledger.admit(BOOK, [["drawer0-book0"]], 100.0, OVERLAP)
     assert (BOOK, "drawer0-book0") in ledger.held()
     ledger.apply_list([], started=100.5, now=100.6)  # too early to be visible: kept
@@ -27,13 +27,26 @@ def test_ledger_pending_until_listed_then_listed_until_gone() -> None:
 
 
 def test_ledger_forgets_a_rolled_back_allocation() -> None:
-    ledger = AllocationLedger(frozenset({BOOK}), pending_timeout=60, visibility_grace=2)
+    ledger = AllocationLedger(frozenset({BOOK}), visibility_grace=2)
     ledger.admit(BOOK, [["drawer0-book0"]], 100.0, OVERLAP)
     ledger.apply_list([], started=103.0, now=103.1)  # a List begun well after it does not show it
     assert ledger.held() == {}
-    ledger.admit(BOOK, [["drawer0-book1"]], 100.0, OVERLAP)
-    assert not ledger.expire(now=150.0) and ledger.expire(now=160.0)
-    assert ledger.held() == {}
+
+
+def test_without_an_answer_from_pod_resources_nothing_handed_out_is_forgotten() -> None:
+    ledger = AllocationLedger(frozenset({BOOK, SOCKET}), visibility_grace=2)
+    ledger.admit(BOOK, [["drawer0-book0"]], 100.0, OVERLAP)
+    # An hour later, with no List answer in between, the book is still held and its sockets refused.
+    refused = ledger.admit(SOCKET, [["drawer0-book0-socket0"]], 3700.0, OVERLAP)
+    assert refused.refused is not None and (BOOK, "drawer0-book0") in ledger.held()
+
+
+def test_restored_holds_are_decided_by_the_next_list() -> None:
+    ledger = AllocationLedger(frozenset({BOOK}), visibility_grace=2)
+    ledger.restore([(BOOK, "drawer0-book0"), (BOOK, "drawer0-book1"), ("other/x", "y")], now=50.0)
+    assert set(ledger.held()) == {(BOOK, "drawer0-book0"), (BOOK, "drawer0-book1")}
+    ledger.apply_list([ListedDevice("ml", "llm", "c", BOOK, ("drawer0-book1",))], started=50.0, now=50.1)
+    assert ledger.held() == {(BOOK, "drawer0-book1"): frozenset({Holder("ml", "llm", "c")})}
 
 
 def test_admit_refuses_an_overlap_and_records_nothing_of_the_whole_allocate() -> None:
@@ -47,11 +60,12 @@ def test_admit_refuses_an_overlap_and_records_nothing_of_the_whole_allocate() ->
 
 
 def test_a_repeated_allocate_renews_the_hold_without_a_change() -> None:
-    ledger = AllocationLedger(frozenset({BOOK}), pending_timeout=60)
+    ledger = AllocationLedger(frozenset({BOOK}))
     assert ledger.admit(BOOK, [["drawer0-book0"]], 10.0, OVERLAP).changed
     again = ledger.admit(BOOK, [["drawer0-book0"]], 50.0, OVERLAP)
     assert again.refused is None and not again.changed
-    assert not ledger.expire(100.0) and ledger.held() == {(BOOK, "drawer0-book0"): frozenset({PENDING})}
+    assert ledger.pending == {(BOOK, "drawer0-book0"): 50.0}
+    assert ledger.held() == {(BOOK, "drawer0-book0"): frozenset({PENDING})}
 
 
 def test_two_resources_back_to_back_are_said_to_maybe_be_one_container() -> None:

@@ -66,7 +66,8 @@ class Agent:
         self._quick_rescans = 0
         self.full_rescan_requested = False  # set by SIGHUP
         self.pod_resources_loop = PeriodicLoop("pod-resources", config.pod_resources_interval,
-                                               self.sync_pod_resources, (PodResourcesError,))
+                                               self.sync_pod_resources, (PodResourcesError,),
+                                               on_failure=self.devices.list_failed)
         self.rescan_loop = PeriodicLoop("topology rescan", config.rescan_interval, self._periodic_rescan,
                                         (TopologyReadError, OSError))
         self.label_loop = PeriodicLoop("node labels", config.label_interval if config.node_labels else 0,
@@ -108,8 +109,23 @@ class Agent:
 
     # --- what it reports ---------------------------------------------------------------------
     def ready(self) -> bool:
-        """Every advertised resource is registered and kubelet watches it (trivially true with none)."""
-        return not self.devices.tables or self.manager.ready()
+        return self.readiness()[0]
+
+    def exclusivity_confirmed(self) -> bool:
+        """The holders are known from pod-resources (or pod-resources is off: nothing to confirm)."""
+        return self.config.pod_resources_interval <= 0 or self.devices.exclusivity_confirmed()
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready: every advertised resource is registered and kubelet watches it, and pod-resources
+        confirms who holds what (trivially ready with nothing to advertise). The text says why not."""
+        if not self.devices.tables:
+            return True, "ready (nothing to advertise)"
+        if not self.manager.ready():
+            return False, "not registered with kubelet"
+        if not self.exclusivity_confirmed():
+            return False, ("exclusivity unconfirmed: pod-resources does not answer, so devices handed out stay "
+                           "held and their overlapping devices blocked until it does")
+        return True, "ready"
 
     def alive(self) -> bool:
         return self.manager.alive()
@@ -132,6 +148,7 @@ class Agent:
             dispatching=m.dispatching, smt=m.smt_threads,
             groups=tuple((g.resource, g.id, len(g.cpus)) for g in self.grouping.groups),
             resources=tuple(resources), ready=self.ready(), kubelet_restarts=self.manager.restarts,
+            exclusivity_confirmed=self.exclusivity_confirmed(), pending_holds=self.devices.pending_holds(),
             registration_failures=self.manager.registration_failures,
             memory_node_fallbacks=len(self.grouping.warnings), rescans=self.rescan_loop.runs,
             rescan_failures=self.rescan_loop.failures, topology_changes=self.devices.changes,
@@ -154,7 +171,7 @@ class Agent:
             self.pod_resources_loop.start()
             self.rescan_loop.start()
         if self.http is not None:
-            self.http.start(make_app(self.metrics.registry, self.alive, self.ready, self.allocations))
+            self.http.start(make_app(self.metrics.registry, self.alive, self.readiness, self.allocations))
 
     def stop(self) -> None:
         self.label_loop.stop()

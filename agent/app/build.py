@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from agent.app.agent import Agent
 from agent.app.config import AgentConfig
-from agent.devices.persist import load_groups, save_groups
+from agent.devices.persist import StateFiles
 from agent.devices.table import NodeDevices
 from agent.errors import PodResourcesError
 from agent.node.reporter import LabelerFactory, NodeReporter, default_labeler
@@ -32,11 +32,11 @@ FIRST_SYNC_PATIENCE = 5.0  # seconds to wait for pod-resources before serving af
 FIRST_SYNC_RETRY = 0.5
 
 
-def choose_grouping(fresh: Grouping, config: AgentConfig, pod_resources: PodResourcesClient) -> Grouping:
+def choose_grouping(fresh: Grouping, files: StateFiles, pod_resources: PodResourcesClient,
+                    topology: Topology) -> Grouping:
     """The groups advertised before a restart while pods hold any of them (their ids and CPU sets
     must not change under running pods), else the groups found now. Saves the choice."""
-    settings = config.grouping
-    saved = load_groups(config.kubelet_dir, settings)
+    saved = files.load_groups(c.cpu for c in topology.cpus)
     chosen = fresh
     if saved is not None and saved.groups != fresh.groups:
         ours = {g.resource for g in saved.groups}
@@ -50,7 +50,7 @@ def choose_grouping(fresh: Grouping, config: AgentConfig, pod_resources: PodReso
                         "and applies once they are free and the agent restarts", len(saved.groups), why,
                         extra={"reason": why})
             chosen = saved
-    save_groups(config.kubelet_dir, chosen, settings)
+    files.save_groups(chosen)
     return chosen
 
 
@@ -65,6 +65,7 @@ def first_pod_resources_sync(devices: NodeDevices[Wire], pod_resources: PodResou
             devices.apply_list(pod_resources.list(), started)
             return True
         except PodResourcesError as exc:
+            devices.list_failed(exc)
             if not config.pod_resources_socket.exists() or time.monotonic() >= deadline:
                 log.warning("serving without knowing which groups pods hold (%s); the pod-resources loop keeps "
                             "trying", exc, extra={"reason": str(exc)})
@@ -77,22 +78,29 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
                 labeler_factory: LabelerFactory = default_labeler) -> Agent:
     first_fingerprint = fingerprint() if fingerprint is not None else None
     pod_resources = PodResourcesClient(config.pod_resources_socket)
-    grouping = choose_grouping(group_topology(topology, config.grouping), config, pod_resources)
+    files = StateFiles(config.kubelet_dir, config.grouping)
+    grouping = choose_grouping(group_topology(topology, config.grouping), files, pod_resources, topology)
     machine = topology.machine
     devices = NodeDevices(grouping, config.grouping, config.allocation, render,
-                          numa_topology=machine.has_node_dirs and len(machine.memory_nodes) > 1,
-                          pending_timeout=config.pending_timeout)
+                          numa_topology=machine.has_node_dirs and len(machine.memory_nodes) > 1, store=files)
+    holds = files.load_holds((g.resource, g.id) for g in grouping.groups)
+    if holds:
+        log.warning("keeping %d device(s) an earlier instance handed out and pod-resources never confirmed, until "
+                    "it answers: %s", len(holds), ", ".join(f"{r} {d}" for r, d in sorted(holds)))
+        devices.restore_holds(holds)
     metrics = AgentMetrics()
     manager = PluginManager(config.kubelet_dir, devices.tables, metrics, config.timing)
     reporter = NodeReporter(topology, grouping, node_name=config.node_name, labels_enabled=config.node_labels,
                             cpu_manager_state=config.cpu_manager_state, kubelet_config=config.kubelet_config,
-                            labeler_factory=labeler_factory)
+                            labeler_factory=labeler_factory,
+                            exclusivity=lambda: config.pod_resources_interval <= 0 or devices.exclusivity_confirmed())
     reporter.check_cpu_manager()
     if devices.tables:
         # Know what is in use, and what is whole, before serving: a restarted agent must not hand
         # out held groups, nor groups (kept from before the restart) that lost CPUs meanwhile.
         devices.apply_topology(topology)
-        first_pod_resources_sync(devices, pod_resources, config)
+        if config.pod_resources_interval > 0:
+            first_pod_resources_sync(devices, pod_resources, config)
     http = HttpEndpoint(config.metrics_address, config.metrics_port) if config.metrics_port is not None else None
     return Agent(topology=topology, config=config, grouping=grouping, devices=devices, manager=manager,
                  pod_resources=pod_resources, reporter=reporter, metrics=metrics, http=http, loader=loader,

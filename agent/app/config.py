@@ -25,7 +25,6 @@ class AgentConfig:
     rescan_interval: float = 5.0  # seconds between topology rescans; 0 disables
     full_rescan_every: int = 12  # every Nth rescan reads everything even when the fingerprint is unchanged
     pod_resources_interval: float = 2.0  # seconds between pod-resources List calls; 0 disables
-    pending_timeout: float = 60.0  # an Allocate that List never shows is forgotten after this long
     node_name: str | None = None  # from the downward API (NODE_NAME)
     node_labels: bool = False  # patch labels and an annotation onto the Node
     label_interval: float = 30.0  # seconds between label checks (no request unless something changed)

@@ -1,46 +1,119 @@
-"""The agent's own state on the node: the groups it advertised, kept in a directory of its own
-inside kubelet's device-plugin directory (kubelet deletes sockets there, never directories)."""
+"""The agent's own state on the node, in a directory of its own inside kubelet's device-plugin
+directory (kubelet deletes sockets there, never directories): per resource prefix, the groups it
+advertised and the holds pod-resources has not confirmed. Reads are bounded and checked
+(:mod:`agent.policy.saved`); a file that cannot be trusted is said loudly and not used."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
+from agent.errors import SavedStateError
 from agent.policy.grouping import Grouping, GroupingSettings
-from agent.policy.saved import grouping_from_dict, grouping_to_dict
+from agent.policy.health import DeviceKey
+from agent.policy.saved import grouping_from_dict, grouping_to_dict, holds_from_dict, holds_to_dict
 
-log = logging.getLogger("topology-agent")
+log = logging.getLogger("topology-agent.state")
 
 STATE_DIR = "s390x-topology-agent"
-STATE_FILE = "groups.json"
+GROUPS_FILE = "groups.json"
+HOLDS_FILE = "holds.json"
+MAX_STATE_BYTES = 1024 * 1024  # a saved file is a few KiB; anything larger was not written by us
 
 
-def state_path(kubelet_dir: Path) -> Path:
-    return Path(kubelet_dir) / STATE_DIR / STATE_FILE
+def _safe(prefix: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", prefix) or "_"
 
 
-def load_groups(kubelet_dir: Path, settings: GroupingSettings) -> Grouping | None:
-    path = state_path(kubelet_dir)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        log.warning("ignoring unreadable saved groups %s: %s", path, exc, extra={"reason": str(exc)})
-        return None
-    return grouping_from_dict(data, settings)
+class StateFiles:
+    """The saved groups and holds of one resource prefix (two agents with different prefixes on one
+    kubelet keep separate files)."""
 
+    def __init__(self, kubelet_dir: Path, settings: GroupingSettings) -> None:
+        self.settings = settings
+        self.directory = Path(kubelet_dir) / STATE_DIR / _safe(settings.resource_prefix)
+        self.legacy_groups = Path(kubelet_dir) / STATE_DIR / GROUPS_FILE  # where 0.1.0 kept them
+        self._grouping: Grouping | None = None
 
-def save_groups(kubelet_dir: Path, grouping: Grouping, settings: GroupingSettings) -> None:
-    """Write atomically; a failure is a warning (the groups are then chosen afresh next time)."""
-    path = state_path(kubelet_dir)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, encoding="utf-8") as tmp:
-            json.dump(grouping_to_dict(grouping, settings), tmp)
-        os.replace(tmp.name, path)
-    except OSError as exc:
-        log.warning("cannot save the advertised groups to %s: %s", path, exc, extra={"reason": str(exc)})
+    @property
+    def groups_path(self) -> Path:
+        return self.directory / GROUPS_FILE
+
+    @property
+    def holds_path(self) -> Path:
+        return self.directory / HOLDS_FILE
+
+    # --- groups ---------------------------------------------------------------------------------
+    def load_groups(self, present_cpus: Iterable[int]) -> Grouping | None:
+        """The groups saved under the same settings, or None (absent, other settings, untrusted)."""
+        path = self.groups_path if self.groups_path.exists() else self.legacy_groups
+        data = self._read(path, "saved groups")
+        if data is None:
+            return None
+        try:
+            return grouping_from_dict(data, self.settings, present_cpus)
+        except SavedStateError as exc:
+            log.warning("not trusting the saved groups %s: %s; the groups found now are advertised", path, exc,
+                        extra={"reason": str(exc)})
+            return None
+
+    def save_groups(self, grouping: Grouping) -> None:
+        """Write atomically; a failure is a warning (the groups are then chosen afresh next time)."""
+        self._grouping = grouping
+        self._write(self.groups_path, grouping_to_dict(grouping, self.settings), "the advertised groups")
+
+    # --- holds ----------------------------------------------------------------------------------
+    def load_holds(self, known: Iterable[DeviceKey]) -> set[DeviceKey]:
+        data = self._read(self.holds_path, "saved holds")
+        if data is None:
+            return set()
+        try:
+            return holds_from_dict(data, self.settings, known)
+        except SavedStateError as exc:
+            log.warning("not trusting the saved holds %s: %s", self.holds_path, exc, extra={"reason": str(exc)})
+            return set()
+
+    def save_holds(self, holds: frozenset[DeviceKey]) -> None:
+        self._write(self.holds_path, holds_to_dict(holds, self.settings), "the unconfirmed holds")
+
+    def tend(self) -> None:
+        """Write the groups again when someone wiped them (a restart would otherwise lose them)."""
+        if self._grouping is not None and not self.groups_path.exists():
+            log.warning("the saved groups %s are gone: writing them again", self.groups_path)
+            self.save_groups(self._grouping)
+
+    # --- files ----------------------------------------------------------------------------------
+    def _read(self, path: Path, what: str) -> Any:
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(MAX_STATE_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("cannot read the %s %s: %s", what, path, exc.strerror or exc, extra={"reason": str(exc)})
+            return None
+        if len(raw) > MAX_STATE_BYTES:
+            log.warning("not trusting the %s %s: larger than %d bytes", what, path, MAX_STATE_BYTES)
+            return None
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+            log.warning("not trusting the %s %s: not JSON (%s)", what, path, reason, extra={"reason": reason})
+            return None
+
+    def _write(self, path: Path, data: dict[str, Any], what: str) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False,
+                                             encoding="utf-8") as tmp:
+                json.dump(data, tmp)
+            os.replace(tmp.name, path)
+        except OSError as exc:
+            log.warning("cannot save %s to %s: %s", what, path, exc.strerror or exc, extra={"reason": str(exc)})

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from agent.errors import Refusal
 from agent.policy.allocation import AllocationSettings, ContainerPlan, plan_allocation
@@ -53,6 +53,15 @@ class Answer(Generic[W]):
 
     plan: ContainerPlan
     wire: W
+
+
+class HoldStore(Protocol):
+    """Where the holds not yet confirmed by pod-resources are kept across agent restarts."""
+
+    def save_holds(self, holds: frozenset[DeviceKey]) -> None: ...
+
+    def tend(self) -> None:
+        """Called now and then from the publisher: put back what was wiped (the saved groups)."""
 
 
 def _shown(ids: Iterable[str]) -> str:
@@ -164,9 +173,11 @@ class DeviceTable(Generic[W]):
 class NodeDevices(Generic[W]):
     """Every resource's table and what they share: holders, machine health, published states."""
 
+    TEND_EVERY = 15.0  # seconds between the publisher's store checks when nothing changes
+
     def __init__(self, grouping: Grouping, settings: GroupingSettings, allocation: AllocationSettings,
                  render: Callable[[ContainerPlan], W], *, numa_topology: bool = False,
-                 pending_timeout: float = 60.0, clock: Clock = time.monotonic) -> None:
+                 store: HoldStore | None = None, clock: Clock = time.monotonic) -> None:
         self.grouping = grouping
         self.settings = settings
         self.allocation = allocation.validated()
@@ -174,7 +185,10 @@ class NodeDevices(Generic[W]):
         self.clock = clock
         self.lock = threading.Lock()  # the node state's one lock: ledger, broken groups, states
         self.overlap = overlap_map(grouping)
-        self.ledger = AllocationLedger(frozenset(grouping.resources()), pending_timeout=pending_timeout)
+        self.ledger = AllocationLedger(frozenset(grouping.resources()))
+        self.store = store
+        self._saved_holds: frozenset[DeviceKey] = frozenset()
+        self._listing_ok = False  # pod-resources answered, and its last answer is current
         self.tables: tuple[DeviceTable[W], ...] = tuple(
             DeviceTable(self, r, grouping.by_resource(r), numa_topology) for r in grouping.resources())
         self.broken: dict[DeviceKey, str] = {}
@@ -192,13 +206,30 @@ class NodeDevices(Generic[W]):
     def apply_list(self, rows: Iterable[ListedDevice], started: float) -> None:
         with self.lock:
             self.ledger.apply_list(rows, started, self.clock())
+            self._listing_ok = True
         self.refresh()
 
-    def expire_pending(self) -> None:
+    def list_failed(self, _reason: object = None) -> None:
+        """pod-resources did not answer: who holds what is unconfirmed until it does again."""
         with self.lock:
-            changed = self.ledger.expire(self.clock())
-        if changed:
-            self.refresh()
+            self._listing_ok = False
+
+    def restore_holds(self, keys: Iterable[DeviceKey]) -> None:
+        """Holds an earlier instance handed out and pod-resources never confirmed."""
+        with self.lock:
+            self.ledger.restore(keys, self.clock())
+            self._saved_holds = frozenset(self.ledger.pending)
+        self.refresh()
+
+    def exclusivity_confirmed(self) -> bool:
+        """pod-resources' last answer is current: the holders are known, not only our own Allocates."""
+        with self.lock:
+            return self._listing_ok
+
+    def pending_holds(self) -> int:
+        """Devices handed out that pod-resources has not shown yet."""
+        with self.lock:
+            return len(self.ledger.pending)
 
     def apply_topology(self, topology: Topology) -> None:
         broken = machine_health(self.grouping, topology, self.settings)
@@ -266,20 +297,29 @@ class NodeDevices(Generic[W]):
             self._dirty.set()
 
     def _publish_loop(self) -> None:
-        # Also wakes now and then to expire pending allocations that kubelet never listed.
-        check = max(self.ledger.pending_timeout / 4, 1.0)
         while True:
-            dirty = self._dirty.wait(check)
+            dirty = self._dirty.wait(self.TEND_EVERY)
             self._dirty.clear()
             if self._stopping.is_set():
                 return
             try:
                 if dirty:
                     self.refresh()
-                else:
-                    self.expire_pending()
+                if self.store is not None:
+                    self.store.tend()
             except Exception:  # keep publishing whatever happens to one refresh
                 log.exception("publishing device states failed")
+
+    def _save_holds(self) -> None:
+        """Keep the unconfirmed holds on disk (off the Allocate path: refresh runs in the publisher)."""
+        if self.store is None:
+            return
+        with self.lock:
+            holds = frozenset(self.ledger.pending)
+            if holds == self._saved_holds:
+                return
+            self._saved_holds = holds
+        self.store.save_holds(holds)
 
     def refresh(self) -> None:
         """Recompute every device's state and publish the resources whose health changed.
@@ -300,3 +340,4 @@ class NodeDevices(Generic[W]):
                                     "reason": state.reason})
             for table in self.tables:
                 table.publish({dev: s.health for (res, dev), s in new.items() if res == table.resource})
+            self._save_holds()

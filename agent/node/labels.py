@@ -96,9 +96,9 @@ def node_labels(topology: Topology, grouping: Grouping, cpu_manager_policy: str 
     return {key: value for key, value in labels.items() if value is not None}
 
 
-def _summary(topology: Topology, grouping: Grouping) -> dict[str, Any]:
+def _summary(topology: Topology, grouping: Grouping, exclusivity: str | None = None) -> dict[str, Any]:
     m = topology.machine
-    return {
+    summary: dict[str, Any] = {
         "version": ANNOTATION_SCHEMA_VERSION,
         "machine": {
             "arch": m.arch,
@@ -120,6 +120,9 @@ def _summary(topology: Topology, grouping: Grouping) -> dict[str, Any]:
         "skipped": [{"cpus": format_cpulist(s.cpus), "reason": s.reason} for s in grouping.skipped],
         "warnings": list(grouping.warnings),
     }
+    if exclusivity is not None:  # "confirmed" | "unconfirmed": whether pod-resources vouches for the holders
+        summary["exclusivity"] = exclusivity
+    return summary
 
 
 def _dumps(summary: dict[str, Any]) -> str:
@@ -151,7 +154,7 @@ def _shrink(summary: dict[str, Any]) -> str:
                   | {"truncated": True})
 
 
-def node_annotations(topology: Topology, grouping: Grouping) -> dict[str, str]:
+def node_annotations(topology: Topology, grouping: Grouping, exclusivity: str | None = None) -> dict[str, str]:
     """One annotation, :data:`TOPOLOGY_ANNOTATION`: a compact JSON summary of machine and groups.
 
     Keys: ``version``, ``machine`` (arch, type, generation, environment, topologyFacility,
@@ -159,4 +162,4 @@ def node_annotations(topology: Topology, grouping: Grouping) -> dict[str, str]:
     (resource, id, cpus as a kernel cpulist, memoryNode), ``skipped`` (cpus, reason) and
     ``warnings``. Always below :data:`MAX_ANNOTATION_BYTES` (``truncated: true`` when it was cut).
     """
-    return {TOPOLOGY_ANNOTATION: _shrink(_summary(topology, grouping))}
+    return {TOPOLOGY_ANNOTATION: _shrink(_summary(topology, grouping, exclusivity))}

@@ -33,8 +33,10 @@ def default_labeler(node_name: str) -> NodeLabeler:
 class NodeReporter:
     def __init__(self, topology: Topology, grouping: Grouping, *, node_name: str | None, labels_enabled: bool,
                  cpu_manager_state: Path | None, kubelet_config: Path | None,
-                 labeler_factory: LabelerFactory = default_labeler) -> None:
+                 labeler_factory: LabelerFactory = default_labeler,
+                 exclusivity: Callable[[], bool] | None = None) -> None:
         self.topology = topology
+        self.exclusivity = exclusivity
         self.grouping = grouping
         self.node_name = node_name
         self.labels_enabled = labels_enabled
@@ -92,7 +94,10 @@ class NodeReporter:
         self._syncs += 1
         if self._syncs % RELOOK_EVERY == 0:
             self._labeler.invalidate()  # labels removed by hand come back: re-read the node now and then
-        return self._labeler.sync(self.labels(), node_annotations(self.topology, self.grouping))
+        exclusivity = None
+        if self.exclusivity is not None:
+            exclusivity = "confirmed" if self.exclusivity() else "unconfirmed"
+        return self._labeler.sync(self.labels(), node_annotations(self.topology, self.grouping, exclusivity))
 
     @property
     def patches(self) -> int:

@@ -26,7 +26,7 @@ class _QuietHandler(WSGIRequestHandler):
         """No log line per scrape or probe."""
 
 
-def make_app(registry: CollectorRegistry, live: Callable[[], bool], ready: Callable[[], bool],
+def make_app(registry: CollectorRegistry, live: Callable[[], bool], ready: Callable[[], tuple[bool, str]],
              allocations: Callable[[], dict[str, object]]) -> WsgiApp:
     metrics_app = make_wsgi_app(registry)
 
@@ -43,9 +43,9 @@ def make_app(registry: CollectorRegistry, live: Callable[[], bool], ready: Calla
             return reply(start_response, "200 OK" if ok else "500 Internal Server Error",
                          b"ok\n" if ok else b"plugin manager stopped\n", "text/plain")
         if path == "/readyz":
-            ok = ready()
-            return reply(start_response, "200 OK" if ok else "503 Service Unavailable",
-                         b"ready\n" if ok else b"not registered with kubelet\n", "text/plain")
+            ok, why = ready()
+            return reply(start_response, "200 OK" if ok else "503 Service Unavailable", f"{why}\n".encode(),
+                         "text/plain")
         if path == "/allocations":
             body = json.dumps(allocations(), indent=1).encode()
             return reply(start_response, "200 OK", body, "application/json")

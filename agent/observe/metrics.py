@@ -98,6 +98,12 @@ class StatusCollector(Collector):
                                   value=s.registration_failures)
         yield GaugeMetricFamily(f"{PREFIX}_ready", "1 when every resource is registered and watched",
                                 value=1 if s.ready else 0)
+        yield GaugeMetricFamily(f"{PREFIX}_exclusivity_confirmed",
+                                "1 when pod-resources confirms who holds which device; 0 while it does not answer",
+                                value=1 if s.exclusivity_confirmed else 0)
+        yield GaugeMetricFamily(f"{PREFIX}_pending_holds",
+                                "Devices handed out that pod-resources has not shown yet (kept held until it does)",
+                                value=s.pending_holds)
         yield GaugeMetricFamily(f"{PREFIX}_memory_node_fallbacks",
                                 "Groups whose recorded memory node is not a real one (fell back)",
                                 value=s.memory_node_fallbacks)

@@ -25,6 +25,8 @@ class AgentStatus:
     groups: tuple[tuple[str, str, int], ...]  # (resource, device id, CPUs)
     resources: tuple[ResourceStatus, ...]
     ready: bool
+    exclusivity_confirmed: bool = True  # pod-resources' last answer is current (or it is off)
+    pending_holds: int = 0  # devices handed out that pod-resources has not shown yet
     kubelet_restarts: int = 0
     registration_failures: int = 0
     memory_node_fallbacks: int = 0

@@ -4,8 +4,8 @@ passed in; the caller holds one lock around every call.
 
 kubelet never reports deallocation, and an Allocate becomes visible in ``List`` only after it
 returns. A pending allocation that a ``List`` begun well after it still does not show was rolled
-back by kubelet (the pod was rejected later in admission) and is dropped; any pending one expires
-after ``pending_timeout`` regardless.
+back by kubelet (the pod was rejected later in admission) and is dropped. Nothing else ever drops
+it: while pod-resources does not answer, what the agent handed out stays held, however long.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ def conflict(key: DeviceKey, held: Mapping[DeviceKey, Iterable[Holder]],
 @dataclass
 class AllocationLedger:
     resources: frozenset[str]
-    pending_timeout: float = 60.0
     visibility_grace: float = 2.0  # a List begun this long after an Allocate must show it
     same_container_window: float = 0.5  # kubelet allocates one container's resources back to back
     listed: dict[DeviceKey, frozenset[Holder]] = field(default_factory=dict)
@@ -98,20 +97,17 @@ class AllocationLedger:
                 listed.setdefault((row.resource, device), set()).add(holder)
         self.listed = {k: frozenset(v) for k, v in listed.items()}
         self.synced = True
-        self.pending = {
-            key: at for key, at in self.pending.items()
-            if key not in listed and started < at + self.visibility_grace and now < at + self.pending_timeout
-        }
+        self.pending = {key: at for key, at in self.pending.items()
+                        if key not in listed and started < at + self.visibility_grace}
         self._rebuild()
 
-    def expire(self, now: float) -> bool:
-        """Drop pending allocations past their timeout; True when something was dropped."""
-        kept = {k: at for k, at in self.pending.items() if now < at + self.pending_timeout}
-        changed = len(kept) != len(self.pending)
-        self.pending = kept
-        if changed:
-            self._rebuild()
-        return changed
+    def restore(self, keys: Iterable[DeviceKey], now: float) -> None:
+        """Holds saved by an agent that stopped: pending again until the next ``List`` shows or drops
+        them (they were allocated before ``now``, so a List begun from now on must show them)."""
+        for key in keys:
+            if key[0] in self.resources:
+                self.pending.setdefault(key, now - self.visibility_grace)
+        self._rebuild()
 
     def _rebuild(self) -> None:
         held = dict(self.listed)

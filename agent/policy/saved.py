@@ -1,13 +1,23 @@
-"""The advertised groups as plain data, so a restarted agent can keep the ids and CPU sets that
-running pods hold (kubelet's checkpoint still names them). Pure: dicts in, dicts out."""
+"""The agent's saved state as plain data: the groups it advertised (so a restarted agent keeps the ids
+and CPU sets that running pods hold; kubelet's checkpoint still names them) and the holds it handed
+out that pod-resources has not confirmed yet. Pure: dicts in, dicts out, every value checked.
+
+A saved file is input like any other: an edited CPU number, a wrong type or a foreign layout is a
+reason to distrust the whole file, said with the reason, never a crash.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from agent.policy.grouping import Group, Grouping, GroupingSettings
+from agent.errors import SavedStateError
+from agent.policy.grouping import LEVELS, Group, Grouping, GroupingSettings
+from agent.policy.health import DeviceKey
+from agent.topology.model import POLARIZATIONS
 
 SAVED_VERSION = 1
+KEPT = "kept from before the restart"
 
 
 def settings_key(settings: GroupingSettings) -> dict[str, Any]:
@@ -21,12 +31,19 @@ def settings_key(settings: GroupingSettings) -> dict[str, Any]:
     }
 
 
+def original_reason(reason: str) -> str:
+    """The level reason as first found (a group kept across several restarts says so once)."""
+    while reason.startswith(f"{KEPT} (") and reason.endswith(")"):
+        reason = reason[len(KEPT) + 2:-1]
+    return reason
+
+
 def grouping_to_dict(grouping: Grouping, settings: GroupingSettings) -> dict[str, Any]:
     return {
         "version": SAVED_VERSION,
         "settings": settings_key(settings),
         "levels": list(grouping.levels),
-        "level_reason": grouping.level_reason,
+        "level_reason": original_reason(grouping.level_reason),
         "fidelity": grouping.fidelity,
         "groups": [
             {"level": g.level, "resource": g.resource, "id": g.id, "key": list(g.key), "cpus": list(g.cpus),
@@ -38,23 +55,106 @@ def grouping_to_dict(grouping: Grouping, settings: GroupingSettings) -> dict[str
     }
 
 
-def grouping_from_dict(data: Any, settings: GroupingSettings) -> Grouping | None:
-    """The saved grouping, or None when it was made under other settings or cannot be read."""
-    try:
-        if data.get("version") != SAVED_VERSION or data.get("settings") != settings_key(settings):
-            return None
-        groups = tuple(
-            Group(level=str(g["level"]), resource=str(g["resource"]), id=str(g["id"]),
-                  key=tuple(None if k is None else int(k) for k in g["key"]), cpus=tuple(int(c) for c in g["cpus"]),
-                  cores=tuple(tuple(int(c) for c in core) for core in g["cores"]),
-                  threads_per_core=int(g["threads_per_core"]),
-                  polarization=tuple((str(p), int(n)) for p, n in g["polarization"]),
-                  memory_nodes=tuple(int(n) for n in g["memory_nodes"]),
-                  recorded_nodes=tuple(int(n) for n in g["recorded_nodes"]))
-            for g in data["groups"]
-        )
-        return Grouping(groups=groups, skipped=(), levels=tuple(str(lv) for lv in data["levels"]),
-                        level_reason=f"kept from before the restart ({data['level_reason']})",
-                        fidelity=str(data["fidelity"]))
-    except (AttributeError, KeyError, TypeError, ValueError):
+def _int(value: Any, what: str, minimum: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise SavedStateError(f"{what} must be a whole number >= {minimum}, not {value!r:.40}")
+    return value
+
+
+def _str(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > 253:
+        raise SavedStateError(f"{what} must be a short non-empty string, not {value!r:.40}")
+    return value
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise SavedStateError(f"{what} must be a list, not {type(value).__name__}")
+    return value
+
+
+def _group(g: Any, i: int, prefix: str, present: frozenset[int]) -> Group:
+    if not isinstance(g, dict):
+        raise SavedStateError(f"groups[{i}] must be an object")
+    where = f"groups[{i}]"
+    level = _str(g.get("level"), f"{where}.level")
+    if level not in LEVELS:
+        raise SavedStateError(f"{where}.level {level!r:.40} is not one of {', '.join(LEVELS)}")
+    resource = _str(g.get("resource"), f"{where}.resource")
+    if resource != f"{prefix}/{level}":
+        raise SavedStateError(f"{where}.resource {resource!r:.60} is not {prefix}/{level}")
+    key = tuple(None if k is None else _int(k, f"{where}.key") for k in _list(g.get("key"), f"{where}.key"))
+    if len(key) != LEVELS.index(level) + 1:
+        raise SavedStateError(f"{where}.key has {len(key)} parts for a {level}")
+    cpus = tuple(_int(c, f"{where}.cpus") for c in _list(g.get("cpus"), f"{where}.cpus"))
+    cores = tuple(tuple(_int(c, f"{where}.cores") for c in _list(core, f"{where}.cores"))
+                  for core in _list(g.get("cores"), f"{where}.cores"))
+    if not cpus or sorted(cpus) != list(cpus) or len(set(cpus)) != len(cpus):
+        raise SavedStateError(f"{where}.cpus must be a non-empty sorted list of distinct CPUs")
+    if sorted(c for core in cores for c in core) != list(cpus):
+        raise SavedStateError(f"{where}.cores do not split its cpus")
+    foreign = sorted(set(cpus) - present)
+    if foreign:
+        raise SavedStateError(f"{where} ({g.get('id')!r:.40}) names CPUs {', '.join(map(str, foreign[:8]))} that "
+                              "this machine does not have")
+    polarization = []
+    for p in _list(g.get("polarization"), f"{where}.polarization"):
+        pair = _list(p, f"{where}.polarization")
+        if len(pair) != 2 or pair[0] not in POLARIZATIONS:
+            raise SavedStateError(f"{where}.polarization entries are [polarization, count]")
+        polarization.append((str(pair[0]), _int(pair[1], f"{where}.polarization")))
+    return Group(
+        level=level, resource=resource, id=_str(g.get("id"), f"{where}.id"), key=key, cpus=cpus, cores=cores,
+        threads_per_core=_int(g.get("threads_per_core"), f"{where}.threads_per_core", 1),
+        polarization=tuple(polarization),
+        memory_nodes=tuple(_int(n, f"{where}.memory_nodes") for n in _list(g.get("memory_nodes"),
+                                                                            f"{where}.memory_nodes")),
+        recorded_nodes=tuple(_int(n, f"{where}.recorded_nodes") for n in _list(g.get("recorded_nodes"),
+                                                                                f"{where}.recorded_nodes")))
+
+
+def grouping_from_dict(data: Any, settings: GroupingSettings, present_cpus: Iterable[int]) -> Grouping | None:
+    """The saved grouping; None when it was made under other settings (nothing wrong with it).
+
+    SavedStateError says why a file cannot be trusted: a wrong type or layout, or CPUs this machine
+    (``present_cpus``) does not have.
+    """
+    if not isinstance(data, dict):
+        raise SavedStateError(f"the saved groups must be an object, not {type(data).__name__}")
+    if data.get("version") != SAVED_VERSION:
+        raise SavedStateError(f"unknown version {data.get('version')!r:.20} (expected {SAVED_VERSION})")
+    if data.get("settings") != settings_key(settings):
         return None
+    present = frozenset(present_cpus)
+    groups = tuple(_group(g, i, settings.resource_prefix, present) for i, g in enumerate(_list(data.get("groups"),
+                                                                                                "groups")))
+    ids = [(g.resource, g.id) for g in groups]
+    if len(set(ids)) != len(ids):
+        raise SavedStateError("a device id appears twice")
+    levels = tuple(_str(lv, "levels") for lv in _list(data.get("levels"), "levels"))
+    reason = original_reason(_str(data.get("level_reason"), "level_reason"))
+    return Grouping(groups=groups, skipped=(), levels=levels, level_reason=f"{KEPT} ({reason})",
+                    fidelity=_str(data.get("fidelity"), "fidelity"))
+
+
+def holds_to_dict(holds: Iterable[DeviceKey], settings: GroupingSettings) -> dict[str, Any]:
+    return {"version": SAVED_VERSION, "resource_prefix": settings.resource_prefix,
+            "holds": [list(k) for k in sorted(holds)]}
+
+
+def holds_from_dict(data: Any, settings: GroupingSettings, known: Iterable[DeviceKey]) -> set[DeviceKey]:
+    """The saved holds that name devices advertised now; SavedStateError for a file not in this format."""
+    if not isinstance(data, dict) or data.get("version") != SAVED_VERSION:
+        raise SavedStateError("the saved holds are not an object of the expected version")
+    if data.get("resource_prefix") != settings.resource_prefix:
+        return set()
+    known_keys = set(known)
+    holds: set[DeviceKey] = set()
+    for item in _list(data.get("holds"), "holds"):
+        pair = _list(item, "holds")
+        if len(pair) != 2:
+            raise SavedStateError("holds are [resource, device id] pairs")
+        key = (_str(pair[0], "holds"), _str(pair[1], "holds"))
+        if key in known_keys:
+            holds.add(key)
+    return holds
