@@ -39,7 +39,12 @@ class StartupError(UserError):
 
 
 class SocketInUseError(StartupError):
-    """Our socket cannot be served: another live process has it, or the path is unusable."""
+    """Another live process serves our socket: at start a reason to exit, later a reason to wait."""
+
+
+class SocketPathError(AgentError):
+    """Our socket cannot be made right now (a directory in its place, a failing bind, no descriptors
+    left): retried with backoff, never a reason to exit."""
 
 
 class EndpointError(StartupError):

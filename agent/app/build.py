@@ -84,6 +84,11 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
     devices = NodeDevices(grouping, config.grouping, config.allocation, render,
                           numa_topology=machine.has_node_dirs and len(machine.memory_nodes) > 1, store=files)
     holds = files.load_holds((g.resource, g.id) for g in grouping.groups)
+    if config.pod_resources_interval <= 0:
+        if any(devices.overlap.values()):
+            log.warning("pod-resources is off (--pod-resources-interval 0): the agent cannot learn when a pod ends, "
+                        "so a device handed out keeps its overlapping devices blocked until the agent restarts")
+        holds = set()  # nothing could ever confirm or release them
     if holds:
         log.warning("keeping %d device(s) an earlier instance handed out and pod-resources never confirmed, until "
                     "it answers: %s", len(holds), ", ".join(f"{r} {d}" for r, d in sorted(holds)))

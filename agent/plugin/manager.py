@@ -8,6 +8,7 @@ serve again on fresh sockets, and register again with backoff until kubelet answ
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -16,9 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent.devices.table import DeviceTable
-from agent.errors import RegistrationError, SocketInUseError
+from agent.errors import RegistrationError, SocketPathError, StartupError
 from agent.plugin.dirwatch import DirectoryWatch
-from agent.plugin.registration import KUBELET_SOCKET, register
+from agent.plugin.registration import KUBELET_SOCKET, PendingRegistration
 from agent.plugin.server import PluginServer
 from agent.plugin.servicer import Observer, Wire
 from agent.plugin.timing import Timing
@@ -50,8 +51,13 @@ class PluginManager:
 
     # --- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
-        """Serve and start keeping registered; raises SocketInUseError if another instance runs."""
-        self._serve()  # fail fast (and loudly) when another instance owns the sockets
+        """Serve and start keeping registered. SocketInUseError when another instance serves our
+        sockets and StartupError for an unusable directory: reasons to exit at start. Anything else
+        (a directory left at a socket path, descriptors exhausted) is retried with backoff."""
+        try:
+            self._serve()  # fail fast (and loudly) when another instance owns the sockets
+        except SocketPathError as exc:
+            log.warning("cannot serve yet, retrying with backoff: %s", exc, extra={"reason": str(exc)})
         if self._watch.start():  # woken by kubelet's directory: a slow safety poll is enough
             self._interval = self.timing.idle_poll
         self._thread = threading.Thread(target=self._run, name="plugin-manager", daemon=True)
@@ -92,7 +98,9 @@ class PluginManager:
             self.kubelet_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             why = exc.strerror or exc
-            raise SocketInUseError(f"cannot use kubelet's directory {self.kubelet_dir}: {why}") from None
+            if self.kubelet_dir.exists() and not self.kubelet_dir.is_dir():
+                why = "it is a file, not a directory"
+            raise StartupError(f"cannot use kubelet's directory {self.kubelet_dir}: {why}") from None
         try:
             for table in self.tables:
                 server = PluginServer(table, self.kubelet_dir, self.observer)
@@ -124,9 +132,31 @@ class PluginManager:
             return None
         return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
-    def _register_all(self) -> None:
+    def _kubelet_moved_on(self, inode: tuple[int, int, int] | None) -> str | None:
+        """Why a registration under way is stale: kubelet restarted since it began."""
+        now = self._kubelet_inode_now()
+        if now is not None and now != inode:
+            return "kubelet.sock was recreated"
         for resource, server in self.servers.items():
-            register(self.kubelet_socket, server.endpoint, resource, self.timing.register_timeout)
+            if not server.socket_present():
+                return f"socket {server.path.name} of {resource} was deleted"
+        return None
+
+    def _register_all(self, inode: tuple[int, int, int] | None) -> None:
+        """Register every resource; a Register to a kubelet that restarted meanwhile is abandoned at
+        once (kubelet deleted the endpoint it would dial back), not left to run into its timeout."""
+        for resource, server in self.servers.items():
+            pending = PendingRegistration(self.kubelet_socket, server.endpoint, resource,
+                                          self.timing.register_timeout)
+            pending.future.add_done_callback(lambda _f: self._wake.set())
+            while not pending.done():
+                self._wake.wait(self._interval)
+                self._wake.clear()
+                stale = self._kubelet_moved_on(inode) if not pending.done() else None
+                if stale is not None or self._stop.is_set():
+                    pending.abandon()
+                    raise RegistrationError(f"registration of {resource} abandoned: {stale or 'stopping'}")
+            pending.result()
             self.registrations[resource] += 1
             self.last_registered[resource] = time.monotonic()
             log.info("registered %s with kubelet (endpoint %s)", resource, server.endpoint,
@@ -172,11 +202,14 @@ class PluginManager:
             try:
                 if not self.servers:
                     self._serve()
-                self._register_all()
-            except SocketInUseError:
-                raise
-            except (RegistrationError, OSError, RuntimeError) as exc:
+                self._register_all(inode)
+            except (RegistrationError, StartupError, SocketPathError, OSError, RuntimeError) as exc:
+                # Everything here is transient once serving: kubelet restarting (again), a socket path
+                # taken by a leftover directory or another instance, descriptors exhausted. Retry.
                 self.registration_failures += 1
+                if "abandoned" in str(exc):
+                    log.info("%s: serving and registering again", exc, extra={"reason": str(exc)})
+                    continue
                 log.warning("registration failed, retrying in %.2fs: %s", delay, exc, extra={"reason": str(exc)})
                 # Wake early when kubelet.sock is recreated.
                 deadline = time.monotonic() + delay
@@ -192,18 +225,30 @@ class PluginManager:
             return
 
     def _run(self) -> None:
-        try:
-            self._connect()
-            while not self._sleep(self._interval):
+        delay = self.timing.backoff_min
+        reconnect = True
+        while not self._stop.is_set():
+            try:  # the thread must never die: the node would lose its devices for good
+                if reconnect:
+                    self._connect()
+                    reconnect = False
+                if self._sleep(self._interval):
+                    return
                 reason = self._restart_reason()
                 if reason is None:
+                    delay = self.timing.backoff_min
                     continue
                 self.registered.clear()
                 self.restarts += 1
                 log.warning("kubelet restart detected (%s): serving and registering again", reason,
                             extra={"reason": reason})
                 self._stop_servers()
-                self._connect()
-        except Exception:  # the thread must never die silently: the node would lose its devices
-            log.exception("plugin manager failed")
-            raise
+                reconnect = True
+            except Exception:
+                log.exception("plugin manager step failed; serving and registering again in %.2fs", delay)
+                self.registered.clear()
+                with contextlib.suppress(Exception):
+                    self._stop_servers()
+                reconnect = True
+                self._sleep(delay)
+                delay = min(delay * 2, self.timing.backoff_max)

@@ -15,7 +15,7 @@ import grpc
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2_grpc
 from agent.devices.table import DeviceTable
-from agent.errors import SocketInUseError
+from agent.errors import SocketInUseError, SocketPathError, StartupError
 from agent.plugin.servicer import DevicePluginServicer, Observer, Wire
 
 log = logging.getLogger("topology-agent.plugin")
@@ -53,9 +53,24 @@ def clear_stale_socket(path: Path) -> None:
         raise SocketInUseError(f"{path} is served by another running process (another topology-agent instance?); "
                                "refusing to take it over")
     if stat.S_ISDIR(st.st_mode):
-        raise SocketInUseError(f"{path} is a directory, not a socket")
+        raise SocketPathError(f"{path} is a directory, not a socket: remove it")
     path.unlink()
     log.info("removed stale socket %s", path)
+
+
+def _bind_problem(path: Path) -> str | None:
+    """The operating system's reason why a Unix socket cannot be bound at ``path`` (gRPC only says that
+    binding failed), or None when a bind works now."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.bind(str(path))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        probe.close()
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return None
 
 
 def _identity(path: Path) -> tuple[int, int, int]:
@@ -81,8 +96,8 @@ class PluginServer:
 
     def start(self) -> None:
         if len(os.fsencode(self.path)) > MAX_SOCKET_PATH:
-            raise SocketInUseError(f"socket path {self.path} is longer than {MAX_SOCKET_PATH} bytes, the limit of "
-                                   "Unix sockets: use a shorter --kubelet-dir or --resource-prefix")
+            raise StartupError(f"socket path {self.path} is longer than {MAX_SOCKET_PATH} bytes, the limit of "
+                               "Unix sockets: use a shorter --kubelet-dir or --resource-prefix")
         clear_stale_socket(self.path)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS,
                                                         thread_name_prefix=f"plugin-{self.table.resource}"),
@@ -91,7 +106,8 @@ class PluginServer:
         try:
             server.add_insecure_port(f"unix://{self.path}")
         except RuntimeError as exc:
-            raise SocketInUseError(f"cannot serve on {self.path}: {exc}") from None
+            server.stop(None)
+            raise SocketPathError(f"cannot serve on {self.path}: {_bind_problem(self.path) or exc}") from None
         server.start()
         self._server = server
         self.inode = _identity(self.path)
