@@ -239,7 +239,8 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
                             "[env TOPOLOGY_AGENT_NODE_LABELS=true|false]")
     _add(group, "--metrics-port", "9400", metavar="PORT",
          help="port of /metrics, /healthz, /readyz and /allocations (0 disables)")
-    _add(group, "--metrics-address", "0.0.0.0", metavar="ADDRESS", help="address the metrics port listens on")
+    _add(group, "--metrics-address", "", metavar="ADDRESS",
+         help="address the metrics port listens on (default: every address, IPv4 and IPv6; e.g. 0.0.0.0, ::, ::1)")
     group.add_argument("--allocations-pod-names", action=argparse.BooleanOptionalAction, default=None,
                        help="name the holders (namespace/pod/container) in /allocations; off: device ids, states "
                             "and counts only, since anyone who reaches the port can read it "

@@ -16,6 +16,7 @@ from agent.devices.table import NodeDevices
 from agent.errors import PodResourcesError, TopologyReadError
 from agent.node.reporter import NodeReporter
 from agent.observe.http import HttpEndpoint, make_app
+from agent.observe.logs import dropped_records
 from agent.observe.metrics import AgentMetrics
 from agent.observe.status import AgentStatus, ResourceStatus
 from agent.plugin.manager import PluginManager
@@ -155,7 +156,7 @@ class Agent:
             pod_resources_polls=self.pod_resources_loop.runs, pod_resources_failures=self.pod_resources_loop.failures,
             label_patches=self.reporter.patches, label_failures=self.reporter.failures,
             cpu_manager_static=self.reporter.cpu_manager_policy == "static",
-            cpu_manager_findings=len(self.reporter.findings))
+            cpu_manager_findings=len(self.reporter.findings), log_records_dropped=dropped_records())
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:

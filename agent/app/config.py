@@ -31,5 +31,5 @@ class AgentConfig:
     cpu_manager_state: Path | None = None  # kubelet's cpu_manager_state, checked at start and on rescans
     kubelet_config: Path | None = None  # kubelet's config file, for reservedSystemCPUs
     metrics_port: int | None = None  # None: no HTTP endpoint; 0: any free port (tests)
-    metrics_address: str = "0.0.0.0"
+    metrics_address: str = ""  # every address of both families (IPv6 socket accepting IPv4 too)
     allocations_pod_names: bool = False  # /allocations names the holders' namespace/pod/container

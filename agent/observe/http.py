@@ -1,63 +1,113 @@
-"""The agent's HTTP endpoint: /metrics (prometheus-client's own exposition), /healthz, /readyz
-and /allocations, served by prometheus-client's threading WSGI server."""
+"""The agent's HTTP endpoint: /metrics (prometheus-client's exposition), /healthz, /readyz and
+/allocations, on one asyncio event loop in a thread of its own.
+
+Built to survive the network: idle connections cost a file descriptor, never a thread; a request
+must arrive within :data:`IDLE_TIMEOUT` seconds; at most :data:`MAX_CONNECTIONS` are open (more are
+closed at once); only GET and HEAD; no Server header. When descriptors run out, asyncio pauses
+accepting for a second instead of spinning. Nothing here can take a thread from gRPC.
+
+The listening address comes from ``getaddrinfo``; the default (empty) address listens on every
+address of both families through one IPv6 socket that also accepts IPv4 (``IPV6_V6ONLY`` off), or
+on IPv4 alone where the node has no IPv6.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+import resource
+import socket
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from agent.errors import EndpointError
 
 log = logging.getLogger("topology-agent.http")
 
-StartResponse = Callable[..., Any]
-WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+IDLE_TIMEOUT = 10.0  # seconds a connection may wait before (or between) requests
+MAX_REQUEST_HEAD = 8 * 1024  # request line and headers
+MAX_REQUESTS_PER_CONNECTION = 1000
+BACKLOG = 128
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        """No log line per scrape or probe."""
+def max_connections() -> int:
+    """Open connections at most: a quarter of the descriptor limit, at most 512, at least 16."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = soft if soft != resource.RLIM_INFINITY else 4096
+    return max(16, min(512, limit // 4))
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = field(default=())
+
+
+Respond = Callable[[str], Reply]  # path -> reply (GET; HEAD sends the same headers without the body)
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+           500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 def make_app(registry: CollectorRegistry, live: Callable[[], bool], ready: Callable[[], tuple[bool, str]],
-             allocations: Callable[[], dict[str, object]]) -> WsgiApp:
-    metrics_app = make_wsgi_app(registry)
-
-    def reply(start_response: StartResponse, status: str, body: bytes, content_type: str) -> list[bytes]:
-        start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body)))])
-        return [body]
-
-    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "/")
+             allocations: Callable[[], dict[str, object]]) -> Respond:
+    def respond(path: str) -> Reply:
         if path == "/metrics":
-            return metrics_app(environ, start_response)
+            return Reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
         if path == "/healthz":
             ok = live()
-            return reply(start_response, "200 OK" if ok else "500 Internal Server Error",
-                         b"ok\n" if ok else b"plugin manager stopped\n", "text/plain")
+            return Reply(200 if ok else 500, b"ok\n" if ok else b"plugin manager stopped\n")
         if path == "/readyz":
             ok, why = ready()
-            return reply(start_response, "200 OK" if ok else "503 Service Unavailable", f"{why}\n".encode(),
-                         "text/plain")
+            return Reply(200 if ok else 503, f"{why}\n".encode())
         if path == "/allocations":
-            body = json.dumps(allocations(), indent=1).encode()
-            return reply(start_response, "200 OK", body, "application/json")
-        return reply(start_response, "404 Not Found", b"not found: try /metrics, /healthz, /readyz, /allocations\n",
-                     "text/plain")
+            return Reply(200, json.dumps(allocations(), indent=1).encode(), "application/json")
+        return Reply(404, b"not found: try /metrics, /healthz, /readyz, /allocations\n")
 
-    return app
+    return respond
 
 
-def _not_yet(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-    start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
-    return [b"starting\n"]
+def _bind(address: str, port: int) -> list[socket.socket]:
+    """Listening sockets for ``address`` ("" or "::": both families where the node has IPv6)."""
+    host = address.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host in ("", "::"):
+        try:
+            six = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        except OSError:
+            if host == "::":
+                raise
+            six = None
+        if six is not None:
+            try:
+                six.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                six.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 too, as ::ffff:a.b.c.d
+                six.bind(("::", port))
+                return [six]
+            except OSError:
+                six.close()
+                if host == "::":
+                    raise
+        host = "0.0.0.0"
+    infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    family, kind, proto, _, sockaddr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(sockaddr)
+    except OSError:
+        sock.close()
+        raise
+    return [sock]
 
 
 class HttpEndpoint:
@@ -65,22 +115,114 @@ class HttpEndpoint:
 
     def __init__(self, address: str, port: int) -> None:
         try:
-            self.server = make_server(address, port, _not_yet, ThreadingWSGIServer, handler_class=_QuietHandler)
-        except OSError as exc:
-            raise EndpointError(f"cannot serve metrics on {address}:{port}: {exc.strerror or exc} "
-                                "(choose another --metrics-port, or 0 to disable)") from None
-        self.port = self.server.server_port
-        self._started = False
-        self._thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
+            self._sockets = _bind(address, port)
+        except (OSError, UnicodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise EndpointError(f"cannot serve metrics on {address or '*'}:{port}: {reason} "
+                                "(choose another --metrics-address or --metrics-port, or port 0 to disable)") from None
+        self.port = self._sockets[0].getsockname()[1]
+        self.families = [s.family for s in self._sockets]
+        self.max_connections = max_connections()
+        self.connections = 0
+        self.refused = 0
+        self._respond: Respond | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
 
-    def start(self, app: WsgiApp) -> None:
-        self.server.set_app(app)
-        self._started = True
+    def start(self, respond: Respond) -> None:
+        self._respond = respond
+        self._thread = threading.Thread(target=self._run, name="http", daemon=True)
         self._thread.start()
+        self._ready.wait(5)
         log.info("serving /metrics, /healthz, /readyz, /allocations on port %d", self.port)
 
     def stop(self) -> None:
-        if self._started:  # shutdown() waits for serve_forever: never call it when that never ran
-            self.server.shutdown()
+        loop = self._loop
+        if loop is not None and self._thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
             self._thread.join(timeout=5)
-        self.server.server_close()
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    # --- the event loop's side ----------------------------------------------------------------
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        servers = []
+        try:
+            for sock in self._sockets:
+                servers.append(loop.run_until_complete(asyncio.start_server(
+                    self._serve_connection, sock=sock, backlog=BACKLOG, limit=MAX_REQUEST_HEAD)))
+            self._ready.set()
+            loop.run_forever()
+        finally:
+            for server in servers:
+                server.close()
+            for task in asyncio.all_tasks(loop):
+                task.cancel()
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(asyncio.sleep(0))
+            loop.close()
+            self._ready.set()
+
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.connections >= self.max_connections:
+            self.refused += 1
+            writer.close()
+            return
+        self.connections += 1
+        try:
+            for _ in range(MAX_REQUESTS_PER_CONNECTION):
+                if not await self._one_request(reader, writer):
+                    break
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.connections -= 1
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Read and answer one request; False when the connection should close."""
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_TIMEOUT)
+        except (TimeoutError, asyncio.IncompleteReadError):
+            return False
+        except asyncio.LimitOverrunError:
+            await self._send(writer, "GET", Reply(400, b"request head too large\n"), close=True)
+            return False
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            await self._send(writer, "GET", Reply(400, b"bad request line\n"), close=True)
+            return False
+        method, target, version = parts
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        keep_alive = (headers.get("connection", "").lower() != "close" if version == "HTTP/1.1"
+                      else headers.get("connection", "").lower() == "keep-alive")
+        if headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in headers:
+            await self._send(writer, method, Reply(400, b"no request body expected\n"), close=True)
+            return False
+        if method not in ("GET", "HEAD"):
+            reply = Reply(405, b"only GET and HEAD\n", headers=(("Allow", "GET, HEAD"),))
+        else:
+            assert self._respond is not None
+            try:
+                reply = self._respond(target.split("?", 1)[0])
+            except Exception:
+                log.exception("answering %s failed", target[:100])
+                reply = Reply(500, b"internal error\n")
+        await self._send(writer, method, reply, close=not keep_alive)
+        return keep_alive
+
+    async def _send(self, writer: asyncio.StreamWriter, method: str, reply: Reply, close: bool) -> None:
+        head = [f"HTTP/1.1 {reply.status} {REASONS.get(reply.status, 'Unknown')}",
+                f"Content-Type: {reply.content_type}", f"Content-Length: {len(reply.body)}",
+                f"Connection: {'close' if close else 'keep-alive'}", *(f"{k}: {v}" for k, v in reply.headers)]
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+        if method != "HEAD":
+            writer.write(reply.body)
+        await asyncio.wait_for(writer.drain(), IDLE_TIMEOUT)

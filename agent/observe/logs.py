@@ -41,11 +41,48 @@ class TextFormatter(logging.Formatter):
         return f"{text} [{' '.join(fields)}]" if fields else text
 
 
+MAX_QUEUED = 4096  # records waiting for the writer; beyond this they are dropped and counted
+
+
+class _Dropped:
+    """Records dropped because the queue was full (stderr not drained fast enough, or not at all)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.total = 0
+        self.unreported = 0
+
+    def add(self) -> None:
+        with self._lock:
+            self.total += 1
+            self.unreported += 1
+
+    def take_unreported(self) -> int:
+        with self._lock:
+            n, self.unreported = self.unreported, 0
+            return n
+
+
+DROPPED = _Dropped()
+
+
+def dropped_records() -> int:
+    """Log records dropped so far because the writer could not keep up."""
+    return DROPPED.total
+
+
 class _InProcessQueueHandler(logging.handlers.QueueHandler):
-    """Hands the record over as it is: formatting happens in the writer's thread."""
+    """Hands the record over as it is (formatting happens in the writer's thread); never blocks:
+    when the queue is full the record is dropped and counted."""
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         return record
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            DROPPED.add()
 
 
 class _BatchWriter:
@@ -54,7 +91,7 @@ class _BatchWriter:
 
     BATCH_DELAY = 0.02  # seconds to gather a burst before writing
 
-    def __init__(self, records: queue.SimpleQueue[logging.LogRecord | None], handler: logging.Handler) -> None:
+    def __init__(self, records: queue.Queue[logging.LogRecord | None], handler: logging.Handler) -> None:
         self.records = records
         self.handler = handler
         self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
@@ -75,6 +112,11 @@ class _BatchWriter:
                     break
             stop = None in batch
             lines = [self.handler.format(r) for r in batch if r is not None]
+            dropped = DROPPED.take_unreported()
+            if dropped:
+                lines.append(self.handler.format(logging.LogRecord(
+                    "topology-agent.logs", logging.WARNING, __file__, 0,
+                    "%d log records were dropped: stderr was not drained fast enough", (dropped,), None)))
             if lines:
                 try:
                     stream = sys.stderr
@@ -87,7 +129,10 @@ class _BatchWriter:
 
     def stop(self) -> None:
         if self._thread.is_alive():
-            self.records.put(None)
+            try:
+                self.records.put(None, timeout=2)  # a writer stuck on stderr must not hold the exit
+            except queue.Full:
+                return
             self._thread.join(timeout=5)
 
 
@@ -105,7 +150,7 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     if _writer is not None:
         _writer.stop()
-    records: queue.SimpleQueue[logging.LogRecord | None] = queue.SimpleQueue()
+    records: queue.Queue[logging.LogRecord | None] = queue.Queue(MAX_QUEUED)
     _writer = _BatchWriter(records, handler)
     _writer.start()
     atexit.register(shutdown_logging)

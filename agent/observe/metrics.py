@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -30,6 +30,7 @@ class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         Info(f"{PREFIX}_build", "Agent version", registry=self.registry).info({"version": __version__})
+        ProcessCollector(registry=self.registry)  # process_*: CPU seconds, resident memory, open fds, start time
         self.calls = Counter(f"{PREFIX}_rpc_calls", "Allocate and GetPreferredAllocation calls by result",
                              ["method", "resource", "code"], registry=self.registry)
         self.latency = Histogram(f"{PREFIX}_rpc_duration_seconds", "Allocate and GetPreferredAllocation latency",
@@ -55,6 +56,18 @@ class AgentMetrics:
     def read_status(self, status: Callable[[], AgentStatus]) -> None:
         """Report ``status()`` at every scrape."""
         self.registry.register(StatusCollector(status))
+
+
+def _threads() -> int | None:
+    """Threads of this process, from /proc/self/status (None where there is no procfs)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 class StatusCollector(Collector):
@@ -124,3 +137,10 @@ class StatusCollector(Collector):
                                 value=1 if s.cpu_manager_static else 0)
         yield GaugeMetricFamily(f"{PREFIX}_cpu_manager_findings", "Warnings about kubelet's CPU manager",
                                 value=s.cpu_manager_findings)
+        threads = _threads()
+        if threads is not None:
+            yield GaugeMetricFamily("process_threads", "Threads of the agent's process (Python's and gRPC's)",
+                                    value=threads)
+        yield CounterMetricFamily(f"{PREFIX}_log_records_dropped",
+                                  "Log records dropped because stderr was not drained fast enough",
+                                  value=s.log_records_dropped)

@@ -39,3 +39,4 @@ class AgentStatus:
     label_failures: int = 0
     cpu_manager_static: bool = False
     cpu_manager_findings: int = 0
+    log_records_dropped: int = 0

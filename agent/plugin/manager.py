@@ -146,6 +146,7 @@ class PluginManager:
         """Register every resource; a Register to a kubelet that restarted meanwhile is abandoned at
         once (kubelet deleted the endpoint it would dial back), not left to run into its timeout."""
         for resource, server in self.servers.items():
+            server.servicer.streams.registered()  # kubelet opens the next stream: it is never evicted
             pending = PendingRegistration(self.kubelet_socket, server.endpoint, resource,
                                           self.timing.register_timeout)
             pending.future.add_done_callback(lambda _f: self._wake.set())

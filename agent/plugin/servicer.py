@@ -49,24 +49,49 @@ def plugin_options() -> api_pb2.DevicePluginOptions:
     return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
 
-class StreamTracker:
-    """Counts open ListAndWatch streams and remembers when the last one ended."""
+MAX_STREAMS = 4  # open ListAndWatch streams per resource; each holds a server thread (16 in all)
 
-    def __init__(self) -> None:
+
+class StreamTracker:
+    """Counts open ListAndWatch streams, remembers when the last one ended, and keeps them few.
+
+    Each stream holds one of the server's threads for as long as it is open, and Allocate needs
+    free ones: beyond MAX_STREAMS the oldest stream is ended, except the first one opened after
+    our latest registration (kubelet opens it right after Register; kubelet never reconnects).
+    """
+
+    def __init__(self, limit: int = MAX_STREAMS) -> None:
         self._lock = threading.Lock()
+        self.limit = limit
         self.open = 0
         self.started = 0
+        self.evicted = 0
         self.ended = threading.Event()
+        self._streams: list[tuple[threading.Event, bool]] = []  # (cancel, kubelet's), oldest first
+        self._registered = False  # a registration happened and its stream has not opened yet
 
-    def opened(self) -> None:
+    def registered(self) -> None:
+        with self._lock:
+            self._registered = True
+
+    def opened(self, cancel: threading.Event) -> list[threading.Event]:
+        """Count a new stream; returns the streams to end to stay within the limit."""
         with self._lock:
             self.open += 1
             self.started += 1
             self.ended.clear()
+            kubelets, self._registered = self._registered, False
+            self._streams.append((cancel, kubelets))
+            excess = len(self._streams) - self.limit
+            victims = [c for c, protected in self._streams if not protected][:max(excess, 0)]
+            self._streams = [(c, p) for c, p in self._streams if c not in victims]
+            self.evicted += len(victims)
+            return victims
 
-    def closed(self) -> None:
+    def closed(self, cancel: threading.Event) -> None:
         with self._lock:
             self.open -= 1
+            self._streams = [(c, p) for c, p in self._streams if c is not cancel]
             if self.open == 0:
                 self.ended.set()
 
@@ -104,8 +129,14 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             self.table.wake()
 
         context.add_callback(on_done)
-        self.streams.opened()
         resource = self.table.resource
+        victims = self.streams.opened(cancelled)
+        if victims:
+            log.warning("more than %d ListAndWatch streams open: ending the oldest", self.streams.limit,
+                        extra={"resource": resource, "reason": "too many streams"})
+            for victim in victims:
+                victim.set()
+            self.table.wake()
         log.info("ListAndWatch stream opened", extra={"resource": resource})
         try:
             version = self.table.snapshot().version
@@ -118,7 +149,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     version = snap.version
                     yield self._response()
         finally:
-            self.streams.closed()
+            self.streams.closed(cancelled)
             log.info("ListAndWatch stream closed", extra={"resource": resource})
 
     def GetPreferredAllocation(self, request: api_pb2.PreferredAllocationRequest, context: grpc.ServicerContext
