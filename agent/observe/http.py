@@ -2,9 +2,10 @@
 /allocations, on one asyncio event loop in a thread of its own.
 
 Built to survive the network: idle connections cost a file descriptor, never a thread; a request
-must arrive within :data:`IDLE_TIMEOUT` seconds; at most :data:`MAX_CONNECTIONS` are open (more are
-closed at once); only GET and HEAD; no Server header. When descriptors run out, asyncio pauses
-accepting for a second instead of spinning. Nothing here can take a thread from gRPC.
+must arrive within :data:`IDLE_TIMEOUT` seconds; at most :func:`max_connections` are open (a new one
+closes the longest-idle one, so a probe always gets through); only GET and HEAD; no Server header.
+When descriptors run out, asyncio pauses accepting for a second instead of spinning. Nothing here
+can take a thread from gRPC.
 
 The listening address comes from ``getaddrinfo``; the default (empty) address listens on every
 address of both families through one IPv6 socket that also accepts IPv4 (``IPV6_V6ONLY`` off), or
@@ -124,7 +125,8 @@ class HttpEndpoint:
         self.families = [s.family for s in self._sockets]
         self.max_connections = max_connections()
         self.connections = 0
-        self.refused = 0
+        self.evicted = 0
+        self._idle: dict[asyncio.StreamWriter, float] = {}  # connections waiting for a request -> since
         self._respond: Respond | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -168,18 +170,22 @@ class HttpEndpoint:
             self._ready.set()
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.connections >= self.max_connections:
-            self.refused += 1
-            writer.close()
-            return
+        if self.connections >= self.max_connections and self._idle:
+            oldest = min(self._idle, key=self._idle.__getitem__)  # make room: the longest-idle one goes
+            self._idle.pop(oldest)
+            self.evicted += 1
+            oldest.close()
         self.connections += 1
+        loop = asyncio.get_running_loop()
         try:
             for _ in range(MAX_REQUESTS_PER_CONNECTION):
+                self._idle[writer] = loop.time()
                 if not await self._one_request(reader, writer):
                     break
         except (ConnectionError, OSError):
             pass
         finally:
+            self._idle.pop(writer, None)
             self.connections -= 1
             writer.close()
             with contextlib.suppress(Exception):
@@ -192,8 +198,10 @@ class HttpEndpoint:
         except (TimeoutError, asyncio.IncompleteReadError):
             return False
         except asyncio.LimitOverrunError:
+            self._idle.pop(writer, None)
             await self._send(writer, "GET", Reply(400, b"request head too large\n"), close=True)
             return False
+        self._idle.pop(writer, None)  # busy now: never the one closed to make room
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):

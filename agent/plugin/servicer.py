@@ -39,6 +39,16 @@ class NoObserver:
         pass
 
 
+MAX_DETAILS = 1024  # characters of a refusal's status detail (gRPC metadata; clients cap it at 16 KiB)
+
+
+def bounded(message: str) -> str:
+    """A status detail short enough for every client (the request it answers may echo megabytes)."""
+    if len(message) <= MAX_DETAILS:
+        return message
+    return f"{message[:MAX_DETAILS - 40]}... ({len(message) - MAX_DETAILS + 40} more characters)"
+
+
 def render(plan: ContainerPlan) -> Wire:
     """The wire form of a plan: built once per id list and kept by the device table."""
     return api_pb2.ContainerAllocateResponse(envs=dict(plan.envs), annotations=dict(plan.annotations))
@@ -165,7 +175,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             return api_pb2.PreferredAllocationResponse(container_responses=responses)
         except PreferenceError as exc:
             code = grpc.StatusCode.INVALID_ARGUMENT
-            context.abort(code, f"{self.table.resource}: {exc}")
+            context.abort(code, bounded(f"{self.table.resource}: {exc}"))
             raise  # not reached: abort raises
         finally:
             self.observer.call("GetPreferredAllocation", self.table.resource, code.name,
@@ -180,8 +190,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             code = grpc.StatusCode.OK
         except Refusal as refusal:
             code = REFUSAL_CODES[refusal.kind]
-            log.warning("Allocate refused: %s", refusal.message, extra={"resource": resource, "reason": refusal.kind})
-            context.abort(code, refusal.message)
+            message = bounded(refusal.message)
+            log.warning("Allocate refused: %s", message, extra={"resource": resource, "reason": refusal.kind})
+            context.abort(code, message)
             raise  # not reached: abort raises
         finally:
             self.observer.call("Allocate", resource, code.name, time.perf_counter() - started)

@@ -1,0 +1,157 @@
+"""``topology-agent serve`` as a real process next to the kubelet emulator, for the fault tests:
+its log (JSON lines, in a file unless a test wants a pipe it never reads), its HTTP port, its
+metrics, a gRPC client of its plugin sockets, and its memory."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from agent.plugin.server import socket_name
+from topology_devkit.kubelet_emulator import KubeletEmulator
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (``--metrics-port 0`` disables the endpoint)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, step: float = 0.02) -> None:
+    """Poll ``predicate`` until true; TimeoutError(what) after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:.0f}s for {what}")
+        time.sleep(step)
+
+
+class AgentProcess:
+    def __init__(self, kubelet: KubeletEmulator, workdir: Path, *args: str, topology: str = "embedded:z16-lpar",
+                 pod_resources: Path | None = None, stderr_pipe: bool = False,
+                 preexec: Callable[[], None] | None = None) -> None:
+        self.kubelet = kubelet
+        self.log_path = workdir / f"agent-{time.monotonic_ns()}.log"
+        self._log_file: IO[str] | None = None if stderr_pipe else open(self.log_path, "w")  # noqa: SIM115
+        command = [sys.executable, "-m", "agent", "serve", "--topology-file", topology,
+                   "--kubelet-dir", str(kubelet.device_plugin_dir),
+                   "--pod-resources-socket", str(pod_resources or kubelet.pod_resources_socket),
+                   "--log-format", "json", "--metrics-port", str(free_port()), "--metrics-address", "127.0.0.1",
+                   "--rescan-interval", "0", *args]
+        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE if stderr_pipe else self._log_file, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=preexec)
+        self._port: int | None = None
+
+    # --- its log --------------------------------------------------------------------------
+    def log(self) -> list[dict[str, Any]]:
+        lines = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                lines.append(json.loads(line))
+        return lines
+
+    def logged(self, words: str) -> bool:
+        return any(words in str(line.get("msg", "")) for line in self.log())
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            def found() -> bool:
+                for line in self.log():
+                    msg = str(line.get("msg", ""))
+                    if "on port" in msg and msg.startswith("serving /metrics"):
+                        self._port = int(msg.rsplit(" ", 1)[1])
+                        return True
+                return False
+            wait_until(found, 30, "the agent's HTTP port in its log")
+        assert self._port is not None
+        return self._port
+
+    # --- HTTP -----------------------------------------------------------------------------
+    def get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            return response.status, response.read().decode()
+        finally:
+            conn.close()
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        status, text = self.get("/metrics")
+        assert status == 200
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.metrics().get((name, tuple(sorted(labels.items()))), float("nan"))
+
+    # --- gRPC -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def plugin(self, resource: str) -> Iterator[api_pb2_grpc.DevicePluginStub]:
+        path = self.kubelet.device_plugin_dir / socket_name(resource)
+        with grpc.insecure_channel(f"unix://{path}") as channel:
+            yield api_pb2_grpc.DevicePluginStub(channel)
+
+    def allocate(self, resource: str, *requests: list[str], timeout: float = 5.0) -> api_pb2.AllocateResponse:
+        with self.plugin(resource) as stub:
+            request = api_pb2.AllocateRequest(container_requests=[
+                api_pb2.ContainerAllocateRequest(devices_ids=ids) for ids in requests])
+            return stub.Allocate(request, timeout=timeout)
+
+    # --- the process ----------------------------------------------------------------------
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmRSS")
+
+    def threads(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+        raise AssertionError("no Threads")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self._close()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._close()
+        return self.proc.returncode
+
+    def _close(self) -> None:
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> AgentProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,74 @@
+"""Faults that broke book/socket exclusivity, against the real ``serve`` process.
+
+Without pod-resources, what the agent handed out must never be forgotten (it used to be after
+60 s), not even across an agent restart, and the agent must say that exclusivity is unconfirmed;
+a refused Allocate must hold nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import grpc
+import pytest
+
+from tests.conftest import BOOK, SOCKET
+from tests.plugin_harness import short_tmpdir
+from tests.serve_harness import AgentProcess, wait_until
+from topology_devkit.kubelet_emulator import KubeletEmulator
+
+
+def unhealthy(kubelet: KubeletEmulator, resource: str) -> set[str]:
+    return {d for d, h in kubelet.devices(resource).items() if h != "Healthy"}
+
+
+def test_without_pod_resources_a_hold_survives_an_agent_restart_and_readiness_says_so() -> None:
+    root = short_tmpdir()
+    missing = root / "not-yet" / "kubelet.sock"  # pod-resources is not there (yet)
+    with KubeletEmulator(root) as k:
+        first = AgentProcess(k, root, "--levels", "book,socket", "--pod-resources-interval", "0.1",
+                             pod_resources=missing)
+        try:
+            k.wait_registered(BOOK, timeout=30)
+            k.wait_registered(SOCKET, timeout=30)
+            first.allocate(BOOK, ["drawer0-book0"])  # what kubelet would do for a pod
+            inside = {"drawer0-book0-socket0", "drawer0-book0-socket1"}
+            wait_until(lambda: unhealthy(k, SOCKET) == inside, 10, "the book's sockets blocked")
+            status, body = first.get("/readyz")
+            assert status == 503 and "exclusivity unconfirmed" in body
+            assert first.metric("topology_agent_exclusivity_confirmed") == 0
+            assert first.metric("topology_agent_pending_holds") == 1
+            with pytest.raises(grpc.RpcError) as refused:
+                first.allocate(SOCKET, ["drawer0-book0-socket1"])
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        finally:
+            first.kill()  # no goodbye: what it handed out must come back from its saved holds
+        k.restart()
+        second = AgentProcess(k, root, "--levels", "book,socket", "--pod-resources-interval", "0.1",
+                              pod_resources=missing)
+        try:
+            wait_until(lambda: k.registrations(SOCKET) >= 2 and bool(k.devices(SOCKET)), 30, "re-registered")
+            assert unhealthy(k, SOCKET) == inside  # still blocked by the hold from before the restart
+            with pytest.raises(grpc.RpcError) as refused:
+                second.allocate(SOCKET, ["drawer0-book0-socket0"])
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            # pod-resources appears and answers: kubelet holds nothing, so the hold is released.
+            missing.parent.mkdir()
+            os.symlink(k.pod_resources_socket, missing)
+            wait_until(lambda: second.get("/readyz")[0] == 200, 30, "ready once pod-resources answers")
+            wait_until(lambda: not unhealthy(k, SOCKET), 10, "the sockets released")
+            assert second.metric("topology_agent_exclusivity_confirmed") == 1
+            assert second.metric("topology_agent_pending_holds") == 0
+        finally:
+            second.stop()
+
+
+def test_a_refused_allocate_holds_nothing() -> None:
+    root = short_tmpdir()
+    with KubeletEmulator(root) as k, AgentProcess(k, root, "--levels", "book,socket") as agent:
+        k.wait_registered(BOOK, timeout=30)
+        with pytest.raises(grpc.RpcError) as refused:
+            agent.allocate(BOOK, ["drawer0-book0"], ["drawer9-book9"])  # one valid, one invalid container
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        answer = agent.allocate(SOCKET, ["drawer0-book0-socket0"])  # the valid book was not kept held
+        assert answer.container_responses[0].envs["TOPOLOGY_GROUPS"] == "drawer0-book0-socket0"

@@ -1,0 +1,111 @@
+"""The agent's saved state files as hostile input, against the real ``serve`` process: whatever is
+in them, the agent starts, says what it distrusts, never hands out a CPU the machine lacks, and
+keeps its files per resource prefix, rewritten when wiped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BOOK
+from tests.plugin_harness import short_tmpdir
+from tests.serve_harness import AgentProcess, wait_until
+from topology_devkit.kubelet_emulator import Container, KubeletEmulator
+
+STATE = "s390x-topology-agent"
+
+
+def groups_file(k: KubeletEmulator, prefix: str = "topology") -> Path:
+    return k.device_plugin_dir / STATE / prefix / "groups.json"
+
+
+def run_once(k: KubeletEmulator, root: Path, *args: str) -> AgentProcess:
+    """A new agent process, once it registered (with this kubelet: its count grows)."""
+    before, snapshots = k.registrations(BOOK), k.snapshots(BOOK)
+    agent = AgentProcess(k, root, "--levels", "book", *args)
+    k.wait_for(lambda: k.registrations(BOOK) > before and k.snapshots(BOOK) > snapshots, timeout=30,
+               what="registered, its devices delivered")
+    return agent
+
+
+@pytest.mark.parametrize(("content", "said"), [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"version": 1, "settings": {}, "groups": "nope"', "not JSON"),
+    (json.dumps({"version": 1, "settings": {"levels": ["book"], "resource_prefix": "topology", "reserved_cpus": [],
+                                             "exclude_polarization": [], "min_group_cores": None},
+                 "groups": [{"level": "book", "resource": "topology/book", "id": 7}]}), "must be"),
+])
+def test_a_broken_groups_file_is_said_and_replaced(content: str, said: str) -> None:
+    root = short_tmpdir()
+    with KubeletEmulator(root) as k:
+        path = groups_file(k)
+        path.parent.mkdir(parents=True)
+        path.write_text(content)
+        agent = run_once(k, root)
+        try:
+            assert agent.logged(said) and agent.logged("not trusting the saved groups")
+            assert not [line for line in agent.log() if line.get("level") == "error" or "Traceback" in str(line)]
+            assert json.loads(path.read_text())["groups"]  # written afresh
+        finally:
+            assert agent.stop() == 0
+
+
+def test_a_cpu_the_machine_lacks_never_reaches_a_container() -> None:
+    root = short_tmpdir()
+    with KubeletEmulator(root) as k:
+        first = run_once(k, root)
+        k.admit_pod("default", "held", [Container("c", {BOOK: 1})])  # the saved groups would be kept
+        assert first.stop() == 0
+        path = groups_file(k)
+        data = json.loads(path.read_text())
+        data["groups"][0]["cpus"].append(9999)
+        data["groups"][0]["cores"].append([9999])
+        path.write_text(json.dumps(data))
+        second = run_once(k, root)
+        try:
+            assert second.logged("9999") and second.logged("that this machine does not have")
+            k.admit_pod("default", "next", [Container("c", {BOOK: 1})])
+            env = k.start_container("default", "next", "c")
+            assert "9999" not in env["TOPOLOGY_CPUS"]
+        finally:
+            assert second.stop() == 0
+
+
+def test_the_kept_reason_does_not_grow_and_a_wiped_directory_is_written_again() -> None:
+    root = short_tmpdir()
+    with KubeletEmulator(root) as k:
+        for _ in range(3):
+            agent = run_once(k, root)
+            if not k.pods():
+                k.admit_pod("default", "held", [Container("c", {BOOK: 1})])
+            assert agent.stop() == 0
+        reason = json.loads(groups_file(k).read_text())["level_reason"]
+        assert "kept from before the restart" not in reason
+        agent = run_once(k, root)
+        try:
+            for f in groups_file(k).parent.iterdir():
+                f.unlink()
+            groups_file(k).parent.rmdir()
+            wait_until(lambda: groups_file(k).exists(), 20, "the groups written again")
+        finally:
+            assert agent.stop() == 0
+
+
+def test_two_resource_prefixes_keep_separate_files() -> None:
+    root = short_tmpdir()
+    with KubeletEmulator(root) as k:
+        a = AgentProcess(k, root, "--levels", "book")
+        b = AgentProcess(k, root, "--levels", "book", "--resource-prefix", "other.example.com")
+        try:
+            k.wait_for(lambda: k.registrations(BOOK) >= 1 and k.registrations("other.example.com/book") >= 1,
+                       timeout=30, what="both registered")
+            wait_until(lambda: groups_file(k).exists() and groups_file(k, "other.example.com").exists(), 10,
+                       "both files")
+            assert json.loads(groups_file(k).read_text())["settings"]["resource_prefix"] == "topology"
+            other = json.loads(groups_file(k, "other.example.com").read_text())
+            assert other["settings"]["resource_prefix"] == "other.example.com"
+        finally:
+            a.stop()
+            b.stop()
