@@ -29,8 +29,6 @@ from tests.conftest import missing
 from topology_devkit.containerd import Containerd, ContainerdUnavailable, PodContainer
 
 HANDLERS = ("runc", "crun")
-ONLINE = parse_cpulist(Path("/sys/devices/system/cpu/online").read_text()) if Path(
-    "/sys/devices/system/cpu/online").is_file() else []
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +78,13 @@ def pods(ctd: Containerd) -> Iterator[Callable[..., PodContainer]]:
         ctd.remove_pod(pod)
 
 
-def two_cpus() -> tuple[str, str]:
-    """(all online CPUs, the second one): a pin that differs from the default."""
-    if len(ONLINE) < 2:
-        pytest.skip(f"this machine has {len(ONLINE)} online CPU(s): pinning needs 2 to be visible")
-    return format_cpulist(ONLINE), str(ONLINE[1])
+def two_cpus(ctd: Containerd) -> tuple[str, str]:
+    """(the CPUs a container runs on by default, the last of them): a pin that differs from the default."""
+    everything = ctd.default_cpus()
+    cpus = parse_cpulist(everything)
+    if len(cpus) < 2:
+        pytest.skip(f"containers here run on {len(cpus)} CPU ({everything}): a visible pin needs 2")
+    return format_cpulist(cpus), str(cpus[-1])
 
 
 def one_line(error: CriError, *words: str) -> str:
@@ -126,7 +126,7 @@ def test_list_containers_finds_a_container_by_kubelet_labels(
 
 def test_container_status_reports_labels_state_and_cpuset(
         ctd: Containerd, client: CriClient, handler: str, pods: Callable[..., PodContainer]) -> None:
-    cpu = str(ONLINE[-1]) if ONLINE else "0"
+    cpu = str(parse_cpulist(ctd.default_cpus())[-1])
     pinned = pods("pinned", namespace="llm", handler=handler, cpuset_cpus=cpu, cpuset_mems="0")
     free = pods("free", namespace="llm", handler=handler)
 
@@ -147,7 +147,7 @@ def test_container_status_reports_labels_state_and_cpuset(
 
 def test_update_cpuset_changes_the_live_process(
         ctd: Containerd, client: CriClient, handler: str, pods: Callable[..., PodContainer]) -> None:
-    everything, second = two_cpus()
+    everything, second = two_cpus(ctd)
     pod = pods("vllm-0", namespace="llm", handler=handler)
     assert ctd.cpus_allowed_list(pod.container_id) == everything
 
@@ -167,7 +167,7 @@ def test_update_cpuset_changes_the_live_process(
 
 def test_a_restarted_container_has_a_new_id_and_the_original_cpuset(
         ctd: Containerd, client: CriClient, handler: str, pods: Callable[..., PodContainer]) -> None:
-    everything, second = two_cpus()
+    everything, second = two_cpus(ctd)
     pod = pods("vllm-1", namespace="llm", handler=handler)
     client.update_cpuset(pod.container_id, second, "")
     assert ctd.wait_cpus_allowed(pod.container_id, second) == second

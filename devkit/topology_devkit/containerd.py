@@ -557,6 +557,12 @@ class Containerd:
         """``Cpus_allowed_list`` of the container's process, from /proc/<pid>/status."""
         return status_cpus_allowed(self.container_pid(container_id))
 
+    def default_cpus(self) -> str:
+        """The CPUs a container without a cpuset of its own runs on: those of the cgroup root its pod's
+        cgroup is made under (runc and crun copy the parent's ``cpuset.cpus`` into a new cpuset)."""
+        path = CGROUP_ROOT / "cpuset.cpus.effective" if cgroup_v2() else CGROUP_ROOT / "cpuset" / "cpuset.cpus"
+        return path.read_text().strip()
+
     def wait_cpus_allowed(self, container_id: str, expected: str, timeout: float = 5.0) -> str:
         """Wait until the container's ``Cpus_allowed_list`` is ``expected``; the last value read."""
         pid = self.container_pid(container_id)
