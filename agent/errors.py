@@ -76,6 +76,19 @@ class NodeLabelerError(AgentError):
     """No Kubernetes API configuration at all (neither in-cluster nor a kubeconfig)."""
 
 
+# --- the container runtime ------------------------------------------------------------------------
+class CriError(AgentError):
+    """A CRI call failed: no socket, the runtime did not answer in time, or it refused the call.
+
+    The message is one line naming the socket, the call and the gRPC code; ``code`` is that code's
+    name (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``NOT_FOUND``, ...), or ``NO_SOCKET``.
+    """
+
+    def __init__(self, message: str, code: str = "UNKNOWN") -> None:
+        super().__init__(message)
+        self.code = code
+
+
 # --- requests kubelet sends ----------------------------------------------------------------------
 class PreferenceError(AgentError, ValueError):
     """A GetPreferredAllocation request that cannot be answered (unknown must-include ids, bad size)."""

@@ -1,4 +1,4 @@
-"""Generate the Python gRPC/protobuf code for the vendored kubelet APIs.
+"""Generate the Python gRPC/protobuf code for the vendored kubelet and CRI APIs.
 
 The ``.proto`` files live in this directory (``proto/``); the generated modules land inside the
 ``agent`` package under ``agent/_proto/`` by mapping the virtual include path
@@ -27,6 +27,7 @@ VIRTUAL_ROOT = "agent/_proto"
 PROTO_FILES: tuple[str, ...] = (
     "deviceplugin/v1beta1/api.proto",
     "podresources/v1/api.proto",
+    "runtime/v1/api.proto",
 )
 
 GENERATED_SUFFIXES: tuple[str, ...] = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")

@@ -22,6 +22,7 @@ LAYERS: dict[str, int] = {
     "agent.topology": 1, "agent.policy": 2,  # the core: pure model, readers, rules
     "agent.devices": 3,  # the node's device table
     "agent.plugin": 4, "agent.node": 4, "agent.observe": 4,  # adapters: kubelet, Kubernetes API, metrics/HTTP/logs
+    "agent.cri": 4,  # adapter: the container runtime (CRI)
     "agent.app": 5,  # wiring and the running agent
     "agent.cli": 6, "agent.__main__": 7,
 }
@@ -140,6 +141,7 @@ def test_the_core_imports_nothing_outside_the_core() -> None:
 def test_the_checks_can_fail() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert layer_of("agent.plugin.servicer") == ("agent.plugin", 4)
+    assert layer_of("agent.cri.client") == ("agent.cri", 4)
     assert layer_of("agent.policy.ledger")[1] < layer_of("agent.devices.table")[1]
 
 

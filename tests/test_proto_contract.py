@@ -1,7 +1,9 @@
-"""The vendored kubelet protos: regeneration is reproducible and descriptors match upstream.
+"""The vendored kubelet and CRI protos: regeneration is reproducible and descriptors match upstream.
 
-The field table below is the one in docs/kubelet-device-plugin.md sections 1.3 and 3.2; every
-row is checked against the generated descriptors (name, number, and where useful label/type).
+The kubelet field tables below are the ones in docs/kubelet-device-plugin.md sections 1.3 and 3.2;
+the CRI table lists the runtime.v1 messages and fields the agent and its test harness use, with the
+numbers of upstream k8s.io/cri-api pkg/apis/runtime/v1/api.proto. Every row is checked against the
+generated descriptors (name, number, and where useful label/type).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from google.protobuf.descriptor import FieldDescriptor, FileDescriptor
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2 as dp
 from agent._proto.podresources.v1 import api_pb2 as pr
+from agent._proto.runtime.v1 import api_pb2 as cri
 from tests.conftest import REPO
 
 PROTO_DIR = REPO / "proto"
@@ -43,7 +46,7 @@ def test_regeneration_is_byte_identical() -> None:
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         out_root = Path(tmp)
         produced = gen.generate(out_root)
-        assert len(produced) == 6
+        assert len(produced) == 9  # three protos, three files each
         for path in produced:
             rel = path.relative_to(out_root)
             committed = REPO / rel
@@ -57,6 +60,7 @@ def test_generated_imports_use_agent_package_path() -> None:
     for rel in (
         "agent/_proto/deviceplugin/v1beta1/api_pb2_grpc.py",
         "agent/_proto/podresources/v1/api_pb2_grpc.py",
+        "agent/_proto/runtime/v1/api_pb2_grpc.py",
     ):
         text = (REPO / rel).read_text()
         package = rel.rsplit("/", 1)[0].replace("/", ".")
@@ -85,6 +89,8 @@ def test_packages() -> None:
     assert _file(pr).package == "v1"
     assert _file(dp).GetOptions().go_package == "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
     assert _file(pr).GetOptions().go_package == "k8s.io/kubelet/pkg/apis/podresources/v1"
+    assert _file(cri).package == "runtime.v1"
+    assert _file(cri).GetOptions().go_package == "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 
 def _methods(file: FileDescriptor, service: str) -> dict[str, tuple[str, str, bool, bool]]:
@@ -140,12 +146,41 @@ def test_pod_resources_service() -> None:
     }
 
 
+def test_cri_services() -> None:
+    assert set(_file(cri).services_by_name) == {"RuntimeService", "ImageService"}
+    runtime = _methods(_file(cri), "RuntimeService")
+    # The calls of agent/cri/client.py, then those of the test harness (devkit containerd.py).
+    used = {
+        "Version": ("runtime.v1.VersionRequest", "runtime.v1.VersionResponse", False, False),
+        "ListContainers": ("runtime.v1.ListContainersRequest", "runtime.v1.ListContainersResponse", False, False),
+        "ContainerStatus": ("runtime.v1.ContainerStatusRequest", "runtime.v1.ContainerStatusResponse", False, False),
+        "UpdateContainerResources": (
+            "runtime.v1.UpdateContainerResourcesRequest",
+            "runtime.v1.UpdateContainerResourcesResponse",
+            False,
+            False,
+        ),
+        "RunPodSandbox": ("runtime.v1.RunPodSandboxRequest", "runtime.v1.RunPodSandboxResponse", False, False),
+        "StopPodSandbox": ("runtime.v1.StopPodSandboxRequest", "runtime.v1.StopPodSandboxResponse", False, False),
+        "RemovePodSandbox": (
+            "runtime.v1.RemovePodSandboxRequest", "runtime.v1.RemovePodSandboxResponse", False, False),
+        "ListPodSandbox": ("runtime.v1.ListPodSandboxRequest", "runtime.v1.ListPodSandboxResponse", False, False),
+        "CreateContainer": ("runtime.v1.CreateContainerRequest", "runtime.v1.CreateContainerResponse", False, False),
+        "StartContainer": ("runtime.v1.StartContainerRequest", "runtime.v1.StartContainerResponse", False, False),
+        "StopContainer": ("runtime.v1.StopContainerRequest", "runtime.v1.StopContainerResponse", False, False),
+        "RemoveContainer": ("runtime.v1.RemoveContainerRequest", "runtime.v1.RemoveContainerResponse", False, False),
+    }
+    assert {name: runtime.get(name) for name in used} == used
+
+
 def test_grpc_method_paths() -> None:
     from agent._proto.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
     from agent._proto.podresources.v1 import api_pb2_grpc as pr_grpc
+    from agent._proto.runtime.v1 import api_pb2_grpc as cri_grpc
 
     dp_text = Path(dp_grpc.__file__).read_text()
     pr_text = Path(pr_grpc.__file__).read_text()
+    cri_text = Path(cri_grpc.__file__).read_text()
     for path in (
         "/v1beta1.Registration/Register",
         "/v1beta1.DevicePlugin/GetDevicePluginOptions",
@@ -161,6 +196,14 @@ def test_grpc_method_paths() -> None:
         "/v1.PodResourcesLister/Get",
     ):
         assert f"'{path}'" in pr_text, path
+    for path in (
+        "/runtime.v1.RuntimeService/Version",
+        "/runtime.v1.RuntimeService/ListContainers",
+        "/runtime.v1.RuntimeService/ContainerStatus",
+        "/runtime.v1.RuntimeService/UpdateContainerResources",
+        "/runtime.v1.ImageService/ListImages",
+    ):
+        assert f"'{path}'" in cri_text, path
 
 
 _T = FieldDescriptor
@@ -244,6 +287,58 @@ POD_RESOURCES_FIELDS: list[tuple[str, str, int, str, int]] = [
 ]
 
 
+# (message, field, number, label, type): the runtime.v1 fields we use, numbered as upstream's
+# k8s.io/cri-api pkg/apis/runtime/v1/api.proto.
+CRI_FIELDS: list[tuple[str, str, int, str, int]] = [
+    ("VersionRequest", "version", 1, SINGLE, _T.TYPE_STRING),
+    ("VersionResponse", "version", 1, SINGLE, _T.TYPE_STRING),
+    ("VersionResponse", "runtime_name", 2, SINGLE, _T.TYPE_STRING),
+    ("VersionResponse", "runtime_version", 3, SINGLE, _T.TYPE_STRING),
+    ("VersionResponse", "runtime_api_version", 4, SINGLE, _T.TYPE_STRING),
+    ("ListContainersRequest", "filter", 1, SINGLE, _T.TYPE_MESSAGE),
+    ("ListContainersResponse", "containers", 1, REPEATED, _T.TYPE_MESSAGE),
+    ("ContainerFilter", "id", 1, SINGLE, _T.TYPE_STRING),
+    ("ContainerFilter", "state", 2, SINGLE, _T.TYPE_MESSAGE),
+    ("ContainerFilter", "pod_sandbox_id", 3, SINGLE, _T.TYPE_STRING),
+    ("ContainerFilter", "label_selector", 4, REPEATED, _T.TYPE_MESSAGE),  # map<string,string>
+    ("ContainerStateValue", "state", 1, SINGLE, _T.TYPE_ENUM),
+    ("Container", "id", 1, SINGLE, _T.TYPE_STRING),
+    ("Container", "pod_sandbox_id", 2, SINGLE, _T.TYPE_STRING),
+    ("Container", "metadata", 3, SINGLE, _T.TYPE_MESSAGE),
+    ("Container", "image", 4, SINGLE, _T.TYPE_MESSAGE),
+    ("Container", "state", 6, SINGLE, _T.TYPE_ENUM),
+    ("Container", "created_at", 7, SINGLE, _T.TYPE_INT64),
+    ("Container", "labels", 8, REPEATED, _T.TYPE_MESSAGE),  # map<string,string>
+    ("Container", "annotations", 9, REPEATED, _T.TYPE_MESSAGE),  # map<string,string>
+    ("ContainerMetadata", "name", 1, SINGLE, _T.TYPE_STRING),
+    ("ContainerMetadata", "attempt", 2, SINGLE, _T.TYPE_UINT32),
+    ("ContainerStatusRequest", "container_id", 1, SINGLE, _T.TYPE_STRING),
+    ("ContainerStatusRequest", "verbose", 2, SINGLE, _T.TYPE_BOOL),
+    ("ContainerStatusResponse", "status", 1, SINGLE, _T.TYPE_MESSAGE),
+    ("ContainerStatusResponse", "info", 2, REPEATED, _T.TYPE_MESSAGE),  # map<string,string>
+    ("ContainerStatus", "id", 1, SINGLE, _T.TYPE_STRING),
+    ("ContainerStatus", "metadata", 2, SINGLE, _T.TYPE_MESSAGE),
+    ("ContainerStatus", "state", 3, SINGLE, _T.TYPE_ENUM),
+    ("ContainerStatus", "created_at", 4, SINGLE, _T.TYPE_INT64),
+    ("ContainerStatus", "started_at", 5, SINGLE, _T.TYPE_INT64),
+    ("ContainerStatus", "labels", 12, REPEATED, _T.TYPE_MESSAGE),  # map<string,string>
+    ("ContainerStatus", "resources", 16, SINGLE, _T.TYPE_MESSAGE),
+    ("ContainerResources", "linux", 1, SINGLE, _T.TYPE_MESSAGE),
+    ("LinuxContainerResources", "cpu_period", 1, SINGLE, _T.TYPE_INT64),
+    ("LinuxContainerResources", "cpu_quota", 2, SINGLE, _T.TYPE_INT64),
+    ("LinuxContainerResources", "cpu_shares", 3, SINGLE, _T.TYPE_INT64),
+    ("LinuxContainerResources", "memory_limit_in_bytes", 4, SINGLE, _T.TYPE_INT64),
+    ("LinuxContainerResources", "oom_score_adj", 5, SINGLE, _T.TYPE_INT64),
+    ("LinuxContainerResources", "cpuset_cpus", 6, SINGLE, _T.TYPE_STRING),
+    ("LinuxContainerResources", "cpuset_mems", 7, SINGLE, _T.TYPE_STRING),
+    ("LinuxContainerResources", "hugepage_limits", 8, REPEATED, _T.TYPE_MESSAGE),
+    ("LinuxContainerResources", "unified", 9, REPEATED, _T.TYPE_MESSAGE),  # map<string,string>
+    ("LinuxContainerResources", "memory_swap_limit_in_bytes", 10, SINGLE, _T.TYPE_INT64),
+    ("UpdateContainerResourcesRequest", "container_id", 1, SINGLE, _T.TYPE_STRING),
+    ("UpdateContainerResourcesRequest", "linux", 2, SINGLE, _T.TYPE_MESSAGE),
+]
+
+
 def _check_field(module: ModuleType, message: str, field: str, number: int, label: str, ftype: int) -> None:
     msg = _file(module).message_types_by_name[message]
     assert field in msg.fields_by_name, f"{msg.full_name} has no field {field!r}"
@@ -262,6 +357,50 @@ def test_device_plugin_field(message: str, field: str, number: int, label: str, 
 @pytest.mark.parametrize(("message", "field", "number", "label", "ftype"), POD_RESOURCES_FIELDS)
 def test_pod_resources_field(message: str, field: str, number: int, label: str, ftype: int) -> None:
     _check_field(pr, message, field, number, label, ftype)
+
+
+@pytest.mark.parametrize(("message", "field", "number", "label", "ftype"), CRI_FIELDS)
+def test_cri_field(message: str, field: str, number: int, label: str, ftype: int) -> None:
+    _check_field(cri, message, field, number, label, ftype)
+
+
+def test_cri_message_types_of_the_fields_we_follow() -> None:
+    def target(message: str, field: str) -> str:
+        fd = _file(cri).message_types_by_name[message].fields_by_name[field]
+        kind = fd.message_type if fd.message_type is not None else fd.enum_type
+        assert kind is not None
+        return kind.full_name
+
+    assert target("ListContainersRequest", "filter") == "runtime.v1.ContainerFilter"
+    assert target("ContainerFilter", "state") == "runtime.v1.ContainerStateValue"
+    assert target("ContainerStateValue", "state") == "runtime.v1.ContainerState"
+    assert target("Container", "state") == "runtime.v1.ContainerState"
+    assert target("ContainerStatus", "state") == "runtime.v1.ContainerState"
+    assert target("ContainerStatusResponse", "status") == "runtime.v1.ContainerStatus"
+    assert target("ContainerStatus", "resources") == "runtime.v1.ContainerResources"
+    assert target("ContainerResources", "linux") == "runtime.v1.LinuxContainerResources"
+    assert target("UpdateContainerResourcesRequest", "linux") == "runtime.v1.LinuxContainerResources"
+    for message, field in (("ContainerFilter", "label_selector"), ("Container", "labels"),
+                           ("ContainerStatus", "labels"), ("ContainerStatusResponse", "info")):
+        entry = _file(cri).message_types_by_name[message].fields_by_name[field].message_type
+        assert entry is not None and entry.GetOptions().map_entry, (message, field)
+        assert entry.fields_by_name["key"].type == _T.TYPE_STRING
+        assert entry.fields_by_name["value"].type == _T.TYPE_STRING
+
+
+def test_cri_container_states() -> None:
+    states = _file(cri).enum_types_by_name["ContainerState"]
+    assert {v.name: v.number for v in states.values} == {
+        "CONTAINER_CREATED": 0, "CONTAINER_RUNNING": 1, "CONTAINER_EXITED": 2, "CONTAINER_UNKNOWN": 3,
+    }
+
+
+def test_cri_update_with_only_the_cpuset_leaves_the_other_limits_unset() -> None:
+    """Proto3 zero values are not sent: an update naming only the cpuset carries nothing else."""
+    request = cri.UpdateContainerResourcesRequest(
+        container_id="c1", linux=cri.LinuxContainerResources(cpuset_cpus="1", cpuset_mems="0"))
+    again = cri.UpdateContainerResourcesRequest.FromString(request.SerializeToString())
+    assert [fd.name for fd, _ in again.linux.ListFields()] == ["cpuset_cpus", "cpuset_mems"]
 
 
 def test_empty_messages_are_empty() -> None:

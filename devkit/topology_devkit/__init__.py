@@ -6,4 +6,5 @@
 * :mod:`topology_devkit.sysfs_writer` -- a kernel-faithful ``/sys`` tree for a topology;
 * :mod:`topology_devkit.shape` -- an id-free shape of a topology, to compare sources;
 * :mod:`topology_devkit.demo` -- ``topology-agent demo`` (found through the ``topology_agent.demo`` entry point).
+* :mod:`topology_devkit.containerd` -- a private real containerd with runc and crun, pods with kubelet's labels.
 """
