@@ -430,12 +430,30 @@ def policy_of(docs: list[Doc]) -> tuple[Doc, Doc]:
     return one(docs, "ValidatingAdmissionPolicy"), one(docs, "ValidatingAdmissionPolicyBinding")
 
 
-def test_admission_policy_needs_the_v1_api_or_force(render: Render) -> None:
-    assert "ValidatingAdmissionPolicy" not in kinds(render(kube_version=FLOOR, vap=False))
-    assert "ValidatingAdmissionPolicy" not in kinds(render(kube_version=NEWEST, vap=False))
-    assert "ValidatingAdmissionPolicy" in kinds(render(kube_version=NEWEST, vap=True))
-    assert "ValidatingAdmissionPolicy" in kinds(render("--set", "admissionPolicy.force=true", vap=False))
-    assert "ValidatingAdmissionPolicy" not in kinds(render("--set", "admissionPolicy.enabled=false"))
+VAP = "ValidatingAdmissionPolicy"
+LIVE = ("--api-versions", "apps/v1/DaemonSet")  # what `helm install` sees: discovery lists kinds, not only groups
+
+
+def test_admission_policy_offline_follows_the_kubernetes_version(render: Render) -> None:
+    """`helm template` knows no kinds: Kubernetes >= 1.30 (GA of admissionregistration.k8s.io/v1) decides."""
+    assert VAP in kinds(render(kube_version=NEWEST, vap=False))
+    assert VAP in kinds(render(kube_version=VAP_MIN, vap=False))
+    assert VAP not in kinds(render(kube_version="1.29.15", vap=False))
+    assert VAP not in kinds(render(kube_version=FLOOR, vap=False))
+
+
+def test_admission_policy_trusts_a_live_discovery(render: Render) -> None:
+    """With kinds in the API list (a live cluster, or a GitOps tool passing them), the list alone decides."""
+    assert VAP not in kinds(render(*LIVE, kube_version=NEWEST, vap=False))  # e.g. the API switched off
+    assert VAP in kinds(render(*LIVE, kube_version=NEWEST, vap=True))
+    assert VAP in kinds(render(kube_version="1.29.15", vap=True))  # told it is served: believed
+
+
+def test_admission_policy_force_and_enabled(render: Render) -> None:
+    assert VAP in kinds(render("--set", "admissionPolicy.force=true", kube_version=FLOOR, vap=False))
+    assert VAP in kinds(render("--set", "admissionPolicy.force=true", *LIVE, kube_version=NEWEST, vap=False))
+    assert VAP not in kinds(render("--set", "admissionPolicy.enabled=false"))
+    assert VAP not in kinds(render("--set", "admissionPolicy.enabled=false", "--set", "admissionPolicy.force=true"))
 
 
 def test_admission_policy_shape(render: Render) -> None:
