@@ -398,6 +398,24 @@ def test_no_rbac_without_node_labels(render: Render) -> None:
     assert not {"ClusterRole", "ClusterRoleBinding"} & set(kinds(render("--set", "agent.nodeLabels=false")))
 
 
+def test_service_account_token_only_for_node_labels(render: Render) -> None:
+    docs = render()
+    assert one(docs, "ServiceAccount")["automountServiceAccountToken"] is True
+    assert one(docs, "DaemonSet")["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    docs = render("--set", "agent.nodeLabels=false")
+    assert one(docs, "ServiceAccount")["automountServiceAccountToken"] is False
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    # No projected token volume sneaks in some other way either.
+    assert not [v for v in pod["volumes"] if "projected" in v or "secret" in v]
+    # Someone else's account (serviceAccount.create=false): the pod itself still refuses the token.
+    docs = render("--set", "agent.nodeLabels=false", "--set", "serviceAccount.create=false",
+                  "--set", "serviceAccount.name=shared")
+    assert "ServiceAccount" not in kinds(docs)
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "shared" and pod["automountServiceAccountToken"] is False
+
+
 # ---------------------------------------------------------------------------------------------------- metrics
 
 
