@@ -444,34 +444,54 @@ def test_service_monitor_when_enabled(render: Render) -> None:
 # ------------------------------------------------------------------------------------------ admission policy
 
 
-def policy_of(docs: list[Doc]) -> tuple[Doc, Doc]:
-    return one(docs, "ValidatingAdmissionPolicy"), one(docs, "ValidatingAdmissionPolicyBinding")
+REQUESTS, NODES = "topology-requests", "node-restriction"  # the two policies, by the suffix of their names
 
 
-VAP = "ValidatingAdmissionPolicy"
+def policy_of(docs: list[Doc], which: str = REQUESTS) -> tuple[Doc, Doc]:
+    """(ValidatingAdmissionPolicy, its binding) named <fullname>-<which>."""
+    found = kinds(docs)
+    (policy,) = [p for p in found.get("ValidatingAdmissionPolicy", []) if p["metadata"]["name"].endswith(which)]
+    (binding,) = [b for b in found.get("ValidatingAdmissionPolicyBinding", [])
+                  if b["spec"]["policyName"] == policy["metadata"]["name"]]
+    return policy, binding
+
+
+def policies(docs: list[Doc]) -> set[str]:
+    """Which policies were rendered, each with its binding: {"topology-requests", "node-restriction"}."""
+    found = kinds(docs)
+    names = {p["metadata"]["name"] for p in found.get("ValidatingAdmissionPolicy", [])}
+    bound = {b["spec"]["policyName"] for b in found.get("ValidatingAdmissionPolicyBinding", [])}
+    assert names == bound, f"policies {names} and bindings {bound} differ"
+    return {which for which in (REQUESTS, NODES) for name in names if name.endswith(which)}
+
+
+BOTH = {REQUESTS, NODES}
 LIVE = ("--api-versions", "apps/v1/DaemonSet")  # what `helm install` sees: discovery lists kinds, not only groups
 
 
-def test_admission_policy_offline_follows_the_kubernetes_version(render: Render) -> None:
+def test_admission_policies_offline_follow_the_kubernetes_version(render: Render) -> None:
     """`helm template` knows no kinds: Kubernetes >= 1.30 (GA of admissionregistration.k8s.io/v1) decides."""
-    assert VAP in kinds(render(kube_version=NEWEST, vap=False))
-    assert VAP in kinds(render(kube_version=VAP_MIN, vap=False))
-    assert VAP not in kinds(render(kube_version="1.29.15", vap=False))
-    assert VAP not in kinds(render(kube_version=FLOOR, vap=False))
+    assert policies(render(kube_version=NEWEST, vap=False)) == BOTH
+    assert policies(render(kube_version=VAP_MIN, vap=False)) == BOTH
+    assert policies(render(kube_version="1.29.15", vap=False)) == set()
+    assert policies(render(kube_version=FLOOR, vap=False)) == set()
 
 
-def test_admission_policy_trusts_a_live_discovery(render: Render) -> None:
+def test_admission_policies_trust_a_live_discovery(render: Render) -> None:
     """With kinds in the API list (a live cluster, or a GitOps tool passing them), the list alone decides."""
-    assert VAP not in kinds(render(*LIVE, kube_version=NEWEST, vap=False))  # e.g. the API switched off
-    assert VAP in kinds(render(*LIVE, kube_version=NEWEST, vap=True))
-    assert VAP in kinds(render(kube_version="1.29.15", vap=True))  # told it is served: believed
+    assert policies(render(*LIVE, kube_version=NEWEST, vap=False)) == set()  # e.g. the API switched off
+    assert policies(render(*LIVE, kube_version=NEWEST, vap=True)) == BOTH
+    assert policies(render(kube_version="1.29.15", vap=True)) == BOTH  # told it is served: believed
 
 
-def test_admission_policy_force_and_enabled(render: Render) -> None:
-    assert VAP in kinds(render("--set", "admissionPolicy.force=true", kube_version=FLOOR, vap=False))
-    assert VAP in kinds(render("--set", "admissionPolicy.force=true", *LIVE, kube_version=NEWEST, vap=False))
-    assert VAP not in kinds(render("--set", "admissionPolicy.enabled=false"))
-    assert VAP not in kinds(render("--set", "admissionPolicy.enabled=false", "--set", "admissionPolicy.force=true"))
+def test_admission_policies_force_and_enabled(render: Render) -> None:
+    assert policies(render("--set", "admissionPolicy.force=true", kube_version=FLOOR, vap=False)) == BOTH
+    assert policies(render("--set", "admissionPolicy.force=true", *LIVE, kube_version=NEWEST, vap=False)) == BOTH
+    assert policies(render("--set", "admissionPolicy.enabled=false")) == {NODES}
+    assert policies(render("--set", "admissionPolicy.enabled=false", "--set", "admissionPolicy.force=true")) == {NODES}
+    assert policies(render("--set", "nodeRestrictionPolicy.enabled=false")) == {REQUESTS}
+    # No node labels: no RBAC and no token, so nothing to restrict.
+    assert policies(render("--set", "agent.nodeLabels=false")) == {REQUESTS}
 
 
 def test_admission_policy_shape(render: Render) -> None:
@@ -672,6 +692,218 @@ def test_cel_uses_the_configured_prefix(admit: Callable[..., list[str]]) -> None
     mine = pod(container("llm", cpu="8", ibm_example_com__book="1", ibm_example_com__socket="1"))
     assert admit(mine, prefix="ibm.example.com")[0].startswith(
         "container(s) llm request more than one ibm.example.com/ resource")
+
+
+# --- the node-restriction policy: its shape, then its CEL evaluated as the API server would
+
+AGENT_USER = "system:serviceaccount:kube-system:t-s390x-topology-agent"
+NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
+OURS = "topology.s390x.ibm.com/"
+
+
+def test_node_restriction_policy_shape(render: Render) -> None:
+    from agent.node.labels import KEY_PREFIX
+
+    docs = render()
+    policy, binding = policy_of(docs, NODES)
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"  # RBAC alone grants patch on every Node: fail closed
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]}]
+    account = one(docs, "ServiceAccount")["metadata"]
+    assert spec["matchConditions"] == [{"name": "is-the-agent", "expression":
+                                        f"request.userInfo.username == 'system:serviceaccount:{account['namespace']}"
+                                        f":{account['name']}'"}]
+    assert {v["name"]: v["expression"] for v in spec["variables"]}["prefix"] == f"'{KEY_PREFIX}'"
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert "matchResources" not in binding["spec"]  # Nodes are cluster-scoped: no namespace to select
+    for validation in spec["validations"]:
+        assert validation["reason"] == "Forbidden"
+        assert "\n" not in validation["message"]
+    # The user it matches follows the release namespace and the account name.
+    policy, _ = policy_of(render("-n", "z-system", "--set", "serviceAccount.name=topo"), NODES)
+    assert "'system:serviceaccount:z-system:topo'" in policy["spec"]["matchConditions"][0]["expression"]
+
+
+def test_node_restriction_policy_sits_beside_a_patch_only_nodes_role(render: Render) -> None:
+    """The policy covers what the role grants: UPDATE (PATCH) of nodes, nothing else to guard."""
+    (rule,) = one(render(), "ClusterRole")["rules"]
+    assert rule["resources"] == ["nodes"] and set(rule["verbs"]) <= {"get", "patch"}
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (what the agent sends: application/merge-patch+json)."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+NODE: Doc = {
+    "apiVersion": "v1", "kind": "Node",
+    "metadata": {
+        "name": "z1", "uid": "0f8a", "resourceVersion": "4711",
+        "labels": {"kubernetes.io/hostname": "z1", "kubernetes.io/arch": "s390x", "pool": "inference",
+                   f"{OURS}books": "4", f"{OURS}drawers": "2"},
+        "annotations": {"node.alpha.kubernetes.io/ttl": "0", f"{OURS}topology": '{"books":4}'},
+        "managedFields": [{"manager": "kubelet", "operation": "Update"}],
+    },
+    "spec": {"podCIDR": "10.244.1.0/24", "taints": [{"key": "ibm.com/z", "effect": "NoSchedule"}]},
+    "status": {"allocatable": {"cpu": "32", "topology/book": "4"},
+               "conditions": [{"type": "Ready", "status": "True"}]},
+}
+
+
+def changed(patch: Doc, base: Doc = NODE) -> Doc:
+    return merge_patch(json.loads(json.dumps(base)), patch)
+
+
+def agent(node: str | None = "z1", *, extra: dict[str, list[str]] | None = None,
+          user: str = AGENT_USER) -> Doc:
+    """request.userInfo of a pod-bound token (node-name extra) or of a token without it (node=None)."""
+    info: Doc = {"username": user, "uid": "6a1c",
+                 "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"]}
+    info_extra = dict(extra or {})
+    if node is not None:
+        info_extra |= {NODE_NAME_KEY: [node], "authentication.kubernetes.io/pod-name": ["t-agent-x2k"]}
+    if info_extra:
+        info["extra"] = info_extra  # the API server omits an empty extra (omitempty)
+    return info
+
+
+@pytest.fixture(scope="session")
+def node_update(render: Render, cel: Callable[[str, dict[str, Any]], Any]) -> Callable[..., list[str]]:
+    """node_update(new, old=NODE, user=agent()) -> the failed validations' messages ([] = admitted)."""
+    spec = policy_of(render(), NODES)[0]["spec"]
+
+    def _update(new: Doc, old: Doc = NODE, user: Doc | None = None) -> list[str]:
+        request = {"operation": "UPDATE", "kind": {"group": "", "version": "v1", "kind": "Node"},
+                   "name": new["metadata"]["name"], "userInfo": user if user is not None else agent()}
+        base = {"object": new, "oldObject": old, "request": request}
+        if not all(bool(cel(c["expression"], base)) for c in spec["matchConditions"]):
+            return []
+        variables: dict[str, Any] = {}
+        for var in spec["variables"]:
+            value = cel(var["expression"], {**base, "variables": variables})
+            variables[var["name"]] = json.loads(json.dumps(value, default=_cel_to_json))
+        failures = []
+        for validation in spec["validations"]:
+            act = {**base, "variables": variables}
+            if not bool(cel(validation["expression"], act)):
+                expression = validation.get("messageExpression")
+                failures.append(str(cel(expression, act)) if expression else validation["message"])
+        return failures
+
+    return _update
+
+
+def test_node_policy_admits_our_keys_on_our_node(node_update: Callable[..., list[str]]) -> None:
+    assert node_update(changed({"metadata": {"labels": {f"{OURS}books": "3"}}})) == []
+    assert node_update(changed({"metadata": {"labels": {f"{OURS}smt": "2"},
+                                             "annotations": {f"{OURS}topology": '{"books":3}'}}})) == []
+    # Removing our own keys is allowed too (the agent drops a level that disappeared).
+    assert node_update(changed({"metadata": {"labels": {f"{OURS}drawers": None}}})) == []
+    assert node_update(changed({"metadata": {"annotations": {f"{OURS}topology": None}}})) == []
+    # A node without any label or annotation yet.
+    bare = changed({"metadata": {"labels": None, "annotations": None}})
+    assert node_update(changed({"metadata": {"labels": {f"{OURS}books": "4"}}}, bare), old=bare) == []
+    # Fields the API server maintains itself on every write are not the agent's doing.
+    assert node_update(changed({"metadata": {"resourceVersion": "4712", "labels": {f"{OURS}books": "3"},
+                                             "managedFields": [{"manager": "topology-agent"}]}})) == []
+
+
+def test_node_policy_admits_the_agents_own_patch(node_update: Callable[..., list[str]]) -> None:
+    """The body NodeLabeler really sends, applied as a merge patch, passes: the policy fits the agent."""
+    from types import SimpleNamespace
+
+    from agent.node.kube import NodeLabeler
+    from agent.node.labels import node_annotations, node_labels
+    from agent.policy.grouping import group_topology
+    from agent.topology.embedded import load_embedded
+
+    bodies: list[Doc] = []
+    meta = NODE["metadata"]
+    api = SimpleNamespace(
+        read_node=lambda name, **_: SimpleNamespace(metadata=SimpleNamespace(labels=meta["labels"],
+                                                                             annotations=meta["annotations"])),
+        patch_node=lambda name, body, **_: bodies.append(body))
+    topology = load_embedded("z16-lpar")
+    grouping = group_topology(topology)
+    labeler = NodeLabeler("z1", api)  # type: ignore[arg-type]  # a stand-in for CoreV1Api
+    assert labeler.sync(node_labels(topology, grouping, "none"), node_annotations(topology, grouping))
+    (body,) = bodies
+    assert f"{OURS}drawers" in body["metadata"]["labels"]  # stale: the patch removes it (null)
+    assert node_update(changed(body)) == []
+
+
+def test_node_policy_denies_another_node(node_update: Callable[..., list[str]]) -> None:
+    other = changed({"metadata": {"name": "z2", "labels": {f"{OURS}books": "3"}}})
+    assert node_update(other, old=changed({"metadata": {"name": "z2"}})) == [
+        "the topology agent running on node z1 may not update Node z2: only its own"]
+
+
+def test_node_policy_denies_foreign_labels_and_annotations(node_update: Callable[..., list[str]]) -> None:
+    for patch, key in [({"labels": {"pool": "batch"}}, "pool"),  # changed
+                       ({"labels": {"pool": None}}, "pool"),  # removed
+                       ({"labels": {"node-role.kubernetes.io/gpu": ""}}, "node-role.kubernetes.io/gpu"),  # added
+                       ({"labels": {"topology.s390x.ibm.com": "x"}}, "topology.s390x.ibm.com"),  # no slash: not ours
+                       ({"labels": {"topology.s390x.ibm.com.evil/books": "1"}}, "topology.s390x.ibm.com.evil/books")]:
+        failures = node_update(changed({"metadata": patch}))
+        assert failures == [f"the topology agent may only change {OURS} labels, not {key}"], patch
+    for patch, key in [({"annotations": {"node.alpha.kubernetes.io/ttl": "30"}}, "node.alpha.kubernetes.io/ttl"),
+                       ({"annotations": {"node.alpha.kubernetes.io/ttl": None}}, "node.alpha.kubernetes.io/ttl"),
+                       ({"annotations": {"example.com/owner": "me"}}, "example.com/owner")]:
+        failures = node_update(changed({"metadata": patch}))
+        assert failures == [f"the topology agent may only change {OURS} annotations, not {key}"], patch
+    # Ours and a foreign key in one patch: the whole request is denied, naming only the foreign key.
+    both = changed({"metadata": {"labels": {f"{OURS}books": "3", "pool": None, "zone": "a"}}})
+    assert node_update(both) == [f"the topology agent may only change {OURS} labels, not zone, pool"]
+
+
+def test_node_policy_denies_spec_status_finalizers_and_owners(node_update: Callable[..., list[str]]) -> None:
+    prefix = f"the topology agent may only change {OURS} labels and annotations of its Node, not "
+    cases: list[tuple[Doc, str]] = [
+        ({"spec": {"taints": [{"key": "ibm.com/z", "effect": "NoSchedule"},
+                              {"key": "evil", "effect": "NoExecute"}]}}, "spec"),
+        ({"spec": {"taints": None}}, "spec"),
+        ({"spec": {"unschedulable": True}}, "spec"),
+        ({"spec": {"podCIDR": "10.244.9.0/24"}}, "spec"),
+        ({"status": {"allocatable": {"cpu": "32", "topology/book": "40"}}}, "status"),
+        ({"metadata": {"finalizers": ["example.com/hold"]}}, "metadata.finalizers"),
+        ({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "1"}]}},
+         "metadata.ownerReferences"),
+    ]
+    for patch, field in cases:
+        assert node_update(changed(patch)) == [prefix + field], patch
+    # Riding along with a legitimate label change does not help.
+    sneaky = changed({"metadata": {"labels": {f"{OURS}books": "3"}}, "spec": {"unschedulable": True}})
+    assert node_update(sneaky) == [prefix + "spec"]
+    everything = changed({"metadata": {"finalizers": ["f"]}, "spec": {"unschedulable": True}, "status": {"x": "y"}})
+    assert node_update(everything) == [prefix + "spec, status, metadata.finalizers"]
+
+
+def test_node_policy_denies_a_token_without_the_node_name(node_update: Callable[..., list[str]]) -> None:
+    ours = changed({"metadata": {"labels": {f"{OURS}books": "3"}}})
+    no_node = ("no node association found for the topology agent's ServiceAccount: its token must be bound to a pod"
+               " on a node")
+    for user in (agent(None),  # no extra at all (a TokenRequest without a bound pod, or the gate off)
+                 agent(None, extra={"authentication.kubernetes.io/pod-name": ["t-agent-x2k"]}),
+                 agent(None, extra={NODE_NAME_KEY: []})):
+        failures = node_update(ours, user=user)
+        assert len(failures) == 1 and failures[0].startswith(no_node), (user, failures)
+
+
+def test_node_policy_leaves_other_users_alone(node_update: Callable[..., list[str]]) -> None:
+    """Only the agent's account is evaluated: kubelets, controllers and admins are not this policy's business."""
+    taint_everything = changed({"metadata": {"name": "z2", "labels": {"pool": None}}, "spec": {"unschedulable": True}})
+    for user in ("system:node:z1", "system:serviceaccount:kube-system:node-controller", "kubernetes-admin",
+                 "system:serviceaccount:other-ns:t-s390x-topology-agent"):
+        assert node_update(taint_everything, user=agent(None, user=user)) == []
 
 
 # --------------------------------------------------------------------------------------------- fake topology

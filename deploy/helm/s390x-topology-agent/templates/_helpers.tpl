@@ -94,3 +94,16 @@ Whether the pod-request ValidatingAdmissionPolicy is rendered: enabled, and eith
 true
 {{- end -}}
 {{- end }}
+
+{{/* The domain of the agent's node labels and annotations (agent/node/labels.py KEY_PREFIX). */}}
+{{- define "topology-agent.nodeKeyPrefix" -}}topology.s390x.ibm.com/{{- end }}
+
+{{/*
+Whether the node-restriction ValidatingAdmissionPolicy is rendered: enabled, the agent labels its Node (otherwise
+it has no RBAC and no token), and the API is served or admissionPolicy.force is set.
+*/}}
+{{- define "topology-agent.nodeRestrictionPolicyEnabled" -}}
+{{- if and .Values.nodeRestrictionPolicy.enabled .Values.agent.nodeLabels (or .Values.admissionPolicy.force (include "topology-agent.admissionApiServed" .)) -}}
+true
+{{- end -}}
+{{- end }}
