@@ -130,9 +130,24 @@ def test_helm_lint_strict(helm: str, args: tuple[str, ...]) -> None:
     assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout
 
 
+SCRAPER_NS = '{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}'  # kube-prometheus-stack's Prometheus
+SCRAPER_POD = '{"matchLabels":{"app.kubernetes.io/name":"prometheus"}}'
+# Every option on at once (what tools/check-chart.sh and the checkov run in deploy/helm/README.md render too).
+ALL_OPTIONS = (
+    *FAKE_ARGS,
+    "--set", "metrics.serviceMonitor.enabled=true",
+    "--set", "metrics.allocationsPodNames=true",
+    "--set", "seccompProfile.install=true",
+    "--set", "kubelet.readState=true",
+    "--set", "networkPolicy.enabled=true",
+    "--set-json", f"networkPolicy.scraper.namespaceSelector={SCRAPER_NS}",
+    "--set-json", f"networkPolicy.scraper.podSelector={SCRAPER_POD}",
+)
+
+
 @pytest.mark.parametrize("kube_version", [FLOOR, VAP_MIN, NEWEST])
-@pytest.mark.parametrize("args", [(), FAKE_ARGS, ("--set", "metrics.serviceMonitor.enabled=true")],
-                         ids=["default", "fake-topology", "service-monitor"])
+@pytest.mark.parametrize("args", [(), FAKE_ARGS, ("--set", "metrics.serviceMonitor.enabled=true"), ALL_OPTIONS],
+                         ids=["default", "fake-topology", "service-monitor", "all-options"])
 def test_rendered_objects_pass_strict_schema_validation(render: Render, kube_version: str,
                                                         args: tuple[str, ...]) -> None:
     try:
@@ -343,7 +358,8 @@ def test_every_agent_variable_is_a_serve_flag(render: Render, monkeypatch: pytes
     from agent import cli
 
     container = agent_container(render("--set", "kubelet.readState=true", "--set-json",
-                                       'agent.excludePolarization=["vertical:low"]', "--set", "agent.levels=book"))
+                                       'agent.excludePolarization=["vertical:low"]', "--set", "agent.levels=book",
+                                       "--set", "metrics.allocationsPodNames=true"))
     assert container["args"] == ["serve"]
     env = {k: v for k, v in env_of(container).items() if k.startswith(cli.ENV_PREFIX)}
     serve = next(a for a in cli.build_parser()._actions
@@ -355,7 +371,7 @@ def test_every_agent_variable_is_a_serve_flag(render: Render, monkeypatch: pytes
     # The same values given as flags: argparse checks choices, the settings builders check the rest.
     argv = ["serve"]
     for key, value in env.items():
-        if to_flag[key] in ("--node-labels", "--openmp-env"):  # boolean flags
+        if to_flag[key] in ("--node-labels", "--openmp-env", "--allocations-pod-names"):  # boolean flags
             argv.append(to_flag[key] if value == "true" else "--no-" + to_flag[key][2:])
         else:
             argv += [to_flag[key], value]
@@ -365,6 +381,7 @@ def test_every_agent_variable_is_a_serve_flag(render: Render, monkeypatch: pytes
         monkeypatch.setenv(key, value)  # the env twins must parse too (booleans are read at parser build time)
     args = cli.build_parser().parse_args(argv)
     assert args.kubelet_dir == "/var/lib/kubelet/device-plugins"
+    assert args.allocations_pod_names is True
     assert cli.grouping_settings(args).exclude_polarization == frozenset({"vertical:low"})
     cli.allocation_settings(args)
 
@@ -439,6 +456,54 @@ def test_service_monitor_when_enabled(render: Render) -> None:
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+def test_allocations_name_no_pod_unless_asked(render: Render) -> None:
+    assert env_of(agent_container(render()))["TOPOLOGY_AGENT_ALLOCATIONS_POD_NAMES"] == "false"
+    env = env_of(agent_container(render("--set", "metrics.allocationsPodNames=true")))
+    assert env["TOPOLOGY_AGENT_ALLOCATIONS_POD_NAMES"] == "true"
+
+
+NETPOL_ARGS = ("--set", "networkPolicy.enabled=true",
+               "--set-json", f"networkPolicy.scraper.namespaceSelector={SCRAPER_NS}",
+               "--set-json", f"networkPolicy.scraper.podSelector={SCRAPER_POD}")
+
+
+def test_network_policy_off_by_default(render: Render) -> None:
+    assert "NetworkPolicy" not in kinds(render())
+
+
+def test_network_policy_admits_only_the_scraper_to_the_metrics_port(render: Render) -> None:
+    docs = render(*NETPOL_ARGS, "--set", "metrics.port=9555")
+    policy = one(docs, "NetworkPolicy")
+    assert policy["metadata"]["namespace"] == "kube-system"
+    spec = policy["spec"]
+    pod_labels = one(docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert spec["policyTypes"] == ["Ingress"]  # egress stays open: the agent calls the API server
+    (rule,) = spec["ingress"]
+    # One peer with both selectors (AND), not two peers (OR: any pod of monitoring, or any prometheus anywhere).
+    assert rule["from"] == [{"namespaceSelector": json.loads(SCRAPER_NS), "podSelector": json.loads(SCRAPER_POD)}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9555}]
+    # That is the port the probes and the scraper use; the probes come from the pod's own node, which
+    # NetworkPolicy always admits, so no rule names the kubelet.
+    container = agent_container(docs)
+    assert container["ports"][0]["containerPort"] == 9555
+    assert container["readinessProbe"]["httpGet"]["port"] == container["ports"][0]["name"]
+
+
+def test_network_policy_with_one_selector(render: Render) -> None:
+    (rule,) = one(render("--set", "networkPolicy.enabled=true", "--set-json",
+                         f"networkPolicy.scraper.podSelector={SCRAPER_POD}"), "NetworkPolicy")["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": json.loads(SCRAPER_POD)}]  # the release namespace only
+    (rule,) = one(render("--set", "networkPolicy.enabled=true", "--set-json",
+                         f"networkPolicy.scraper.namespaceSelector={SCRAPER_NS}"), "NetworkPolicy")["spec"]["ingress"]
+    assert rule["from"] == [{"namespaceSelector": json.loads(SCRAPER_NS)}]
+
+
+def test_network_policy_needs_a_scraper(template_error: Callable[..., str]) -> None:
+    stderr = template_error("--set", "networkPolicy.enabled=true")
+    assert "networkPolicy.scraper.namespaceSelector" in stderr and "to name the metrics scraper" in stderr
 
 
 # ------------------------------------------------------------------------------------------ admission policy
@@ -976,6 +1041,15 @@ def test_fake_topology_needs_snapshots(template_error: Callable[..., str]) -> No
     (("--set", "admissionPolicy.failurePolicy=Maybe"), "failurePolicy"),
     (("--set", "updateStrategy.maxUnavailable=0"), "maxUnavailable"),
     (("--set", "image.digest=latest"), "digest"),
+    (("--set", "metrics.allocationsPodNames=yes"), "allocationsPodNames"),
+    (("--set", "nodeRestrictionPolicy.enabled=1"), "enabled"),
+    (("--set", "nodeRestrictionPolicy.mode=audit"), "mode"),
+    (("--set", "networkPolicy.enabled=on"), "enabled"),
+    (("--set-json", 'networkPolicy.scraper.podSelector={"app":"prometheus"}'), "app"),
+    (("--set-json", 'networkPolicy.scraper.podSelector={"matchLabels":{"app":1}}'), "app"),
+    (("--set-json", 'networkPolicy.scraper.namespaceSelector={"matchExpressions":[{"key":"a","operator":"Is"}]}'),
+     "operator"),
+    (("--set", "networkPolicy.ingress=all"), "ingress"),
 ])
 def test_schema_rejects(template_error: Callable[..., str], args: tuple[str, ...], field: str) -> None:
     stderr = template_error(*args)

@@ -76,6 +76,15 @@ for kv in "${KUBE_VERSIONS[@]}"; do
 done
 # The optional ServiceMonitor (a CRD: kubernetes-validate only warns about unknown kinds) and its Service.
 validate "${KUBE_VERSIONS[-1]}" service-monitor --set metrics.serviceMonitor.enabled=true
+# Every option at once (the set deploy/helm/README.md runs checkov on).
+ALL=("${FAKE[@]}"
+     --set metrics.serviceMonitor.enabled=true --set metrics.allocationsPodNames=true
+     --set seccompProfile.install=true --set kubelet.readState=true --set networkPolicy.enabled=true
+     --set-json 'networkPolicy.scraper.namespaceSelector={"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}'
+     --set-json 'networkPolicy.scraper.podSelector={"matchLabels":{"app.kubernetes.io/name":"prometheus"}}')
+for kv in "${KUBE_VERSIONS[@]}"; do
+  validate "$kv" all-options "${ALL[@]}"
+done
 
 # Below the floor the chart must refuse to render (Chart.yaml kubeVersion).
 if "$HELM" template t "$CHART" --kube-version 1.25.0 >/dev/null 2>&1; then
