@@ -1,8 +1,10 @@
 """The Helm chart, rendered with the real helm binary and checked object by object.
 
 helm comes from $HELM, else .tools/bin/helm (tools/get-helm.sh), else PATH. Without it the tests skip
-locally and fail under CI=true (CI installs it). The admission policy's CEL is evaluated with cel-python
+locally and fail under CI=true (CI installs it). The admission policies' CEL is evaluated with cel-python
 (module ``celpy``) when installed, with the Kubernetes quantity and ``join`` functions it uses supplied here.
+What needs a cluster (``lookup`` in NOTES.txt, the live discovery Helm sees) runs ``helm install --dry-run=server``
+against a minimal fake API server in this file: discovery, /version and the namespaces, nothing else.
 """
 
 from __future__ import annotations
@@ -12,10 +14,15 @@ import functools
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -943,8 +950,8 @@ def test_node_policy_denies_spec_status_finalizers_and_owners(node_update: Calla
         ({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "1"}]}},
          "metadata.ownerReferences"),
     ]
-    for patch, field in cases:
-        assert node_update(changed(patch)) == [prefix + field], patch
+    for patch, what in cases:
+        assert node_update(changed(patch)) == [prefix + what], patch
     # Riding along with a legitimate label change does not help.
     sneaky = changed({"metadata": {"labels": {f"{OURS}books": "3"}}, "spec": {"unschedulable": True}})
     assert node_update(sneaky) == [prefix + "spec"]
@@ -969,6 +976,266 @@ def test_node_policy_leaves_other_users_alone(node_update: Callable[..., list[st
     for user in ("system:node:z1", "system:serviceaccount:kube-system:node-controller", "kubernetes-admin",
                  "system:serviceaccount:other-ns:t-s390x-topology-agent"):
         assert node_update(taint_everything, user=agent(None, user=user)) == []
+
+
+# ---------------------------------------------------------------------------- helm install against a fake API
+
+# The kinds the chart renders, as a 1.30+ API server lists them in discovery: (group/version, resource, kind,
+# namespaced). A cluster below 1.30 serves no admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy.
+_API = [
+    ("v1", "namespaces", "Namespace", False), ("v1", "nodes", "Node", False), ("v1", "secrets", "Secret", True),
+    ("v1", "serviceaccounts", "ServiceAccount", True), ("v1", "configmaps", "ConfigMap", True),
+    ("v1", "services", "Service", True), ("apps/v1", "daemonsets", "DaemonSet", True),
+    ("rbac.authorization.k8s.io/v1", "clusterroles", "ClusterRole", False),
+    ("rbac.authorization.k8s.io/v1", "clusterrolebindings", "ClusterRoleBinding", False),
+    ("networking.k8s.io/v1", "networkpolicies", "NetworkPolicy", True),
+    ("admissionregistration.k8s.io/v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy", False),
+    ("admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding",
+     False),
+]
+
+
+@dataclass
+class FakeCluster:
+    """What the fake API server answers: a Kubernetes version and namespaces (name -> labels)."""
+
+    minor: int = 34
+    namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def resources(self) -> list[tuple[str, str, str, bool]]:
+        return [r for r in _API if self.minor >= 30 or not r[2].startswith("ValidatingAdmissionPolicy")]
+
+    def answer(self, path: str) -> tuple[int, Doc]:
+        if path == "/version":
+            return 200, {"major": "1", "minor": str(self.minor), "gitVersion": f"v1.{self.minor}.0",
+                         "platform": "linux/s390x"}
+        groups: dict[str, list[tuple[str, str, str, bool]]] = {}
+        for r in self.resources():
+            groups.setdefault(r[0], []).append(r)
+        if path == "/api":
+            return 200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+        if path == "/apis":
+            return 200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                {"name": gv.split("/")[0], "versions": [{"groupVersion": gv, "version": gv.split("/")[1]}],
+                 "preferredVersion": {"groupVersion": gv, "version": gv.split("/")[1]}}
+                for gv in groups if "/" in gv]}
+        for gv, resources in groups.items():
+            if path == ("/api/v1" if gv == "v1" else f"/apis/{gv}"):
+                return 200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": [
+                    {"name": name, "singularName": "", "namespaced": namespaced, "kind": kind,
+                     "verbs": ["get", "list", "create", "update", "patch", "delete"]}
+                    for _, name, kind, namespaced in resources]}
+        match = re.fullmatch(r"/api/v1/namespaces/([^/]+)", path)
+        if match and match.group(1) in self.namespaces:
+            return 200, {"kind": "Namespace", "apiVersion": "v1",
+                         "metadata": {"name": match.group(1), "labels": self.namespaces[match.group(1)]}}
+        if path.endswith("/secrets"):  # Helm's release storage: no releases yet
+            return 200, {"kind": "SecretList", "apiVersion": "v1", "metadata": {}, "items": []}
+        return 404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
+                     "message": f"{path} not found"}
+
+
+@dataclass
+class Installed:
+    manifest: list[Doc]
+    notes: str
+
+
+@pytest.fixture(scope="session")
+def fake_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeCluster, Path]]:
+    """A fake API server on 127.0.0.1 and a kubeconfig for it; tests set the cluster's state before use."""
+    cluster = FakeCluster()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            code, body = cluster.answer(self.path.split("?", 1)[0])
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    home = tmp_path_factory.mktemp("fake-api")
+    kubeconfig = home / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}],
+        "users": [{"name": "admin", "user": {"token": "not-a-real-token"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "admin"}}],
+    }))
+    yield cluster, kubeconfig
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def install(helm: str, fake_api: tuple[FakeCluster, Path]) -> Callable[..., Installed]:
+    """install(*helm_args, minor=34, namespaces={...}) -> what `helm install --dry-run=server` would create."""
+    cluster, kubeconfig = fake_api
+
+    def _install(*args: str, minor: int = 34, namespaces: dict[str, dict[str, str]] | None = None) -> Installed:
+        cluster.minor = minor
+        cluster.namespaces = dict(namespaces or {})
+        home = kubeconfig.parent
+        env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+        env |= {"KUBECONFIG": str(kubeconfig), "HELM_CACHE_HOME": str(home / "cache"),
+                "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
+        # --disable-openapi-validation: the fake server has no OpenAPI documents (kubernetes-validate checks schemas).
+        cmd = [helm, *args, "--dry-run=server", "--disable-openapi-validation", "-o", "json"]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, env=env)
+        assert result.returncode == 0, result.stderr
+        release = json.loads(result.stdout)
+        return Installed([d for d in yaml.safe_load_all(release["manifest"]) if d], release["info"]["notes"])
+
+    return _install
+
+
+def chart_install(*args: str) -> tuple[str, ...]:
+    return ("install", "t", str(CHART), *args)
+
+
+PRIVILEGED = {"pod-security.kubernetes.io/enforce": "privileged"}
+
+
+def test_notes_say_nothing_about_pod_security_where_the_namespace_is_privileged(
+        install: Callable[..., Installed]) -> None:
+    notes = install(*chart_install("-n", "topo"), namespaces={"topo": PRIVILEGED}).notes
+    assert "POD SECURITY" not in notes and "privileged" not in notes
+
+
+def test_notes_warn_when_the_namespace_enforces_a_lower_level(install: Callable[..., Installed]) -> None:
+    for level in ("baseline", "restricted"):
+        notes = install(*chart_install("-n", "topo"), namespaces={
+            "topo": {"pod-security.kubernetes.io/enforce": level, "kubernetes.io/metadata.name": "topo"}}).notes
+        assert f'The namespace topo enforces "{level}": the API server will refuse every agent pod' in notes
+        assert "kubectl label namespace topo pod-security.kubernetes.io/enforce=privileged --overwrite" in notes
+
+
+def test_notes_explain_an_unlabelled_namespace(install: Callable[..., Installed]) -> None:
+    notes = install(*chart_install("-n", "kube-system"), namespaces={"kube-system": {}}).notes
+    assert "The namespace kube-system has no pod-security.kubernetes.io/enforce label" in notes
+    assert "kubectl label namespace kube-system pod-security.kubernetes.io/enforce=privileged" in notes
+
+
+def test_notes_ask_for_privileged_when_the_namespace_cannot_be_read(install: Callable[..., Installed]) -> None:
+    notes = install(*chart_install("-n", "new-ns", "--create-namespace"), namespaces={}).notes
+    assert 'the agent needs the "privileged" Pod Security level' in notes
+    assert "Helm could not read the namespace new-ns" in notes
+    assert "kubectl label namespace new-ns pod-security.kubernetes.io/enforce=privileged --overwrite" in notes
+
+
+def test_a_live_cluster_below_1_30_gets_no_policies_and_a_warning(install: Callable[..., Installed]) -> None:
+    old = install(*chart_install("-n", "topo"), minor=29, namespaces={"topo": PRIVILEGED})
+    assert policies(old.manifest) == set()
+    assert "WARNING: no node-restriction policy was rendered" in old.notes
+    assert "may patch every Node of the cluster" in old.notes
+    new = install(*chart_install("-n", "topo"), minor=30, namespaces={"topo": PRIVILEGED})
+    assert policies(new.manifest) == BOTH
+    assert "lets each agent update only its own Node" in new.notes and "WARNING" not in new.notes
+
+
+def test_notes_list_what_to_check(install: Callable[..., Installed]) -> None:
+    notes = install(*chart_install("-n", "topo", "--set", "metrics.port=9555"), namespaces={"topo": PRIVILEGED}).notes
+    assert "kubectl -n topo rollout status daemonset/t-s390x-topology-agent" in notes
+    assert "get pods -l app.kubernetes.io/name=s390x-topology-agent,app.kubernetes.io/instance=t -o wide" in notes
+    assert "kubectl get nodes -l kubernetes.io/arch=s390x" in notes
+    assert "{.status.allocatable}" in notes and "topology/book" in notes
+    assert "curl localhost:9555/readyz" in notes
+    assert "kubectl get nodes -L topology.s390x.ibm.com/machine" in notes
+    assert "seccomp-profile" not in notes and "NetworkPolicy" not in notes
+    notes = install(*chart_install("-n", "topo", *NETPOL_ARGS, "--set", "seccompProfile.install=true",
+                                   "--set", "agent.nodeLabels=false"), namespaces={"topo": PRIVILEGED}).notes
+    assert "kubectl -n topo logs <agent pod> -c seccomp-profile" in notes
+    assert "/var/lib/kubelet/seccomp/profiles/vllm-numa.json" in notes
+    assert "localhostProfile: profiles/vllm-numa.json" in notes
+    assert "The NetworkPolicy t-s390x-topology-agent admits only the scraper to port 9400" in notes
+    assert "topology.s390x.ibm.com/machine" not in notes and "node-restriction" not in notes
+
+
+# --- the README's install path, as far as it goes without a registry and a cluster
+
+README_DIGEST = "sha256:" + "0123456789abcdef" * 4  # what `docker buildx imagetools inspect` would print
+
+
+def readme_install_commands() -> tuple[dict[str, str], list[list[str]]]:
+    """The shell block of README "## Installing": its variables and its commands, expanded as sh would.
+
+    $(...) substitutions are the registry's answer, which no test has: DIGEST gets README_DIGEST.
+    """
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Installing\n"):]
+    block = section[section.index("```sh\n") + 6:section.index("\n```", section.index("```sh\n"))]
+    variables: dict[str, str] = {}
+
+    def expand(word: str) -> str:
+        return re.sub(r"\$\{?([A-Z_]+)\}?", lambda m: variables[m.group(1)], word)
+
+    commands = []
+    for line in block.replace("\\\n", " ").splitlines():
+        assignment = re.fullmatch(r"([A-Z_]+)=(.*)", line.strip())
+        if assignment:
+            name, value = assignment.group(1), assignment.group(2)
+            variables[name] = (README_DIGEST if value.startswith("$(")
+                               else expand(shlex.split(value, comments=True)[0]))
+            continue
+        commands.append([expand(word) for word in shlex.split(line, comments=True)])
+    return variables, commands
+
+
+def readme_helm_install() -> list[str]:
+    (install,) = [c for c in readme_install_commands()[1] if c[:2] == ["helm", "install"]]
+    return install
+
+
+def test_readme_install_renders_the_pushed_image_by_digest(helm: str) -> None:
+    variables, _ = readme_install_commands()
+    args = readme_helm_install()
+    repository = f"{variables['REGISTRY']}/s390x-topology-agent"
+    assert f"image.repository={repository}" in args and f"image.digest={README_DIGEST}" in args
+    # The digest is read from the very image the chart is pointed at (the manifest list make image pushed).
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert 'DIGEST=$(docker buildx imagetools inspect "$REGISTRY/s390x-topology-agent:$TAG"' in readme
+    # The README's exact flags, only `install` turned into `template`, run from the repository root as written.
+    result = subprocess.run([helm, "template", *args[2:], "--set", "seccompProfile.install=true"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    expected = f"{repository}@{README_DIGEST}"
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert [c["image"] for c in pod["containers"] + pod["initContainers"]] == [expected, expected]
+    assert one(docs, "DaemonSet")["metadata"]["namespace"] == args[args.index("-n") + 1]
+
+
+def test_readme_install_path_against_a_fake_cluster(install: Callable[..., Installed]) -> None:
+    """The README's namespace and label, then its exact `helm install`: no Pod Security warning, the image."""
+    variables, commands = readme_install_commands()
+    (label,) = [c for c in commands if c[:3] == ["kubectl", "label", "namespace"]]
+    namespace = label[3]
+    assert ["kubectl", "create", "namespace", namespace] in commands
+    labels = dict(pair.split("=", 1) for pair in label[4:])
+    args = readme_helm_install()
+    released = install(*args[1:], namespaces={namespace: labels})
+    expected = f"{variables['REGISTRY']}/s390x-topology-agent@{README_DIGEST}"
+    assert agent_container(released.manifest)["image"] == expected
+    assert f"(image {expected})" in released.notes
+    assert "POD SECURITY" not in released.notes
+    assert policies(released.manifest) == BOTH
+
+
+def test_readme_tag_alternative(render: Render) -> None:
+    variables, _ = readme_install_commands()
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert '`--set image.tag="$TAG"` instead of the digest' in readme
+    container = agent_container(render("--set", f"image.repository={variables['REGISTRY']}/s390x-topology-agent",
+                                       "--set", f"image.tag={variables['TAG']}"))
+    assert container["image"] == f"{variables['REGISTRY']}/s390x-topology-agent:{variables['TAG']}"
 
 
 # --------------------------------------------------------------------------------------------- fake topology
