@@ -354,6 +354,7 @@ def test_seccomp_profile_install_is_an_init_container_writing_under_kubelets_sec
     assert init["image"] == agent_container(render())["image"]
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert init["securityContext"]["readOnlyRootFilesystem"] is True
+    assert init["resources"]["limits"] == {"cpu": "100m", "memory": "64Mi"}  # bounded, unlike the agent's CPU
     (mount,) = init["volumeMounts"]
     volume = {v["name"]: v for v in spec["volumes"]}[mount["name"]]
     assert volume["hostPath"] == {"path": "/var/lib/k0s/kubelet/seccomp/profiles", "type": "DirectoryOrCreate"}
