@@ -1,8 +1,10 @@
 """The Helm chart, rendered with the real helm binary and checked object by object.
 
 helm comes from $HELM, else .tools/bin/helm (tools/get-helm.sh), else PATH. Without it the tests skip
-locally and fail under CI=true (CI installs it). The admission policy's CEL is evaluated with cel-python
+locally and fail under CI=true (CI installs it). The admission policies' CEL is evaluated with cel-python
 (module ``celpy``) when installed, with the Kubernetes quantity and ``join`` functions it uses supplied here.
+What needs a cluster (``lookup`` in NOTES.txt, the live discovery Helm sees) runs ``helm install --dry-run=server``
+against a minimal fake API server in this file: discovery, /version and the namespaces, nothing else.
 """
 
 from __future__ import annotations
@@ -12,10 +14,15 @@ import functools
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -130,9 +137,24 @@ def test_helm_lint_strict(helm: str, args: tuple[str, ...]) -> None:
     assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout
 
 
+SCRAPER_NS = '{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}'  # kube-prometheus-stack's Prometheus
+SCRAPER_POD = '{"matchLabels":{"app.kubernetes.io/name":"prometheus"}}'
+# Every option on at once (what tools/check-chart.sh and the checkov run in deploy/helm/README.md render too).
+ALL_OPTIONS = (
+    *FAKE_ARGS,
+    "--set", "metrics.serviceMonitor.enabled=true",
+    "--set", "metrics.allocationsPodNames=true",
+    "--set", "seccompProfile.install=true",
+    "--set", "kubelet.readState=true",
+    "--set", "networkPolicy.enabled=true",
+    "--set-json", f"networkPolicy.scraper.namespaceSelector={SCRAPER_NS}",
+    "--set-json", f"networkPolicy.scraper.podSelector={SCRAPER_POD}",
+)
+
+
 @pytest.mark.parametrize("kube_version", [FLOOR, VAP_MIN, NEWEST])
-@pytest.mark.parametrize("args", [(), FAKE_ARGS, ("--set", "metrics.serviceMonitor.enabled=true")],
-                         ids=["default", "fake-topology", "service-monitor"])
+@pytest.mark.parametrize("args", [(), FAKE_ARGS, ("--set", "metrics.serviceMonitor.enabled=true"), ALL_OPTIONS],
+                         ids=["default", "fake-topology", "service-monitor", "all-options"])
 def test_rendered_objects_pass_strict_schema_validation(render: Render, kube_version: str,
                                                         args: tuple[str, ...]) -> None:
     try:
@@ -332,6 +354,7 @@ def test_seccomp_profile_install_is_an_init_container_writing_under_kubelets_sec
     assert init["image"] == agent_container(render())["image"]
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert init["securityContext"]["readOnlyRootFilesystem"] is True
+    assert init["resources"]["limits"] == {"cpu": "100m", "memory": "64Mi"}  # bounded, unlike the agent's CPU
     (mount,) = init["volumeMounts"]
     volume = {v["name"]: v for v in spec["volumes"]}[mount["name"]]
     assert volume["hostPath"] == {"path": "/var/lib/k0s/kubelet/seccomp/profiles", "type": "DirectoryOrCreate"}
@@ -343,7 +366,8 @@ def test_every_agent_variable_is_a_serve_flag(render: Render, monkeypatch: pytes
     from agent import cli
 
     container = agent_container(render("--set", "kubelet.readState=true", "--set-json",
-                                       'agent.excludePolarization=["vertical:low"]', "--set", "agent.levels=book"))
+                                       'agent.excludePolarization=["vertical:low"]', "--set", "agent.levels=book",
+                                       "--set", "metrics.allocationsPodNames=true"))
     assert container["args"] == ["serve"]
     env = {k: v for k, v in env_of(container).items() if k.startswith(cli.ENV_PREFIX)}
     serve = next(a for a in cli.build_parser()._actions
@@ -355,7 +379,7 @@ def test_every_agent_variable_is_a_serve_flag(render: Render, monkeypatch: pytes
     # The same values given as flags: argparse checks choices, the settings builders check the rest.
     argv = ["serve"]
     for key, value in env.items():
-        if to_flag[key] in ("--node-labels", "--openmp-env"):  # boolean flags
+        if to_flag[key] in ("--node-labels", "--openmp-env", "--allocations-pod-names"):  # boolean flags
             argv.append(to_flag[key] if value == "true" else "--no-" + to_flag[key][2:])
         else:
             argv += [to_flag[key], value]
@@ -365,6 +389,7 @@ def test_every_agent_variable_is_a_serve_flag(render: Render, monkeypatch: pytes
         monkeypatch.setenv(key, value)  # the env twins must parse too (booleans are read at parser build time)
     args = cli.build_parser().parse_args(argv)
     assert args.kubelet_dir == "/var/lib/kubelet/device-plugins"
+    assert args.allocations_pod_names is True
     assert cli.grouping_settings(args).exclude_polarization == frozenset({"vertical:low"})
     cli.allocation_settings(args)
 
@@ -398,6 +423,24 @@ def test_no_rbac_without_node_labels(render: Render) -> None:
     assert not {"ClusterRole", "ClusterRoleBinding"} & set(kinds(render("--set", "agent.nodeLabels=false")))
 
 
+def test_service_account_token_only_for_node_labels(render: Render) -> None:
+    docs = render()
+    assert one(docs, "ServiceAccount")["automountServiceAccountToken"] is True
+    assert one(docs, "DaemonSet")["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    docs = render("--set", "agent.nodeLabels=false")
+    assert one(docs, "ServiceAccount")["automountServiceAccountToken"] is False
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    # No projected token volume sneaks in some other way either.
+    assert not [v for v in pod["volumes"] if "projected" in v or "secret" in v]
+    # Someone else's account (serviceAccount.create=false): the pod itself still refuses the token.
+    docs = render("--set", "agent.nodeLabels=false", "--set", "serviceAccount.create=false",
+                  "--set", "serviceAccount.name=shared")
+    assert "ServiceAccount" not in kinds(docs)
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "shared" and pod["automountServiceAccountToken"] is False
+
+
 # ---------------------------------------------------------------------------------------------------- metrics
 
 
@@ -423,19 +466,105 @@ def test_service_monitor_when_enabled(render: Render) -> None:
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
 
 
+def test_allocations_name_no_pod_unless_asked(render: Render) -> None:
+    assert env_of(agent_container(render()))["TOPOLOGY_AGENT_ALLOCATIONS_POD_NAMES"] == "false"
+    env = env_of(agent_container(render("--set", "metrics.allocationsPodNames=true")))
+    assert env["TOPOLOGY_AGENT_ALLOCATIONS_POD_NAMES"] == "true"
+
+
+NETPOL_ARGS = ("--set", "networkPolicy.enabled=true",
+               "--set-json", f"networkPolicy.scraper.namespaceSelector={SCRAPER_NS}",
+               "--set-json", f"networkPolicy.scraper.podSelector={SCRAPER_POD}")
+
+
+def test_network_policy_off_by_default(render: Render) -> None:
+    assert "NetworkPolicy" not in kinds(render())
+
+
+def test_network_policy_admits_only_the_scraper_to_the_metrics_port(render: Render) -> None:
+    docs = render(*NETPOL_ARGS, "--set", "metrics.port=9555")
+    policy = one(docs, "NetworkPolicy")
+    assert policy["metadata"]["namespace"] == "kube-system"
+    spec = policy["spec"]
+    pod_labels = one(docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert spec["policyTypes"] == ["Ingress"]  # egress stays open: the agent calls the API server
+    (rule,) = spec["ingress"]
+    # One peer with both selectors (AND), not two peers (OR: any pod of monitoring, or any prometheus anywhere).
+    assert rule["from"] == [{"namespaceSelector": json.loads(SCRAPER_NS), "podSelector": json.loads(SCRAPER_POD)}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9555}]
+    # That is the port the probes and the scraper use; the probes come from the pod's own node, which
+    # NetworkPolicy always admits, so no rule names the kubelet.
+    container = agent_container(docs)
+    assert container["ports"][0]["containerPort"] == 9555
+    assert container["readinessProbe"]["httpGet"]["port"] == container["ports"][0]["name"]
+
+
+def test_network_policy_with_one_selector(render: Render) -> None:
+    (rule,) = one(render("--set", "networkPolicy.enabled=true", "--set-json",
+                         f"networkPolicy.scraper.podSelector={SCRAPER_POD}"), "NetworkPolicy")["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": json.loads(SCRAPER_POD)}]  # the release namespace only
+    (rule,) = one(render("--set", "networkPolicy.enabled=true", "--set-json",
+                         f"networkPolicy.scraper.namespaceSelector={SCRAPER_NS}"), "NetworkPolicy")["spec"]["ingress"]
+    assert rule["from"] == [{"namespaceSelector": json.loads(SCRAPER_NS)}]
+
+
+def test_network_policy_needs_a_scraper(template_error: Callable[..., str]) -> None:
+    stderr = template_error("--set", "networkPolicy.enabled=true")
+    assert "networkPolicy.scraper.namespaceSelector" in stderr and "to name the metrics scraper" in stderr
+
+
 # ------------------------------------------------------------------------------------------ admission policy
 
 
-def policy_of(docs: list[Doc]) -> tuple[Doc, Doc]:
-    return one(docs, "ValidatingAdmissionPolicy"), one(docs, "ValidatingAdmissionPolicyBinding")
+REQUESTS, NODES = "topology-requests", "node-restriction"  # the two policies, by the suffix of their names
 
 
-def test_admission_policy_needs_the_v1_api_or_force(render: Render) -> None:
-    assert "ValidatingAdmissionPolicy" not in kinds(render(kube_version=FLOOR, vap=False))
-    assert "ValidatingAdmissionPolicy" not in kinds(render(kube_version=NEWEST, vap=False))
-    assert "ValidatingAdmissionPolicy" in kinds(render(kube_version=NEWEST, vap=True))
-    assert "ValidatingAdmissionPolicy" in kinds(render("--set", "admissionPolicy.force=true", vap=False))
-    assert "ValidatingAdmissionPolicy" not in kinds(render("--set", "admissionPolicy.enabled=false"))
+def policy_of(docs: list[Doc], which: str = REQUESTS) -> tuple[Doc, Doc]:
+    """(ValidatingAdmissionPolicy, its binding) named <fullname>-<which>."""
+    found = kinds(docs)
+    (policy,) = [p for p in found.get("ValidatingAdmissionPolicy", []) if p["metadata"]["name"].endswith(which)]
+    (binding,) = [b for b in found.get("ValidatingAdmissionPolicyBinding", [])
+                  if b["spec"]["policyName"] == policy["metadata"]["name"]]
+    return policy, binding
+
+
+def policies(docs: list[Doc]) -> set[str]:
+    """Which policies were rendered, each with its binding: {"topology-requests", "node-restriction"}."""
+    found = kinds(docs)
+    names = {p["metadata"]["name"] for p in found.get("ValidatingAdmissionPolicy", [])}
+    bound = {b["spec"]["policyName"] for b in found.get("ValidatingAdmissionPolicyBinding", [])}
+    assert names == bound, f"policies {names} and bindings {bound} differ"
+    return {which for which in (REQUESTS, NODES) for name in names if name.endswith(which)}
+
+
+BOTH = {REQUESTS, NODES}
+LIVE = ("--api-versions", "apps/v1/DaemonSet")  # what `helm install` sees: discovery lists kinds, not only groups
+
+
+def test_admission_policies_offline_follow_the_kubernetes_version(render: Render) -> None:
+    """`helm template` knows no kinds: Kubernetes >= 1.30 (GA of admissionregistration.k8s.io/v1) decides."""
+    assert policies(render(kube_version=NEWEST, vap=False)) == BOTH
+    assert policies(render(kube_version=VAP_MIN, vap=False)) == BOTH
+    assert policies(render(kube_version="1.29.15", vap=False)) == set()
+    assert policies(render(kube_version=FLOOR, vap=False)) == set()
+
+
+def test_admission_policies_trust_a_live_discovery(render: Render) -> None:
+    """With kinds in the API list (a live cluster, or a GitOps tool passing them), the list alone decides."""
+    assert policies(render(*LIVE, kube_version=NEWEST, vap=False)) == set()  # e.g. the API switched off
+    assert policies(render(*LIVE, kube_version=NEWEST, vap=True)) == BOTH
+    assert policies(render(kube_version="1.29.15", vap=True)) == BOTH  # told it is served: believed
+
+
+def test_admission_policies_force_and_enabled(render: Render) -> None:
+    assert policies(render("--set", "admissionPolicy.force=true", kube_version=FLOOR, vap=False)) == BOTH
+    assert policies(render("--set", "admissionPolicy.force=true", *LIVE, kube_version=NEWEST, vap=False)) == BOTH
+    assert policies(render("--set", "admissionPolicy.enabled=false")) == {NODES}
+    assert policies(render("--set", "admissionPolicy.enabled=false", "--set", "admissionPolicy.force=true")) == {NODES}
+    assert policies(render("--set", "nodeRestrictionPolicy.enabled=false")) == {REQUESTS}
+    # No node labels: no RBAC and no token, so nothing to restrict.
+    assert policies(render("--set", "agent.nodeLabels=false")) == {REQUESTS}
 
 
 def test_admission_policy_shape(render: Render) -> None:
@@ -638,6 +767,478 @@ def test_cel_uses_the_configured_prefix(admit: Callable[..., list[str]]) -> None
         "container(s) llm request more than one ibm.example.com/ resource")
 
 
+# --- the node-restriction policy: its shape, then its CEL evaluated as the API server would
+
+AGENT_USER = "system:serviceaccount:kube-system:t-s390x-topology-agent"
+NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
+OURS = "topology.s390x.ibm.com/"
+
+
+def test_node_restriction_policy_shape(render: Render) -> None:
+    from agent.node.labels import KEY_PREFIX
+
+    docs = render()
+    policy, binding = policy_of(docs, NODES)
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"  # RBAC alone grants patch on every Node: fail closed
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]}]
+    account = one(docs, "ServiceAccount")["metadata"]
+    assert spec["matchConditions"] == [{"name": "is-the-agent", "expression":
+                                        f"request.userInfo.username == 'system:serviceaccount:{account['namespace']}"
+                                        f":{account['name']}'"}]
+    assert {v["name"]: v["expression"] for v in spec["variables"]}["prefix"] == f"'{KEY_PREFIX}'"
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert "matchResources" not in binding["spec"]  # Nodes are cluster-scoped: no namespace to select
+    for validation in spec["validations"]:
+        assert validation["reason"] == "Forbidden"
+        assert "\n" not in validation["message"]
+    # The user it matches follows the release namespace and the account name.
+    policy, _ = policy_of(render("-n", "z-system", "--set", "serviceAccount.name=topo"), NODES)
+    assert "'system:serviceaccount:z-system:topo'" in policy["spec"]["matchConditions"][0]["expression"]
+
+
+def test_node_restriction_policy_sits_beside_a_patch_only_nodes_role(render: Render) -> None:
+    """The policy covers what the role grants: UPDATE (PATCH) of nodes, nothing else to guard."""
+    (rule,) = one(render(), "ClusterRole")["rules"]
+    assert rule["resources"] == ["nodes"] and set(rule["verbs"]) <= {"get", "patch"}
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (what the agent sends: application/merge-patch+json)."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+NODE: Doc = {
+    "apiVersion": "v1", "kind": "Node",
+    "metadata": {
+        "name": "z1", "uid": "0f8a", "resourceVersion": "4711",
+        "labels": {"kubernetes.io/hostname": "z1", "kubernetes.io/arch": "s390x", "pool": "inference",
+                   f"{OURS}books": "4", f"{OURS}drawers": "2"},
+        "annotations": {"node.alpha.kubernetes.io/ttl": "0", f"{OURS}topology": '{"books":4}'},
+        "managedFields": [{"manager": "kubelet", "operation": "Update"}],
+    },
+    "spec": {"podCIDR": "10.244.1.0/24", "taints": [{"key": "ibm.com/z", "effect": "NoSchedule"}]},
+    "status": {"allocatable": {"cpu": "32", "topology/book": "4"},
+               "conditions": [{"type": "Ready", "status": "True"}]},
+}
+
+
+def changed(patch: Doc, base: Doc = NODE) -> Doc:
+    return merge_patch(json.loads(json.dumps(base)), patch)
+
+
+def agent(node: str | None = "z1", *, extra: dict[str, list[str]] | None = None,
+          user: str = AGENT_USER) -> Doc:
+    """request.userInfo of a pod-bound token (node-name extra) or of a token without it (node=None)."""
+    info: Doc = {"username": user, "uid": "6a1c",
+                 "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"]}
+    info_extra = dict(extra or {})
+    if node is not None:
+        info_extra |= {NODE_NAME_KEY: [node], "authentication.kubernetes.io/pod-name": ["t-agent-x2k"]}
+    if info_extra:
+        info["extra"] = info_extra  # the API server omits an empty extra (omitempty)
+    return info
+
+
+@pytest.fixture(scope="session")
+def node_update(render: Render, cel: Callable[[str, dict[str, Any]], Any]) -> Callable[..., list[str]]:
+    """node_update(new, old=NODE, user=agent()) -> the failed validations' messages ([] = admitted)."""
+    spec = policy_of(render(), NODES)[0]["spec"]
+
+    def _update(new: Doc, old: Doc = NODE, user: Doc | None = None) -> list[str]:
+        request = {"operation": "UPDATE", "kind": {"group": "", "version": "v1", "kind": "Node"},
+                   "name": new["metadata"]["name"], "userInfo": user if user is not None else agent()}
+        base = {"object": new, "oldObject": old, "request": request}
+        if not all(bool(cel(c["expression"], base)) for c in spec["matchConditions"]):
+            return []
+        variables: dict[str, Any] = {}
+        for var in spec["variables"]:
+            value = cel(var["expression"], {**base, "variables": variables})
+            variables[var["name"]] = json.loads(json.dumps(value, default=_cel_to_json))
+        failures = []
+        for validation in spec["validations"]:
+            act = {**base, "variables": variables}
+            if not bool(cel(validation["expression"], act)):
+                expression = validation.get("messageExpression")
+                failures.append(str(cel(expression, act)) if expression else validation["message"])
+        return failures
+
+    return _update
+
+
+def test_node_policy_admits_our_keys_on_our_node(node_update: Callable[..., list[str]]) -> None:
+    assert node_update(changed({"metadata": {"labels": {f"{OURS}books": "3"}}})) == []
+    assert node_update(changed({"metadata": {"labels": {f"{OURS}smt": "2"},
+                                             "annotations": {f"{OURS}topology": '{"books":3}'}}})) == []
+    # Removing our own keys is allowed too (the agent drops a level that disappeared).
+    assert node_update(changed({"metadata": {"labels": {f"{OURS}drawers": None}}})) == []
+    assert node_update(changed({"metadata": {"annotations": {f"{OURS}topology": None}}})) == []
+    # A node without any label or annotation yet.
+    bare = changed({"metadata": {"labels": None, "annotations": None}})
+    assert node_update(changed({"metadata": {"labels": {f"{OURS}books": "4"}}}, bare), old=bare) == []
+    # Fields the API server maintains itself on every write are not the agent's doing.
+    assert node_update(changed({"metadata": {"resourceVersion": "4712", "labels": {f"{OURS}books": "3"},
+                                             "managedFields": [{"manager": "topology-agent"}]}})) == []
+
+
+def test_node_policy_admits_the_agents_own_patch(node_update: Callable[..., list[str]]) -> None:
+    """The body NodeLabeler really sends, applied as a merge patch, passes: the policy fits the agent."""
+    from types import SimpleNamespace
+
+    from agent.node.kube import NodeLabeler
+    from agent.node.labels import node_annotations, node_labels
+    from agent.policy.grouping import group_topology
+    from agent.topology.embedded import load_embedded
+
+    bodies: list[Doc] = []
+    meta = NODE["metadata"]
+    api = SimpleNamespace(
+        read_node=lambda name, **_: SimpleNamespace(metadata=SimpleNamespace(labels=meta["labels"],
+                                                                             annotations=meta["annotations"])),
+        patch_node=lambda name, body, **_: bodies.append(body))
+    topology = load_embedded("z16-lpar")
+    grouping = group_topology(topology)
+    labeler = NodeLabeler("z1", api)  # type: ignore[arg-type]  # a stand-in for CoreV1Api
+    assert labeler.sync(node_labels(topology, grouping, "none"), node_annotations(topology, grouping))
+    (body,) = bodies
+    assert f"{OURS}drawers" in body["metadata"]["labels"]  # stale: the patch removes it (null)
+    assert node_update(changed(body)) == []
+
+
+def test_node_policy_denies_another_node(node_update: Callable[..., list[str]]) -> None:
+    other = changed({"metadata": {"name": "z2", "labels": {f"{OURS}books": "3"}}})
+    assert node_update(other, old=changed({"metadata": {"name": "z2"}})) == [
+        "the topology agent running on node z1 may not update Node z2: only its own"]
+
+
+def test_node_policy_denies_foreign_labels_and_annotations(node_update: Callable[..., list[str]]) -> None:
+    for patch, key in [({"labels": {"pool": "batch"}}, "pool"),  # changed
+                       ({"labels": {"pool": None}}, "pool"),  # removed
+                       ({"labels": {"node-role.kubernetes.io/gpu": ""}}, "node-role.kubernetes.io/gpu"),  # added
+                       ({"labels": {"topology.s390x.ibm.com": "x"}}, "topology.s390x.ibm.com"),  # no slash: not ours
+                       ({"labels": {"topology.s390x.ibm.com.evil/books": "1"}}, "topology.s390x.ibm.com.evil/books")]:
+        failures = node_update(changed({"metadata": patch}))
+        assert failures == [f"the topology agent may only change {OURS} labels, not {key}"], patch
+    for patch, key in [({"annotations": {"node.alpha.kubernetes.io/ttl": "30"}}, "node.alpha.kubernetes.io/ttl"),
+                       ({"annotations": {"node.alpha.kubernetes.io/ttl": None}}, "node.alpha.kubernetes.io/ttl"),
+                       ({"annotations": {"example.com/owner": "me"}}, "example.com/owner")]:
+        failures = node_update(changed({"metadata": patch}))
+        assert failures == [f"the topology agent may only change {OURS} annotations, not {key}"], patch
+    # Ours and a foreign key in one patch: the whole request is denied, naming only the foreign key.
+    both = changed({"metadata": {"labels": {f"{OURS}books": "3", "pool": None, "zone": "a"}}})
+    assert node_update(both) == [f"the topology agent may only change {OURS} labels, not zone, pool"]
+
+
+def test_node_policy_denies_spec_status_finalizers_and_owners(node_update: Callable[..., list[str]]) -> None:
+    prefix = f"the topology agent may only change {OURS} labels and annotations of its Node, not "
+    cases: list[tuple[Doc, str]] = [
+        ({"spec": {"taints": [{"key": "ibm.com/z", "effect": "NoSchedule"},
+                              {"key": "evil", "effect": "NoExecute"}]}}, "spec"),
+        ({"spec": {"taints": None}}, "spec"),
+        ({"spec": {"unschedulable": True}}, "spec"),
+        ({"spec": {"podCIDR": "10.244.9.0/24"}}, "spec"),
+        ({"status": {"allocatable": {"cpu": "32", "topology/book": "40"}}}, "status"),
+        ({"metadata": {"finalizers": ["example.com/hold"]}}, "metadata.finalizers"),
+        ({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "1"}]}},
+         "metadata.ownerReferences"),
+    ]
+    for patch, what in cases:
+        assert node_update(changed(patch)) == [prefix + what], patch
+    # Riding along with a legitimate label change does not help.
+    sneaky = changed({"metadata": {"labels": {f"{OURS}books": "3"}}, "spec": {"unschedulable": True}})
+    assert node_update(sneaky) == [prefix + "spec"]
+    everything = changed({"metadata": {"finalizers": ["f"]}, "spec": {"unschedulable": True}, "status": {"x": "y"}})
+    assert node_update(everything) == [prefix + "spec, status, metadata.finalizers"]
+
+
+def test_node_policy_denies_a_token_without_the_node_name(node_update: Callable[..., list[str]]) -> None:
+    ours = changed({"metadata": {"labels": {f"{OURS}books": "3"}}})
+    no_node = ("no node association found for the topology agent's ServiceAccount: its token must be bound to a pod"
+               " on a node")
+    for user in (agent(None),  # no extra at all (a TokenRequest without a bound pod, or the gate off)
+                 agent(None, extra={"authentication.kubernetes.io/pod-name": ["t-agent-x2k"]}),
+                 agent(None, extra={NODE_NAME_KEY: []})):
+        failures = node_update(ours, user=user)
+        assert len(failures) == 1 and failures[0].startswith(no_node), (user, failures)
+
+
+def test_node_policy_leaves_other_users_alone(node_update: Callable[..., list[str]]) -> None:
+    """Only the agent's account is evaluated: kubelets, controllers and admins are not this policy's business."""
+    taint_everything = changed({"metadata": {"name": "z2", "labels": {"pool": None}}, "spec": {"unschedulable": True}})
+    for user in ("system:node:z1", "system:serviceaccount:kube-system:node-controller", "kubernetes-admin",
+                 "system:serviceaccount:other-ns:t-s390x-topology-agent"):
+        assert node_update(taint_everything, user=agent(None, user=user)) == []
+
+
+# ---------------------------------------------------------------------------- helm install against a fake API
+
+# The kinds the chart renders, as a 1.30+ API server lists them in discovery: (group/version, resource, kind,
+# namespaced). A cluster below 1.30 serves no admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy.
+_API = [
+    ("v1", "namespaces", "Namespace", False), ("v1", "nodes", "Node", False), ("v1", "secrets", "Secret", True),
+    ("v1", "serviceaccounts", "ServiceAccount", True), ("v1", "configmaps", "ConfigMap", True),
+    ("v1", "services", "Service", True), ("apps/v1", "daemonsets", "DaemonSet", True),
+    ("rbac.authorization.k8s.io/v1", "clusterroles", "ClusterRole", False),
+    ("rbac.authorization.k8s.io/v1", "clusterrolebindings", "ClusterRoleBinding", False),
+    ("networking.k8s.io/v1", "networkpolicies", "NetworkPolicy", True),
+    ("admissionregistration.k8s.io/v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy", False),
+    ("admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding",
+     False),
+]
+
+
+@dataclass
+class FakeCluster:
+    """What the fake API server answers: a Kubernetes version and namespaces (name -> labels)."""
+
+    minor: int = 34
+    namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def resources(self) -> list[tuple[str, str, str, bool]]:
+        return [r for r in _API if self.minor >= 30 or not r[2].startswith("ValidatingAdmissionPolicy")]
+
+    def answer(self, path: str) -> tuple[int, Doc]:
+        if path == "/version":
+            return 200, {"major": "1", "minor": str(self.minor), "gitVersion": f"v1.{self.minor}.0",
+                         "platform": "linux/s390x"}
+        groups: dict[str, list[tuple[str, str, str, bool]]] = {}
+        for r in self.resources():
+            groups.setdefault(r[0], []).append(r)
+        if path == "/api":
+            return 200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+        if path == "/apis":
+            return 200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                {"name": gv.split("/")[0], "versions": [{"groupVersion": gv, "version": gv.split("/")[1]}],
+                 "preferredVersion": {"groupVersion": gv, "version": gv.split("/")[1]}}
+                for gv in groups if "/" in gv]}
+        for gv, resources in groups.items():
+            if path == ("/api/v1" if gv == "v1" else f"/apis/{gv}"):
+                return 200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": [
+                    {"name": name, "singularName": "", "namespaced": namespaced, "kind": kind,
+                     "verbs": ["get", "list", "create", "update", "patch", "delete"]}
+                    for _, name, kind, namespaced in resources]}
+        match = re.fullmatch(r"/api/v1/namespaces/([^/]+)", path)
+        if match and match.group(1) in self.namespaces:
+            return 200, {"kind": "Namespace", "apiVersion": "v1",
+                         "metadata": {"name": match.group(1), "labels": self.namespaces[match.group(1)]}}
+        if path.endswith("/secrets"):  # Helm's release storage: no releases yet
+            return 200, {"kind": "SecretList", "apiVersion": "v1", "metadata": {}, "items": []}
+        return 404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
+                     "message": f"{path} not found"}
+
+
+@dataclass
+class Installed:
+    manifest: list[Doc]
+    notes: str
+
+
+@pytest.fixture(scope="session")
+def fake_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeCluster, Path]]:
+    """A fake API server on 127.0.0.1 and a kubeconfig for it; tests set the cluster's state before use."""
+    cluster = FakeCluster()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            code, body = cluster.answer(self.path.split("?", 1)[0])
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    home = tmp_path_factory.mktemp("fake-api")
+    kubeconfig = home / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}],
+        "users": [{"name": "admin", "user": {"token": "not-a-real-token"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "admin"}}],
+    }))
+    yield cluster, kubeconfig
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def install(helm: str, fake_api: tuple[FakeCluster, Path]) -> Callable[..., Installed]:
+    """install(*helm_args, minor=34, namespaces={...}) -> what `helm install --dry-run=server` would create."""
+    cluster, kubeconfig = fake_api
+
+    def _install(*args: str, minor: int = 34, namespaces: dict[str, dict[str, str]] | None = None) -> Installed:
+        cluster.minor = minor
+        cluster.namespaces = dict(namespaces or {})
+        home = kubeconfig.parent
+        env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+        env |= {"KUBECONFIG": str(kubeconfig), "HELM_CACHE_HOME": str(home / "cache"),
+                "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
+        # --disable-openapi-validation: the fake server has no OpenAPI documents (kubernetes-validate checks schemas).
+        cmd = [helm, *args, "--dry-run=server", "--disable-openapi-validation", "-o", "json"]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, env=env)
+        assert result.returncode == 0, result.stderr
+        release = json.loads(result.stdout)
+        return Installed([d for d in yaml.safe_load_all(release["manifest"]) if d], release["info"]["notes"])
+
+    return _install
+
+
+def chart_install(*args: str) -> tuple[str, ...]:
+    return ("install", "t", str(CHART), *args)
+
+
+PRIVILEGED = {"pod-security.kubernetes.io/enforce": "privileged"}
+
+
+def test_notes_say_nothing_about_pod_security_where_the_namespace_is_privileged(
+        install: Callable[..., Installed]) -> None:
+    notes = install(*chart_install("-n", "topo"), namespaces={"topo": PRIVILEGED}).notes
+    assert "POD SECURITY" not in notes and "privileged" not in notes
+
+
+def test_notes_warn_when_the_namespace_enforces_a_lower_level(install: Callable[..., Installed]) -> None:
+    for level in ("baseline", "restricted"):
+        notes = install(*chart_install("-n", "topo"), namespaces={
+            "topo": {"pod-security.kubernetes.io/enforce": level, "kubernetes.io/metadata.name": "topo"}}).notes
+        assert f'The namespace topo enforces "{level}": the API server will refuse every agent pod' in notes
+        assert "kubectl label namespace topo pod-security.kubernetes.io/enforce=privileged --overwrite" in notes
+
+
+def test_notes_explain_an_unlabelled_namespace(install: Callable[..., Installed]) -> None:
+    notes = install(*chart_install("-n", "kube-system"), namespaces={"kube-system": {}}).notes
+    assert "The namespace kube-system has no pod-security.kubernetes.io/enforce label" in notes
+    assert "kubectl label namespace kube-system pod-security.kubernetes.io/enforce=privileged" in notes
+
+
+def test_notes_ask_for_privileged_when_the_namespace_cannot_be_read(install: Callable[..., Installed]) -> None:
+    notes = install(*chart_install("-n", "new-ns", "--create-namespace"), namespaces={}).notes
+    assert 'the agent needs the "privileged" Pod Security level' in notes
+    assert "Helm could not read the namespace new-ns" in notes
+    assert "kubectl label namespace new-ns pod-security.kubernetes.io/enforce=privileged --overwrite" in notes
+
+
+def test_a_live_cluster_below_1_30_gets_no_policies_and_a_warning(install: Callable[..., Installed]) -> None:
+    old = install(*chart_install("-n", "topo"), minor=29, namespaces={"topo": PRIVILEGED})
+    assert policies(old.manifest) == set()
+    assert "WARNING: no node-restriction policy was rendered" in old.notes
+    assert "may patch every Node of the cluster" in old.notes
+    new = install(*chart_install("-n", "topo"), minor=30, namespaces={"topo": PRIVILEGED})
+    assert policies(new.manifest) == BOTH
+    assert "lets each agent update only its own Node" in new.notes and "WARNING" not in new.notes
+
+
+def test_notes_list_what_to_check(install: Callable[..., Installed]) -> None:
+    notes = install(*chart_install("-n", "topo", "--set", "metrics.port=9555"), namespaces={"topo": PRIVILEGED}).notes
+    assert "kubectl -n topo rollout status daemonset/t-s390x-topology-agent" in notes
+    assert "get pods -l app.kubernetes.io/name=s390x-topology-agent,app.kubernetes.io/instance=t -o wide" in notes
+    assert "kubectl get nodes -l kubernetes.io/arch=s390x" in notes
+    assert "{.status.allocatable}" in notes and "topology/book" in notes
+    assert "curl localhost:9555/readyz" in notes
+    assert "kubectl get nodes -L topology.s390x.ibm.com/machine" in notes
+    assert "seccomp-profile" not in notes and "NetworkPolicy" not in notes
+    notes = install(*chart_install("-n", "topo", *NETPOL_ARGS, "--set", "seccompProfile.install=true",
+                                   "--set", "agent.nodeLabels=false"), namespaces={"topo": PRIVILEGED}).notes
+    assert "kubectl -n topo logs <agent pod> -c seccomp-profile" in notes
+    assert "/var/lib/kubelet/seccomp/profiles/vllm-numa.json" in notes
+    assert "localhostProfile: profiles/vllm-numa.json" in notes
+    assert "The NetworkPolicy t-s390x-topology-agent admits only the scraper to port 9400" in notes
+    assert "topology.s390x.ibm.com/machine" not in notes and "node-restriction" not in notes
+
+
+# --- the README's install path, as far as it goes without a registry and a cluster
+
+README_DIGEST = "sha256:" + "0123456789abcdef" * 4  # what `docker buildx imagetools inspect` would print
+
+
+def readme_install_commands() -> tuple[dict[str, str], list[list[str]]]:
+    """The shell block of README "## Installing": its variables and its commands, expanded as sh would.
+
+    $(...) substitutions are the registry's answer, which no test has: DIGEST gets README_DIGEST.
+    """
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Installing\n"):]
+    block = section[section.index("```sh\n") + 6:section.index("\n```", section.index("```sh\n"))]
+    variables: dict[str, str] = {}
+
+    def expand(word: str) -> str:
+        return re.sub(r"\$\{?([A-Z_]+)\}?", lambda m: variables[m.group(1)], word)
+
+    commands = []
+    for line in block.replace("\\\n", " ").splitlines():
+        assignment = re.fullmatch(r"([A-Z_]+)=(.*)", line.strip())
+        if assignment:
+            name, value = assignment.group(1), assignment.group(2)
+            variables[name] = (README_DIGEST if value.startswith("$(")
+                               else expand(shlex.split(value, comments=True)[0]))
+            continue
+        commands.append([expand(word) for word in shlex.split(line, comments=True)])
+    return variables, commands
+
+
+def readme_helm_install() -> list[str]:
+    (install,) = [c for c in readme_install_commands()[1] if c[:2] == ["helm", "install"]]
+    return install
+
+
+def test_readme_install_renders_the_pushed_image_by_digest(helm: str) -> None:
+    variables, _ = readme_install_commands()
+    args = readme_helm_install()
+    repository = f"{variables['REGISTRY']}/s390x-topology-agent"
+    assert f"image.repository={repository}" in args and f"image.digest={README_DIGEST}" in args
+    # The digest is read from the very image the chart is pointed at (the manifest list make image pushed).
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert 'DIGEST=$(docker buildx imagetools inspect "$REGISTRY/s390x-topology-agent:$TAG"' in readme
+    # The README's exact flags, only `install` turned into `template`, run from the repository root as written.
+    result = subprocess.run([helm, "template", *args[2:], "--set", "seccompProfile.install=true"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    expected = f"{repository}@{README_DIGEST}"
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert [c["image"] for c in pod["containers"] + pod["initContainers"]] == [expected, expected]
+    assert one(docs, "DaemonSet")["metadata"]["namespace"] == args[args.index("-n") + 1]
+
+
+def test_readme_install_path_against_a_fake_cluster(install: Callable[..., Installed]) -> None:
+    """The README's namespace and label, then its exact `helm install`: no Pod Security warning, the image."""
+    variables, commands = readme_install_commands()
+    (label,) = [c for c in commands if c[:3] == ["kubectl", "label", "namespace"]]
+    namespace = label[3]
+    assert ["kubectl", "create", "namespace", namespace] in commands
+    labels = dict(pair.split("=", 1) for pair in label[4:])
+    args = readme_helm_install()
+    released = install(*args[1:], namespaces={namespace: labels})
+    expected = f"{variables['REGISTRY']}/s390x-topology-agent@{README_DIGEST}"
+    assert agent_container(released.manifest)["image"] == expected
+    assert f"(image {expected})" in released.notes
+    assert "POD SECURITY" not in released.notes
+    assert policies(released.manifest) == BOTH
+
+
+def test_readme_tag_alternative(render: Render) -> None:
+    variables, _ = readme_install_commands()
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert '`--set image.tag="$TAG"` instead of the digest' in readme
+    container = agent_container(render("--set", f"image.repository={variables['REGISTRY']}/s390x-topology-agent",
+                                       "--set", f"image.tag={variables['TAG']}"))
+    assert container["image"] == f"{variables['REGISTRY']}/s390x-topology-agent:{variables['TAG']}"
+
+
 # --------------------------------------------------------------------------------------------- fake topology
 
 
@@ -708,6 +1309,15 @@ def test_fake_topology_needs_snapshots(template_error: Callable[..., str]) -> No
     (("--set", "admissionPolicy.failurePolicy=Maybe"), "failurePolicy"),
     (("--set", "updateStrategy.maxUnavailable=0"), "maxUnavailable"),
     (("--set", "image.digest=latest"), "digest"),
+    (("--set", "metrics.allocationsPodNames=yes"), "allocationsPodNames"),
+    (("--set", "nodeRestrictionPolicy.enabled=1"), "enabled"),
+    (("--set", "nodeRestrictionPolicy.mode=audit"), "mode"),
+    (("--set", "networkPolicy.enabled=on"), "enabled"),
+    (("--set-json", 'networkPolicy.scraper.podSelector={"app":"prometheus"}'), "app"),
+    (("--set-json", 'networkPolicy.scraper.podSelector={"matchLabels":{"app":1}}'), "app"),
+    (("--set-json", 'networkPolicy.scraper.namespaceSelector={"matchExpressions":[{"key":"a","operator":"Is"}]}'),
+     "operator"),
+    (("--set", "networkPolicy.ingress=all"), "ingress"),
 ])
 def test_schema_rejects(template_error: Callable[..., str], args: tuple[str, ...], field: str) -> None:
     stderr = template_error(*args)

@@ -68,14 +68,42 @@ app.kubernetes.io/component: node-agent
 {{- define "topology-agent.snapshotDir" -}}/etc/topology-agent/snapshots{{- end }}
 
 {{/*
-Whether the ValidatingAdmissionPolicy is rendered: enabled, and either forced or the cluster serves the kind
-admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes >= 1.30). `helm install` learns the
-kinds from the cluster's discovery; offline (`helm template`) Helm knows group/versions only, so pass
---api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy or set admissionPolicy.force=true.
+Whether the cluster serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (GA in Kubernetes 1.30).
+`helm install`/`upgrade` see the cluster's discovery, kinds included ("apps/v1/DaemonSet"), and are trusted
+as they are: a cluster that does not list the kind does not get the policies. Offline (`helm template`, as GitOps
+tools run it) Helm knows group/versions only, never kinds, so the kind is missing there even on a cluster that
+serves it: then the Kubernetes version decides (--kube-version; Helm's own default otherwise, 1.32 for Helm
+3.17), unless the kind was passed with --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy.
+*/}}
+{{- define "topology-agent.admissionApiServed" -}}
+{{- $api := .Capabilities.APIVersions -}}
+{{- if $api.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}
+true
+{{- else if and (not ($api.Has "apps/v1/DaemonSet")) (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/*
+Whether the pod-request ValidatingAdmissionPolicy is rendered: enabled, and either forced or the API is served
+(topology-agent.admissionApiServed).
 */}}
 {{- define "topology-agent.admissionPolicyEnabled" -}}
 {{- $p := .Values.admissionPolicy -}}
-{{- if and $p.enabled (or $p.force (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")) -}}
+{{- if and $p.enabled (or $p.force (include "topology-agent.admissionApiServed" .)) -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/* The domain of the agent's node labels and annotations (agent/node/labels.py KEY_PREFIX). */}}
+{{- define "topology-agent.nodeKeyPrefix" -}}topology.s390x.ibm.com/{{- end }}
+
+{{/*
+Whether the node-restriction ValidatingAdmissionPolicy is rendered: enabled, the agent labels its Node (otherwise
+it has no RBAC and no token), and the API is served or admissionPolicy.force is set.
+*/}}
+{{- define "topology-agent.nodeRestrictionPolicyEnabled" -}}
+{{- if and .Values.nodeRestrictionPolicy.enabled .Values.agent.nodeLabels (or .Values.admissionPolicy.force (include "topology-agent.admissionApiServed" .)) -}}
 true
 {{- end -}}
 {{- end }}
