@@ -176,8 +176,9 @@ class NodeLabeler:
             status = exc.status
             message = _api_message(exc)
             if status == 403:
-                return (f"{what}: RBAC denied (403 Forbidden): the agent's service account needs get and patch "
-                        f"on nodes: {message}")
+                return (f"{what}: forbidden (403): RBAC must grant the agent's service account get and patch on "
+                        f"nodes, and the chart's node-restriction policy lets it change only its own node's "
+                        f"topology.s390x.ibm.com/ keys: {message}")
             if status == 401:
                 return f"{what}: unauthorized (401): the service account token was not accepted: {message}"
             if status == 404:
