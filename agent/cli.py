@@ -16,6 +16,7 @@ from pathlib import Path
 
 from agent import __version__
 from agent.app.config import (
+    CRI_SOCKETS,
     DEFAULT_CPU_MANAGER_STATE,
     DEFAULT_KUBELET_CONFIG,
     DEFAULT_KUBELET_DIR,
@@ -233,6 +234,20 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
          help="kubelet's CPU manager checkpoint, read to warn when the static policy fights our pinning")
     _add(group, "--kubelet-config", DEFAULT_KUBELET_CONFIG, metavar="PATH",
          help="kubelet's config file, read for reservedSystemCPUs overlapping our groups")
+    group = parser.add_argument_group("cpuset enforcement")
+    _add(group, "--cpuset-enforcement", "none", choices=("none", "cri"),
+         help="cri: pin every container that holds topology devices to its groups' CPUs and memory nodes through "
+              "the container runtime's CRI socket, as kubelet's CPU manager does (refused while kubelet runs the "
+              "static CPU manager policy)")
+    _add(group, "--cri-socket", "", metavar="PATH",
+         help=f"the runtime's CRI socket (default: the first that exists of {', '.join(CRI_SOCKETS)})")
+    group.add_argument("--shared-pool", action=argparse.BooleanOptionalAction, default=None,
+                       help="with --cpuset-enforcement cri: confine every other container on the node to the CPUs "
+                            "of no held group (--reserved-cpus always among them), widened again when a group is "
+                            "freed [env TOPOLOGY_AGENT_SHARED_POOL=true|false]")
+    _add(group, "--cpuset-interval", "2", metavar="SECONDS",
+         help="seconds between looks at the runtime for new or restarted containers (every 0.1 s for 15 s after "
+              "devices change hands)")
     group = parser.add_argument_group("node labels and metrics")
     group.add_argument("--node-labels", action=argparse.BooleanOptionalAction, default=None,
                        help="label the Node (needs NODE_NAME and RBAC get/patch on nodes) "
@@ -281,7 +296,24 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
                        kubelet_config=Path(args.kubelet_config) if args.kubelet_config else None,
                        metrics_port=_port(args.metrics_port) or None, metrics_address=args.metrics_address,
                        allocations_pod_names=(_bool_env("--allocations-pod-names", False)
-                                              if args.allocations_pod_names is None else args.allocations_pod_names))
+                                              if args.allocations_pod_names is None else args.allocations_pod_names),
+                       cpuset_enforcement=args.cpuset_enforcement, cri_socket=cri_socket(args.cri_socket),
+                       shared_pool=_bool_env("--shared-pool", False) if args.shared_pool is None else args.shared_pool,
+                       cpuset_interval=_positive_seconds("--cpuset-interval", args.cpuset_interval))
+
+
+def cri_socket(text: str) -> Path | None:
+    """The CRI socket given, else the first usual one that exists (None: none yet; the loop keeps looking)."""
+    if text:
+        return Path(text)
+    return next((Path(p) for p in CRI_SOCKETS if Path(p).exists()), None)
+
+
+def _positive_seconds(flag: str, value: str) -> float:
+    seconds = _seconds(flag, value)
+    if seconds <= 0:
+        raise UsageError(f"{flag}: expected more than 0 seconds, got {value!r}")
+    return seconds
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from agent.app.config import AgentConfig
+from agent.app.enforcement import CpusetEnforcement
 from agent.app.loops import PeriodicLoop
 from agent.devices.table import NodeDevices
 from agent.errors import PodResourcesError, TopologyReadError
@@ -18,11 +19,12 @@ from agent.node.reporter import NodeReporter
 from agent.observe.http import HttpEndpoint, make_app
 from agent.observe.logs import dropped_records
 from agent.observe.metrics import AgentMetrics
-from agent.observe.status import AgentStatus, ResourceStatus
+from agent.observe.status import AgentStatus, EnforcementStatus, ResourceStatus
 from agent.plugin.manager import PluginManager
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire
 from agent.policy.grouping import Grouping
+from agent.topology.cpulist import parse_cpulist
 from agent.topology.model import Topology
 
 log = logging.getLogger("topology-agent")
@@ -44,6 +46,16 @@ def log_discovery(topology: Topology, grouping: Grouping) -> None:
         log.warning("%s", w)
 
 
+class LatestTopology:
+    """The topology as last read (rescans replace it); its online CPUs for the cpuset enforcement."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+
+    def online(self) -> frozenset[int]:
+        return frozenset(c.cpu for c in self.topology.cpus if c.online and c.configured)
+
+
 class Agent:
     """The topology it started with, its groups, the node's device table, the plugin manager, the
     node reporter, metrics, the HTTP endpoint and the loops that keep the state true."""
@@ -51,7 +63,8 @@ class Agent:
     def __init__(self, *, topology: Topology, config: AgentConfig, grouping: Grouping, devices: NodeDevices[Wire],
                  manager: PluginManager, pod_resources: PodResourcesClient, reporter: NodeReporter,
                  metrics: AgentMetrics, http: HttpEndpoint | None, loader: Callable[[], Topology] | None = None,
-                 fingerprint: Callable[[], object] | None = None, first_fingerprint: object = None) -> None:
+                 fingerprint: Callable[[], object] | None = None, first_fingerprint: object = None,
+                 latest: LatestTopology | None = None, enforcement: CpusetEnforcement | None = None) -> None:
         self.topology = topology
         self.config = config
         self.grouping = grouping
@@ -62,6 +75,8 @@ class Agent:
         self.metrics = metrics
         self.http = http
         self.loader = loader
+        self.latest = latest or LatestTopology(topology)
+        self.enforcement = enforcement
         self.fingerprint = fingerprint
         self._last_fingerprint = first_fingerprint
         self._quick_rescans = 0
@@ -105,7 +120,9 @@ class Agent:
             self._quick_rescans += 1
             return
         self._quick_rescans = 0
-        self.devices.apply_topology(self.loader())
+        current = self.loader()
+        self.latest.topology = current
+        self.devices.apply_topology(current)
         self._last_fingerprint = fingerprint
 
     # --- what it reports ---------------------------------------------------------------------
@@ -126,7 +143,8 @@ class Agent:
         if not self.exclusivity_confirmed():
             return False, ("exclusivity unconfirmed: pod-resources does not answer, so devices handed out stay "
                            "held and their overlapping devices blocked until it does")
-        return True, "ready"
+        note = self.enforcement.readiness_note() if self.enforcement is not None else None
+        return True, f"ready ({note})" if note else "ready"
 
     def alive(self) -> bool:
         return self.manager.alive()
@@ -156,7 +174,17 @@ class Agent:
             pod_resources_polls=self.pod_resources_loop.runs, pod_resources_failures=self.pod_resources_loop.failures,
             label_patches=self.reporter.patches, label_failures=self.reporter.failures,
             cpu_manager_static=self.reporter.cpu_manager_policy == "static",
-            cpu_manager_findings=len(self.reporter.findings), log_records_dropped=dropped_records())
+            cpu_manager_findings=len(self.reporter.findings), log_records_dropped=dropped_records(),
+            enforcement=self._enforcement_status())
+
+    def _enforcement_status(self) -> EnforcementStatus | None:
+        if self.enforcement is None:
+            return None
+        c = self.enforcement.counters
+        return EnforcementStatus(refused=c.refused is not None, failing=self.enforcement.readiness_note() is not None
+                                 and c.refused is None, topology_containers=c.topology_containers, pinned=c.pinned,
+                                 updates=dict(c.updates), pool_cpus=len(parse_cpulist(c.pool)) if c.pool else 0,
+                                 pool_empty=c.pool_empty, steps=c.steps)
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -171,10 +199,14 @@ class Agent:
             self.manager.start()
             self.pod_resources_loop.start()
             self.rescan_loop.start()
+            if self.enforcement is not None:
+                self.enforcement.start()
         if self.http is not None:
             self.http.start(make_app(self.metrics.registry, self.alive, self.readiness, self.allocations))
 
     def stop(self) -> None:
+        if self.enforcement is not None:
+            self.enforcement.stop()
         self.label_loop.stop()
         self.rescan_loop.stop()
         self.pod_resources_loop.stop()

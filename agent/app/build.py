@@ -11,9 +11,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from agent.app.agent import Agent
-from agent.app.config import AgentConfig
+from agent.app.agent import Agent, LatestTopology
+from agent.app.config import CRI_SOCKETS, AgentConfig
+from agent.app.enforcement import CpusetEnforcement
+from agent.cri.client import CriClient
 from agent.devices.persist import StateFiles
 from agent.devices.table import NodeDevices
 from agent.errors import PodResourcesError
@@ -107,6 +110,19 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
         if config.pod_resources_interval > 0:
             first_pod_resources_sync(devices, pod_resources, config)
     http = HttpEndpoint(config.metrics_address, config.metrics_port) if config.metrics_port is not None else None
+    latest = LatestTopology(topology)
+    enforcement = None
+    if config.cpuset_enforcement == "cri" and devices.tables:
+        socket = config.cri_socket or Path(CRI_SOCKETS[0])
+        enforcement = CpusetEnforcement(
+            CriClient(socket), devices, {(g.resource, g.id): g for g in grouping.groups},
+            config.allocation.annotation_domain, online=latest.online, reserved=config.grouping.reserved_cpus,
+            shared_pool=config.shared_pool, cpu_manager_policy=lambda: reporter.cpu_manager_policy,
+            interval=config.cpuset_interval, observe_pinned=metrics.pin_latency.observe)
+        devices.enforced = enforcement.enforced
+        log.info("enforcing topology cpusets through the CRI socket %s%s", socket,
+                 " with a shared pool for every other container" if config.shared_pool else "")
     return Agent(topology=topology, config=config, grouping=grouping, devices=devices, manager=manager,
                  pod_resources=pod_resources, reporter=reporter, metrics=metrics, http=http, loader=loader,
-                 fingerprint=fingerprint, first_fingerprint=first_fingerprint)
+                 fingerprint=fingerprint, first_fingerprint=first_fingerprint, latest=latest,
+                 enforcement=enforcement)

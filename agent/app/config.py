@@ -13,6 +13,7 @@ DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_CPU_MANAGER_STATE = "/var/lib/kubelet/cpu_manager_state"
 DEFAULT_KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
+CRI_SOCKETS: tuple[str, ...] = ("/run/containerd/containerd.sock", "/run/crio/crio.sock")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,3 +34,7 @@ class AgentConfig:
     metrics_port: int | None = None  # None: no HTTP endpoint; 0: any free port (tests)
     metrics_address: str = ""  # every address of both families (IPv6 socket accepting IPv4 too)
     allocations_pod_names: bool = False  # /allocations names the holders' namespace/pod/container
+    cpuset_enforcement: str = "none"  # "cri": pin topology containers' cpusets through the container runtime
+    cri_socket: Path | None = None  # the runtime's CRI socket (None: the first usual one that exists)
+    shared_pool: bool = False  # with enforcement: confine every other container to the CPUs no held group has
+    cpuset_interval: float = 2.0  # seconds between looks at the runtime (fast for a while after an Allocate)

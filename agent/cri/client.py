@@ -52,6 +52,7 @@ class ContainerInfo:
     state: str
     created_at: int
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    annotations: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def pod_name(self) -> str:
@@ -111,7 +112,8 @@ class CriClient:
         answer = self._call("ListContainers", api_pb2.ListContainersRequest(filter=selector))
         return [
             ContainerInfo(id=c.id, pod_sandbox_id=c.pod_sandbox_id, name=c.metadata.name, attempt=c.metadata.attempt,
-                          state=_state_name(c.state), created_at=c.created_at, labels=dict(c.labels))
+                          state=_state_name(c.state), created_at=c.created_at, labels=dict(c.labels),
+                          annotations=dict(c.annotations))
             for c in answer.containers
         ]
 
@@ -132,7 +134,7 @@ class CriClient:
         return ContainerStatusInfo(
             id=status.id, pod_sandbox_id=sandbox, name=status.metadata.name, attempt=status.metadata.attempt,
             state=_state_name(status.state), created_at=status.created_at, labels=dict(status.labels),
-            started_at=status.started_at, cpuset_cpus=cpus, cpuset_mems=mems,
+            annotations=dict(status.annotations), started_at=status.started_at, cpuset_cpus=cpus, cpuset_mems=mems,
             pid=pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None)
 
     def update_cpuset(self, container_id: str, cpus: str, mems: str) -> None:

@@ -195,6 +195,8 @@ class NodeDevices(Generic[W]):
         self.changes = 0  # device state transitions published
         self._states: dict[DeviceKey, DeviceState] = device_states(grouping, {}, {}, self.overlap)
         self._publish_lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []  # told after every publish (off the Allocate path)
+        self.enforced: Callable[[], Mapping[DeviceKey, list[str]]] | None = None  # cpusets applied, per device
         self._dirty = threading.Event()
         self._stopping = threading.Event()
         self._publisher: threading.Thread | None = None
@@ -252,11 +254,30 @@ class NodeDevices(Generic[W]):
         with self.lock:
             return {k: sorted(map(str, v)) for k, v in self.ledger.held().items()}
 
+    def held_keys(self) -> frozenset[DeviceKey]:
+        """Every device held now: listed by pod-resources or handed out and not listed yet."""
+        with self.lock:
+            return frozenset(self.ledger.held())
+
+    def holder_identities(self) -> dict[tuple[str, str, str], set[DeviceKey]]:
+        """kubelet's namespace/pod/container -> the devices pod-resources lists it holding."""
+        result: dict[tuple[str, str, str], set[DeviceKey]] = {}
+        with self.lock:
+            for key, holders in self.ledger.listed.items():
+                for h in holders:
+                    result.setdefault((h.namespace, h.pod, h.container), set()).add(key)
+        return result
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """``listener()`` runs after every publish, in the publishing thread: it must not block."""
+        self._listeners.append(listener)
+
     def allocations(self, pod_names: bool = False) -> dict[str, Any]:
         """Devices, their states and holders, for /allocations. Without ``pod_names`` the holders are
         counted and the reasons name devices only: who runs what is not for whoever reaches the port."""
         states = self.states()
         holders = self.holders()
+        enforced = self.enforced() if self.enforced is not None else None
         devices = []
         for g in self.grouping.groups:
             key = (g.resource, g.id)
@@ -268,8 +289,11 @@ class NodeDevices(Generic[W]):
             elif not pod_names and s.state == "blocked-by-overlap":
                 blocker = next((o for o in self.overlap.get(key, ()) if holders.get(o)), None)
                 reason = f"{blocker[0]} {blocker[1]} is held" if blocker else "an overlapping device is held"
-            devices.append({"resource": g.resource, "id": g.id, "cpus": g.cpulist, "health": s.health,
-                            "state": s.state, "reason": reason, "holders": held if pod_names else len(held)})
+            entry: dict[str, Any] = {"resource": g.resource, "id": g.id, "cpus": g.cpulist, "health": s.health,
+                                     "state": s.state, "reason": reason, "holders": held if pod_names else len(held)}
+            if enforced is not None:
+                entry["enforced_cpusets"] = enforced.get(key, [])
+            devices.append(entry)
         return {
             "resources": self.grouping.resources(),
             "devices": devices,
@@ -341,3 +365,5 @@ class NodeDevices(Generic[W]):
             for table in self.tables:
                 table.publish({dev: s.health for (res, dev), s in new.items() if res == table.resource})
             self._save_holds()
+        for listener in self._listeners:
+            listener()

@@ -39,6 +39,9 @@ class AgentMetrics:
             f"{PREFIX}_unbalanced_allocations",
             "Container allocations whose groups (tensor-parallel ranks) differ in size", ["resource"],
             registry=self.registry)
+        self.pin_latency = Histogram(
+            f"{PREFIX}_cpuset_pin_seconds", "Seconds from a topology container's creation to its cpuset pinned",
+            buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0), registry=self.registry)
         self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
     def call(self, method: str, resource: str, code: str, seconds: float) -> None:
@@ -137,6 +140,28 @@ class StatusCollector(Collector):
                                 value=1 if s.cpu_manager_static else 0)
         yield GaugeMetricFamily(f"{PREFIX}_cpu_manager_findings", "Warnings about kubelet's CPU manager",
                                 value=s.cpu_manager_findings)
+        if s.enforcement is not None:
+            e = s.enforcement
+            yield GaugeMetricFamily(f"{PREFIX}_cpuset_enforcement_refused",
+                                    "1 while cpuset enforcement is refused (kubelet's static CPU manager)",
+                                    value=1 if e.refused else 0)
+            yield GaugeMetricFamily(f"{PREFIX}_cpuset_enforcement_failing", "1 while the runtime fails cpuset updates",
+                                    value=1 if e.failing else 0)
+            yield CounterMetricFamily(f"{PREFIX}_cpuset_enforcement_steps", "Looks at the runtime", value=e.steps)
+            yield GaugeMetricFamily(f"{PREFIX}_cpuset_topology_containers",
+                                    "Running containers that hold topology devices", value=e.topology_containers)
+            yield GaugeMetricFamily(f"{PREFIX}_cpuset_containers_pinned",
+                                    "Topology containers running on their groups' CPUs", value=e.pinned)
+            updates = CounterMetricFamily(f"{PREFIX}_cpuset_updates", "cpuset updates sent to the runtime",
+                                          labels=["kind", "result"])
+            for kind in ("topology", "shrink", "widen"):
+                for result in ("ok", "error"):
+                    updates.add_metric([kind, result], e.updates.get((kind, result), 0))
+            yield updates
+            yield GaugeMetricFamily(f"{PREFIX}_cpuset_shared_pool_cpus", "CPUs of the shared pool", value=e.pool_cpus)
+            yield GaugeMetricFamily(f"{PREFIX}_cpuset_shared_pool_empty",
+                                    "1 when the shared pool would be empty (nobody is shrunk)",
+                                    value=1 if e.pool_empty else 0)
         threads = _threads()
         if threads is not None:
             yield GaugeMetricFamily("process_threads", "Threads of the agent's process (Python's and gRPC's)",

@@ -17,6 +17,18 @@ class ResourceStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class EnforcementStatus:
+    refused: bool  # kubelet runs the static CPU manager policy
+    failing: bool  # the runtime does not answer or refuses updates
+    topology_containers: int  # running containers holding topology devices
+    pinned: int  # of those, on their groups' CPUs
+    updates: Mapping[tuple[str, str], int]  # (topology|shrink|widen, ok|error) -> count
+    pool_cpus: int  # CPUs of the shared pool (every online CPU without --shared-pool)
+    pool_empty: bool  # the pool would be empty: nobody is shrunk
+    steps: int = 0  # looks at the runtime so far
+
+
+@dataclass(frozen=True, slots=True)
 class AgentStatus:
     machine: str  # generation, machine type or architecture
     fidelity: str
@@ -40,3 +52,4 @@ class AgentStatus:
     cpu_manager_static: bool = False
     cpu_manager_findings: int = 0
     log_records_dropped: int = 0
+    enforcement: EnforcementStatus | None = None  # None: --cpuset-enforcement none

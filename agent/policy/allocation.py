@@ -140,6 +140,7 @@ def plan_allocation(groups: Iterable[Group], settings: AllocationSettings | None
         f"{domain}/cpus": cpulist,
         f"{domain}/memory-nodes": node_list,
         f"{domain}/groups": ",".join(ids),
+        f"{domain}/resource": ordered[0].resource,
         f"{domain}/rank-cores": ",".join(map(str, rank_cores)),
     }
     warning = rank_imbalance(ids, rank_cores)

@@ -101,6 +101,7 @@ class PodContainer:
     container_name: str
     attempt: int = 0
     resources: cri.LinuxContainerResources = field(default_factory=cri.LinuxContainerResources, compare=False)
+    annotations: tuple[tuple[str, str], ...] = ()  # what device plugins' Allocate answers add (kubelet passes them)
 
     @property
     def labels(self) -> dict[str, str]:
@@ -462,7 +463,7 @@ class Containerd:
 
     def run_pod(self, pod_name: str, namespace: str = "default", container: str = "main", handler: str = "runc",
                 cpuset_cpus: str = "", cpuset_mems: str = "", memory_limit: int = 64 << 20,
-                command: tuple[str, ...] = ()) -> PodContainer:
+                command: tuple[str, ...] = (), annotations: dict[str, str] | None = None) -> PodContainer:
         """A pod sandbox (host network, no hostname) and one running container with kubelet's labels.
 
         The container's resources are what kubelet would send for a Burstable pod (shares, period,
@@ -475,7 +476,8 @@ class Containerd:
         resources = cri.LinuxContainerResources(cpu_period=100_000, cpu_shares=256, memory_limit_in_bytes=memory_limit,
                                                 cpuset_cpus=cpuset_cpus, cpuset_mems=cpuset_mems)
         pod = PodContainer(sandbox_id=answer.pod_sandbox_id, container_id="", handler=handler, pod_name=pod_name,
-                           namespace=namespace, pod_uid=uid, container_name=container, resources=resources)
+                           namespace=namespace, pod_uid=uid, container_name=container, resources=resources,
+                           annotations=tuple(sorted((annotations or {}).items())))
         self._sandboxes[pod.sandbox_id] = pod
         return self._create_and_start(pod, sandbox_config, command)
 
@@ -505,7 +507,7 @@ class Containerd:
             image=cri.ImageSpec(image=self.image),
             command=list(command),
             labels=pod.labels,
-            annotations={"io.kubernetes.container.restartCount": str(pod.attempt)},
+            annotations={**dict(pod.annotations), "io.kubernetes.container.restartCount": str(pod.attempt)},
             log_path=f"{pod.container_name}/{pod.attempt}.log",
             linux=cri.LinuxContainerConfig(
                 resources=pod.resources,

@@ -1,0 +1,210 @@
+"""Enforcing CPU sets through the container runtime (``--cpuset-enforcement cri``): a loop of its own
+that lists the running containers over CRI, plans their cpusets (:mod:`agent.policy.cpuset`) and
+applies what differs with ``UpdateContainerResources``, as kubelet's CPU manager does.
+
+Never on the Allocate path, and never in the way of device serving: a failing or absent runtime is
+retried with backoff and reported. It is refused while kubelet runs the static CPU manager policy
+(kubelet reconciles cpusets itself: the two would fight). Nothing is persisted: container ids and
+pins are rebuilt from pod-resources and the runtime after a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from agent.cri.client import ContainerInfo, CriClient
+from agent.devices.table import NodeDevices
+from agent.errors import AgentError, CriError
+from agent.plugin.servicer import Wire
+from agent.policy.cpuset import CpusetPlan, RunningContainer, plan_cpusets
+from agent.policy.grouping import Group
+from agent.policy.health import DeviceKey
+from agent.topology.cpulist import format_cpulist, parse_cpulist
+
+log = logging.getLogger("topology-agent.cpuset")
+
+RECHECK = 60.0  # seconds after which a container's cpuset is read from the runtime again
+
+
+@dataclass
+class EnforcementCounters:
+    updates: dict[tuple[str, str], int]  # (kind, result) -> count
+    steps: int = 0
+    failures: int = 0
+    pinned: int = 0  # topology containers on their groups' CPUs at the last step
+    topology_containers: int = 0
+    pool: str = ""
+    pool_empty: bool = False
+    refused: str | None = None  # why enforcement is refused (kubelet's static CPU manager), or None
+
+
+class CpusetEnforcement:
+    def __init__(self, client: CriClient, devices: NodeDevices[Wire], groups: Mapping[DeviceKey, Group],
+                 annotation_domain: str, *, online: Callable[[], frozenset[int]], reserved: frozenset[int],
+                 shared_pool: bool, cpu_manager_policy: Callable[[], str | None], interval: float = 2.0,
+                 fast_interval: float = 0.1, fast_window: float = 15.0,
+                 observe_pinned: Callable[[float], None] | None = None) -> None:
+        self.client = client
+        self.devices = devices
+        self.groups = groups
+        self.domain = annotation_domain
+        self.online = online
+        self.reserved = reserved
+        self.shared_pool = shared_pool
+        self.cpu_manager_policy = cpu_manager_policy
+        self.interval = interval
+        self.fast_interval = fast_interval
+        self.fast_window = fast_window
+        self.observe_pinned = observe_pinned
+        self.counters = EnforcementCounters(updates={})
+        self._cache: dict[str, tuple[frozenset[int], str, float]] = {}  # id -> (cpus, mems, read at)
+        self._first_pinned: set[str] = set()
+        self._enforced: dict[DeviceKey, list[str]] = {}
+        self._fast_until = 0.0
+        self._failing: str | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self.devices.add_listener(self.changed)
+        self._thread = threading.Thread(target=self._run, name="cpuset-enforcement", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.client.close()
+
+    def changed(self) -> None:
+        """Devices changed hands (an Allocate, a pod gone): look at the runtime often for a while, to
+        pin a new container soon after kubelet creates it (Allocate comes first, the container after)."""
+        self._fast_until = time.monotonic() + self.fast_window
+        self._wake.set()
+
+    # --- what it reports -----------------------------------------------------------------------
+    def enforced(self) -> dict[DeviceKey, list[str]]:
+        with self._lock:
+            return {k: list(v) for k, v in self._enforced.items()}
+
+    def readiness_note(self) -> str | None:
+        if self.counters.refused:
+            return f"cpuset enforcement refused: {self.counters.refused}"
+        if self._failing:
+            return f"cpuset enforcement failing: {self._failing}"
+        return None
+
+    # --- the loop ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        delay = self.interval
+        while not self._stop.is_set():
+            try:
+                self.step()
+                if self._failing is not None:
+                    log.info("cpuset enforcement works again")
+                self._failing = None
+                delay = self.fast_interval if time.monotonic() < self._fast_until else self.interval
+            except (CriError, AgentError) as exc:
+                self.counters.failures += 1
+                if str(exc) != self._failing:
+                    log.warning("cpuset enforcement failing, retrying with backoff (devices are still served): %s",
+                                exc, extra={"reason": str(exc)})
+                self._failing = str(exc)
+                delay = min(max(delay * 2, self.interval), 30.0)
+            except Exception:  # the loop must go on whatever one step does
+                log.exception("cpuset enforcement step failed")
+                delay = self.interval
+            self._wake.wait(delay)
+            self._wake.clear()
+
+    def step(self) -> CpusetPlan | None:
+        """One look at the runtime and the updates it needs (None when refused)."""
+        self.counters.steps += 1
+        policy = self.cpu_manager_policy()
+        if policy == "static":
+            if self.counters.refused is None:
+                log.warning("cpuset enforcement refused: kubelet runs the static CPU manager policy and sets "
+                            "container cpusets itself; the two would fight. Devices are still served; run kubelet "
+                            "with cpuManagerPolicy: none to enforce topology cpusets")
+            self.counters.refused = "kubelet runs the static CPU manager policy"
+            return None
+        if self.counters.refused is not None:
+            log.info("cpuset enforcement resumes: kubelet's CPU manager policy is %s", policy or "unknown")
+        self.counters.refused = None
+        listed = self.client.list_containers(running_only=True)
+        containers = [self._running(c) for c in listed]
+        alive = {c.id for c in listed}
+        for gone in set(self._cache) - alive:
+            del self._cache[gone]
+        self._first_pinned &= alive
+        plan = plan_cpusets(containers, self.devices.holder_identities(), self.devices.held_keys(), self.groups,
+                            self.online(), self.reserved, self.shared_pool)
+        if plan.pool_empty and not self.counters.pool_empty:
+            log.warning("the shared pool would be empty (every online CPU is in a held group): other containers "
+                        "keep their CPUs until a group is freed")
+        self.counters.pool_empty = plan.pool_empty
+        self.counters.pool = format_cpulist(plan.pool)
+        for update in plan.updates:
+            try:
+                self.client.update_cpuset(update.container, update.cpus, update.mems)
+            except CriError as exc:
+                self._count(update.kind, "error")
+                if exc.code == "NOT_FOUND":  # the container ended meanwhile
+                    self._cache.pop(update.container, None)
+                    continue
+                raise
+            self._count(update.kind, "ok")
+            cpus = frozenset(parse_cpulist(update.cpus))
+            old = self._cache.get(update.container)
+            self._cache[update.container] = (cpus, update.mems or (old[1] if old else ""), time.monotonic())
+            log.info("%s %s/%s/%s: cpuset %s%s", {"topology": "pinned", "shrink": "confined",
+                                                   "widen": "widened"}[update.kind], *update.identity, update.cpus,
+                     f", memory nodes {update.mems}" if update.mems else "",
+                     extra={"cpus": update.cpus, "reason": update.kind})
+            if update.kind == "topology" and update.container not in self._first_pinned:
+                self._first_pinned.add(update.container)
+                if self.observe_pinned is not None and update.created_at:
+                    self.observe_pinned(max(0.0, time.time() - update.created_at))
+        self.counters.topology_containers = plan.topology_containers
+        self.counters.pinned = plan.pinned + sum(1 for u in plan.updates if u.kind == "topology")
+        self._record_enforced(containers)
+        return plan
+
+    def _running(self, info: ContainerInfo) -> RunningContainer:
+        cached = self._cache.get(info.id)
+        if cached is None or time.monotonic() - cached[2] > RECHECK:
+            status = self.client.container_status(info.id)
+            cached = (frozenset(parse_cpulist(status.cpuset_cpus)), status.cpuset_mems, time.monotonic())
+            self._cache[info.id] = cached
+        groups = info.annotations.get(f"{self.domain}/groups", "")
+        return RunningContainer(
+            id=info.id, identity=(info.pod_namespace, info.pod_name, info.container_name), cpus=cached[0],
+            mems=cached[1], annotated_groups=tuple(g for g in groups.split(",") if g),
+            annotated_resource=info.annotations.get(f"{self.domain}/resource", ""),
+            created_at=info.created_at / 1e9)
+
+    def _count(self, kind: str, result: str) -> None:
+        key = (kind, result)
+        self.counters.updates[key] = self.counters.updates.get(key, 0) + 1
+
+    def _record_enforced(self, containers: list[RunningContainer]) -> None:
+        """Each held device -> the cpusets its holders' containers run on now."""
+        holders = self.devices.holder_identities()
+        by_identity: dict[tuple[str, str, str], list[str]] = {}
+        for c in containers:
+            cpus = self._cache.get(c.id, (c.cpus, "", 0.0))[0]
+            by_identity.setdefault(c.identity, []).append(format_cpulist(sorted(cpus)) if cpus else "all")
+        enforced: dict[DeviceKey, list[str]] = {}
+        for identity, keys in holders.items():
+            for key in keys:
+                enforced.setdefault(key, []).extend(by_identity.get(identity, []))
+        with self._lock:
+            self._enforced = {k: sorted(set(v)) for k, v in enforced.items()}

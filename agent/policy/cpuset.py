@@ -1,0 +1,97 @@
+"""Which cpuset every running container should have, when the agent enforces CPU sets through the
+container runtime (``--cpuset-enforcement cri``). Pure: containers, holders and groups in, updates out.
+
+* A container that holds topology devices gets its groups' CPUs and memory nodes (what Allocate
+  handed it as ``TOPOLOGY_CPUS`` and ``CPU_VISIBLE_MEMORY_NODES``). It is known by kubelet's names
+  (namespace/pod/container) from pod-resources, or, right after it was created and before
+  pod-resources lists it, by the group ids the agent's Allocate put in its annotations.
+* With the shared pool, every other container runs on the pool: the online CPUs minus the CPUs of
+  every group held right now, with ``reserved`` CPUs always in it, as kubelet's static CPU manager
+  keeps its shared pool apart from exclusive CPUs. A pool that would be empty shrinks nobody.
+* Only what differs is changed; a container with no cpuset of its own runs on every online CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from agent.policy.grouping import Group
+from agent.policy.health import DeviceKey
+from agent.topology.cpulist import format_cpulist
+
+Identity = tuple[str, str, str]  # kubelet's namespace, pod, container
+
+
+@dataclass(frozen=True, slots=True)
+class RunningContainer:
+    id: str
+    identity: Identity
+    cpus: frozenset[int]  # its cpuset now; empty: none of its own (every CPU its parent allows)
+    mems: str = ""
+    annotated_groups: tuple[str, ...] = ()  # device ids our Allocate wrote into its annotations
+    annotated_resource: str = ""
+    created_at: float = 0.0  # seconds since the epoch
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    container: str
+    identity: Identity
+    cpus: str  # cpulist
+    mems: str  # cpulist; "" leaves the memory nodes as they are
+    kind: str  # "topology" (its groups) | "shrink" (into the shared pool) | "widen" (the pool grew back)
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CpusetPlan:
+    updates: tuple[Update, ...]
+    pool: tuple[int, ...]  # the shared pool now (every online CPU without --shared-pool)
+    topology_containers: int  # running containers that hold topology devices
+    pinned: int  # of those, already on their groups' CPUs
+    pool_empty: bool  # the pool would be empty: nobody was shrunk
+
+
+def desired_topology(container: RunningContainer, holders: Mapping[Identity, Iterable[DeviceKey]],
+                     groups: Mapping[DeviceKey, Group]) -> list[Group]:
+    """The groups a container holds: from pod-resources, else from its annotations (a new container)."""
+    listed = [groups[k] for k in holders.get(container.identity, ()) if k in groups]
+    if listed:
+        return listed
+    if container.annotated_resource:
+        return [groups[(container.annotated_resource, d)] for d in container.annotated_groups
+                if (container.annotated_resource, d) in groups]
+    return []
+
+
+def plan_cpusets(containers: Iterable[RunningContainer], holders: Mapping[Identity, Iterable[DeviceKey]],
+                 held: Iterable[DeviceKey], groups: Mapping[DeviceKey, Group], online: Iterable[int],
+                 reserved: Iterable[int] = (), shared_pool: bool = False) -> CpusetPlan:
+    """The cpuset updates that bring every running container where it belongs."""
+    online_set = frozenset(online)
+    taken = {c for key in held if key in groups for c in groups[key].cpus}
+    pool = (online_set - taken) | (frozenset(reserved) & online_set)
+    pool_empty = shared_pool and not pool
+    updates: list[Update] = []
+    topology = pinned = 0
+    for container in containers:
+        mine = desired_topology(container, holders, groups)
+        current = container.cpus or online_set
+        if mine:
+            topology += 1
+            cpus = frozenset(c for g in mine for c in g.cpus) & online_set
+            mems = ",".join(map(str, sorted({n for g in mine for n in g.memory_nodes})))
+            if not cpus:
+                continue  # every CPU of its groups went offline: nothing sensible to pin to
+            if current == cpus and (not mems or container.mems == mems):
+                pinned += 1
+                continue
+            updates.append(Update(container.id, container.identity, format_cpulist(sorted(cpus)), mems, "topology",
+                                  container.created_at))
+        elif shared_pool and not pool_empty and current != pool:
+            kind = "widen" if current < pool else "shrink"
+            updates.append(Update(container.id, container.identity, format_cpulist(sorted(pool)), "", kind,
+                                  container.created_at))
+    return CpusetPlan(tuple(updates), tuple(sorted(pool if shared_pool else online_set)), topology, pinned,
+                      pool_empty)

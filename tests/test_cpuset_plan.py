@@ -1,0 +1,103 @@
+"""Which cpuset each running container should have (pure)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.policy.cpuset import RunningContainer, plan_cpusets
+from agent.policy.grouping import GroupingSettings, group_topology
+from agent.policy.health import DeviceKey
+from agent.topology.embedded import load_embedded
+from tests.conftest import BOOK
+
+GROUPING = group_topology(load_embedded("z16-lpar"), GroupingSettings(levels=("book",)))
+GROUPS = {(g.resource, g.id): g for g in GROUPING.groups}
+ONLINE = frozenset(range(82))
+BOOK0, BOOK1 = (BOOK, "drawer0-book0"), (BOOK, "drawer0-book1")
+
+
+def container(name: str, cpus: frozenset[int] = frozenset(), **kw: object) -> RunningContainer:
+    return RunningContainer(id=f"id-{name}", identity=("ns", name, "c"), cpus=cpus, **kw)  # type: ignore[arg-type]
+
+
+def test_a_holder_is_pinned_to_its_groups_and_only_what_differs_is_sent() -> None:
+    holders = {("ns", "llm", "c"): {BOOK0}}
+    plan = plan_cpusets([container("llm")], holders, {BOOK0}, GROUPS, ONLINE)
+    (update,) = plan.updates
+    assert (update.container, update.cpus, update.mems, update.kind) == ("id-llm", "0-11", "0", "topology")
+    again = plan_cpusets([container("llm", frozenset(range(12)), mems="0")], holders, {BOOK0}, GROUPS, ONLINE)
+    assert again.updates == () and again.pinned == again.topology_containers == 1
+
+
+def test_a_new_container_is_known_by_its_annotations_before_pod_resources_lists_it() -> None:
+    new = container("llm", annotated_groups=("drawer0-book0", "drawer0-book1"), annotated_resource=BOOK)
+    (update,) = plan_cpusets([new], {}, {BOOK0, BOOK1}, GROUPS, ONLINE).updates
+    assert update.cpus == "0-21"
+    forged = container("x", annotated_groups=("drawer9-book9",), annotated_resource=BOOK)
+    assert plan_cpusets([forged], {}, set(), GROUPS, ONLINE).updates == ()  # unknown ids pin nothing
+
+
+def test_without_the_shared_pool_other_containers_are_never_touched() -> None:
+    others = [container("web", frozenset(range(82))), container("db")]
+    assert plan_cpusets(others, {}, {BOOK0}, GROUPS, ONLINE).updates == ()
+
+
+def test_the_shared_pool_excludes_held_groups_keeps_reserved_cpus_and_widens_when_freed() -> None:
+    web = container("web")
+    plan = plan_cpusets([web], {}, {BOOK0}, GROUPS, ONLINE, reserved={0, 1}, shared_pool=True)
+    (update,) = plan.updates
+    assert (update.cpus, update.kind, update.mems) == ("0-1,12-81", "shrink", "")
+    confined = container("web", frozenset({0, 1, *range(12, 82)}))
+    (widen,) = plan_cpusets([confined], {}, set(), GROUPS, ONLINE, reserved={0, 1}, shared_pool=True).updates
+    assert (widen.cpus, widen.kind) == ("0-81", "widen")
+
+
+def test_an_empty_pool_shrinks_nobody() -> None:
+    only_book0 = frozenset(range(12))  # every online CPU is in the held group
+    plan = plan_cpusets([container("web")], {}, {BOOK0}, GROUPS, only_book0, shared_pool=True)
+    assert plan.pool_empty and plan.updates == ()
+    with_reserved = plan_cpusets([container("web")], {}, {BOOK0}, GROUPS, only_book0, reserved={0}, shared_pool=True)
+    assert not with_reserved.pool_empty and with_reserved.updates[0].cpus == "0"
+
+
+def test_offline_cpus_are_never_pinned() -> None:
+    holders = {("ns", "llm", "c"): {BOOK0}}
+    (update,) = plan_cpusets([container("llm")], holders, {BOOK0}, GROUPS, ONLINE - {10, 11}).updates
+    assert update.cpus == "0-9"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sets(st.sampled_from(sorted(GROUPS)), max_size=8), st.sets(st.integers(0, 81), max_size=4),
+       st.lists(st.tuples(st.booleans(), st.sets(st.integers(0, 81), max_size=20)), max_size=6))
+def test_no_container_is_ever_left_without_cpus_and_holders_never_share(
+        held: set[DeviceKey], reserved: set[int], specs: list[tuple[bool, set[int]]]) -> None:
+    holders: dict[tuple[str, str, str], set[DeviceKey]] = {}
+    containers = []
+    free = sorted(held)
+    for i, (holds, cpus) in enumerate(specs):
+        identity = ("ns", f"p{i}", "c")
+        if holds and free:
+            holders[identity] = {free.pop()}
+        containers.append(RunningContainer(f"id{i}", identity, frozenset(cpus)))
+    plan = plan_cpusets(containers, holders, held, GROUPS, ONLINE, reserved, shared_pool=True)
+    by_container = {u.container: u for u in plan.updates}
+    pinned: dict[str, set[int]] = {}
+    for c in containers:
+        update = by_container.get(c.id)
+        cpus = {int(x) for part in update.cpus.split(",") for x in _expand(part)} if update else set(c.cpus or ONLINE)
+        assert cpus, "a container without CPUs"
+        if c.identity in holders:
+            pinned[c.id] = cpus
+        elif update is not None:  # a pool container: no held group's CPU, every reserved CPU
+            assert not cpus & {x for k in held for x in GROUPS[k].cpus} - reserved
+            assert reserved <= cpus
+    ids = list(pinned)
+    for i, a in enumerate(ids):
+        for b in ids[i + 1:]:
+            assert not pinned[a] & pinned[b]
+
+
+def _expand(part: str) -> range:
+    lo, _, hi = part.partition("-")
+    return range(int(lo), int(hi or lo) + 1)
