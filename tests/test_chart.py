@@ -343,6 +343,21 @@ def test_container_level_openmp_env_is_off_and_one_core_is_reserved_by_default(r
     assert env["TOPOLOGY_AGENT_MIN_GROUP_CORES"] == "auto"
 
 
+def test_the_runtime_socket_is_mounted_only_with_cpuset_enforcement(render: Render) -> None:
+    plain = mounts_of(render())
+    assert "cri-socket" not in plain and "kubelet-root" not in plain
+    assert env_of(agent_container(render()))["TOPOLOGY_AGENT_CPUSET_ENFORCEMENT"] == "none"
+    docs = render("--set", "cpusetEnforcement=cri", "--set", "sharedPool=true", "--set", "criSocket=/run/crio/crio.sock")
+    mounts = mounts_of(docs)
+    mount, volume = mounts["cri-socket"]
+    assert volume["hostPath"] == {"path": "/run/crio", "type": "Directory"}
+    env = env_of(agent_container(docs))
+    assert env["TOPOLOGY_AGENT_CRI_SOCKET"] == f"{mount['mountPath']}/crio.sock"
+    assert env["TOPOLOGY_AGENT_CPUSET_ENFORCEMENT"] == "cri" and env["TOPOLOGY_AGENT_SHARED_POOL"] == "true"
+    # kubelet's state is read, to refuse enforcement under the static CPU manager policy
+    assert mounts["kubelet-root"][0]["readOnly"] is True and "TOPOLOGY_AGENT_CPU_MANAGER_STATE" in env
+
+
 def test_seccomp_profile_install_is_an_init_container_writing_under_kubelets_seccomp_dir(render: Render) -> None:
     plain = one(render(), "DaemonSet")["spec"]["template"]["spec"]
     assert "initContainers" not in plain
@@ -379,7 +394,7 @@ def test_every_agent_variable_is_a_serve_flag(render: Render, monkeypatch: pytes
     # The same values given as flags: argparse checks choices, the settings builders check the rest.
     argv = ["serve"]
     for key, value in env.items():
-        if to_flag[key] in ("--node-labels", "--openmp-env", "--allocations-pod-names"):  # boolean flags
+        if to_flag[key] in ("--node-labels", "--openmp-env", "--allocations-pod-names", "--shared-pool"):  # booleans
             argv.append(to_flag[key] if value == "true" else "--no-" + to_flag[key][2:])
         else:
             argv += [to_flag[key], value]
