@@ -347,7 +347,8 @@ def test_the_runtime_socket_is_mounted_only_with_cpuset_enforcement(render: Rend
     plain = mounts_of(render())
     assert "cri-socket" not in plain and "kubelet-root" not in plain
     assert env_of(agent_container(render()))["TOPOLOGY_AGENT_CPUSET_ENFORCEMENT"] == "none"
-    docs = render("--set", "cpusetEnforcement=cri", "--set", "sharedPool=true", "--set", "criSocket=/run/crio/crio.sock")
+    docs = render("--set", "cpusetEnforcement=cri", "--set", "sharedPool=true",
+                  "--set", "criSocket=/run/crio/crio.sock")
     mounts = mounts_of(docs)
     mount, volume = mounts["cri-socket"]
     assert volume["hostPath"] == {"path": "/run/crio", "type": "Directory"}
