@@ -18,7 +18,7 @@ from agent.topology.cpulist import format_cpulist, parse_cpulist
 from agent.topology.model import Cpu, Machine, Topology
 from tests.conftest import SOCKET, missing
 from tests.plugin_harness import short_tmpdir
-from tests.serve_harness import AgentProcess, wait_until
+from topology_devkit.agent_process import AgentProcess, wait_until
 from topology_devkit.containerd import Containerd, ContainerdUnavailable
 from topology_devkit.kubelet_emulator import Container, KubeletEmulator
 

@@ -8,7 +8,7 @@ import time
 
 from tests.conftest import BOOK, SOCKET
 from tests.plugin_harness import short_tmpdir
-from tests.serve_harness import AgentProcess, wait_until
+from topology_devkit.agent_process import AgentProcess, wait_until
 from topology_devkit.kubelet_emulator import KubeletEmulator
 
 

@@ -12,7 +12,7 @@ import pytest
 from agent._proto.deviceplugin.v1beta1 import api_pb2
 from tests.conftest import BOOK
 from tests.plugin_harness import running_node, short_tmpdir
-from tests.serve_harness import AgentProcess
+from topology_devkit.agent_process import AgentProcess
 from topology_devkit.kubelet_emulator import KubeletEmulator
 
 MAX_DETAILS = 2048

@@ -16,7 +16,7 @@ import pytest
 from agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from tests.conftest import BOOK, SOCKET
 from tests.plugin_harness import short_tmpdir
-from tests.serve_harness import AgentProcess, wait_until
+from topology_devkit.agent_process import AgentProcess, wait_until
 from topology_devkit.kubelet_emulator import KubeletEmulator
 
 

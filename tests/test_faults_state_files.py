@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import BOOK
 from tests.plugin_harness import short_tmpdir
-from tests.serve_harness import AgentProcess, wait_until
+from topology_devkit.agent_process import AgentProcess, wait_until
 from topology_devkit.kubelet_emulator import Container, KubeletEmulator
 
 STATE = "s390x-topology-agent"

@@ -269,7 +269,8 @@ class NodeDevices(Generic[W]):
         return result
 
     def add_listener(self, listener: Callable[[], None]) -> None:
-        """``listener()`` runs after every publish, in the publishing thread: it must not block."""
+        """``listener()`` runs after a publish that changed some device's state, in the publishing thread:
+        it must not block."""
         self._listeners.append(listener)
 
     def allocations(self, pod_names: bool = False) -> dict[str, Any]:
@@ -354,8 +355,10 @@ class NodeDevices(Generic[W]):
             with self.lock:
                 new = device_states(self.grouping, self.ledger.held(), self.broken, self.overlap)
                 old, self._states = self._states, new
+            changed = False
             for key, state in new.items():
                 if old.get(key) != state:
+                    changed = True
                     self.changes += 1
                     before = old[key].state if key in old else "-"
                     log.info("device %s %s: %s -> %s%s", key[0], key[1], before, state.state,
@@ -365,5 +368,7 @@ class NodeDevices(Generic[W]):
             for table in self.tables:
                 table.publish({dev: s.health for (res, dev), s in new.items() if res == table.resource})
             self._save_holds()
-        for listener in self._listeners:
+            if not changed:
+                return
+        for listener in self._listeners:  # devices changed hands, or health
             listener()

@@ -1,4 +1,4 @@
-"""``topology-agent serve`` as a real process next to the kubelet emulator, for the fault tests:
+"""``topology-agent serve`` as a real process next to the kubelet emulator, for fault tests and benches:
 its log (JSON lines, in a file unless a test wants a pipe it never reads), its HTTP port, its
 metrics, a gRPC client of its plugin sockets, and its memory."""
 
@@ -121,6 +121,12 @@ class AgentProcess:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
         raise AssertionError("no VmRSS")
+
+    def cpu_seconds(self) -> float:
+        """User plus system CPU time of every thread so far."""
+        text = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        fields = text[text.rindex(")") + 2:].split()  # from field 3 on; the command may hold spaces
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def threads(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
