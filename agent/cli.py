@@ -23,7 +23,7 @@ from agent.app.config import (
     DEFAULT_POD_RESOURCES_SOCKET,
     AgentConfig,
 )
-from agent.errors import CpuListError, PolicyError, StartupError, TopologyReadError, UsageError
+from agent.errors import CpuListError, UsageError, UserError
 from agent.policy.allocation import DEFAULT_RESERVE_CORES_PER_GROUP, AllocationSettings
 from agent.policy.grouping import DEFAULT_PREFIX, GroupingSettings, group_topology
 from agent.topology.cpulist import parse_cpulist
@@ -41,7 +41,8 @@ def _add(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, d
          **kwargs: object) -> None:
     env = ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
     help_text = str(kwargs.pop("help", ""))
-    parser.add_argument(flag, default=env_default(flag, default), help=f"{help_text} [env {env}]",
+    shown = f" (default: {default})" if default else ""
+    parser.add_argument(flag, default=env_default(flag, default), help=f"{help_text}{shown} [env {env}]",
                         **kwargs)  # type: ignore[arg-type]
 
 
@@ -82,8 +83,12 @@ def _polarizations(text: str) -> frozenset[str]:
 
 
 def grouping_settings(args: argparse.Namespace) -> GroupingSettings:
-    levels_text = (args.levels or "auto").strip()
-    levels = None if levels_text == "auto" else tuple(s.strip() for s in levels_text.split(",") if s.strip())
+    levels_text = (args.levels if args.levels is not None else "auto").strip()
+    if not levels_text:
+        raise UsageError("--levels: empty; give auto, or a list of drawer, book, socket")
+    levels = None if levels_text == "auto" else tuple(s.strip() for s in levels_text.split(","))
+    if levels is not None and (not all(levels) or len(set(levels)) != len(levels)):
+        raise UsageError(f"--levels {levels_text!r}: each of drawer, book, socket at most once, no empty item")
     try:
         reserved = frozenset(parse_cpulist(args.reserved_cpus or ""))
     except CpuListError as exc:
@@ -137,7 +142,10 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     if args.output in (None, "-"):
         sys.stdout.write(snapshot.dumps(topology))
     else:
-        snapshot.dump(topology, args.output)
+        try:
+            snapshot.dump(topology, args.output)
+        except OSError as exc:
+            raise UsageError(f"cannot write the snapshot to {args.output}: {exc.strerror or exc}") from None
         print(f"wrote {len(topology.cpus)} CPUs to {args.output}", file=sys.stderr)
     return 0
 
@@ -167,7 +175,7 @@ def add_allocation_flags(parser: argparse.ArgumentParser) -> None:
                             "libgomp pins the main thread of every process that loads it to the first place, so "
                             "a multi-process program such as vLLM ends up on one CPU; turn it on only where "
                             "every topology pod is a single OpenMP process (the places are always in "
-                            "TOPOLOGY_OMP_PLACES) [env TOPOLOGY_AGENT_OPENMP_ENV=true|false]")
+                            "TOPOLOGY_OMP_PLACES) (default: off) [env TOPOLOGY_AGENT_OPENMP_ENV=true|false]")
 
 
 def _int(flag: str, value: str) -> int:
@@ -244,13 +252,13 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--shared-pool", action=argparse.BooleanOptionalAction, default=None,
                        help="with --cpuset-enforcement cri: confine every other container on the node to the CPUs "
                             "of no held group (--reserved-cpus always among them), widened again when a group is "
-                            "freed [env TOPOLOGY_AGENT_SHARED_POOL=true|false]")
+                            "freed (default: off) [env TOPOLOGY_AGENT_SHARED_POOL=true|false]")
     _add(group, "--cpuset-interval", "2", metavar="SECONDS",
          help="seconds between looks at the runtime for new or restarted containers (every 0.1 s for 15 s after "
               "devices change hands)")
     group = parser.add_argument_group("node labels and metrics")
     group.add_argument("--node-labels", action=argparse.BooleanOptionalAction, default=None,
-                       help="label the Node (needs NODE_NAME and RBAC get/patch on nodes) "
+                       help="label the Node (needs NODE_NAME and RBAC get/patch on nodes) (default: on) "
                             "[env TOPOLOGY_AGENT_NODE_LABELS=true|false]")
     _add(group, "--metrics-port", "9400", metavar="PORT",
          help="port of /metrics, /healthz, /readyz and /allocations (0 disables)")
@@ -259,7 +267,7 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--allocations-pod-names", action=argparse.BooleanOptionalAction, default=None,
                        help="name the holders (namespace/pod/container) in /allocations; off: device ids, states "
                             "and counts only, since anyone who reaches the port can read it "
-                            "[env TOPOLOGY_AGENT_ALLOCATIONS_POD_NAMES=true|false]")
+                            "(default: off) [env TOPOLOGY_AGENT_ALLOCATIONS_POD_NAMES=true|false]")
     group = parser.add_argument_group("logging")
     _add(group, "--log-level", "info", choices=("debug", "info", "warning", "error"), help="log level")
     _add(group, "--log-format", "text", choices=("text", "json"), help="log format")
@@ -401,13 +409,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_choices(parser, args)
         func: Command = args.func
         return func(args)
-    except (TopologyReadError, PolicyError, UsageError, StartupError) as exc:
-        from agent.observe.logs import shutdown_logging
-
-        shutdown_logging()  # what was logged comes first, the reason to stop last
-        print(f"topology-agent: error: {exc}", file=sys.stderr)
-        return 2
+    except UserError as exc:
+        return _fail(str(exc))
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a path given on the command line that the system refuses
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _fail(f"{where}{exc.strerror or exc}")
+
+
+def _fail(message: str) -> int:
+    from agent.observe.logs import shutdown_logging
+
+    shutdown_logging()  # what was logged comes first, the reason to stop last
+    print(f"topology-agent: error: {message}", file=sys.stderr)
+    return 2

@@ -33,9 +33,11 @@ log = logging.getLogger("topology-agent")
 def log_discovery(topology: Topology, grouping: Grouping) -> None:
     m = topology.machine
     facility = {True: "yes", False: "no", None: "n/a"}[m.topology_facility]
-    log.info("discovered %d CPUs: %s %s, environment %s, topology facility %s, SMT %d, memory nodes %s",
-             len(topology.cpus), m.generation or m.machine_type or m.arch, m.arch, m.environment,
-             facility, m.smt_threads, ",".join(map(str, m.memory_nodes)))
+    what = m.arch
+    if m.machine_type:
+        what = f"{m.generation or 'type'} ({m.machine_type}) {m.arch}" if m.generation else f"type {m.machine_type}"
+    log.info("discovered %d CPUs: %s, environment %s, topology facility %s, SMT %d, memory nodes %s",
+             len(topology.cpus), what, m.environment, facility, m.smt_threads, ",".join(map(str, m.memory_nodes)))
     log.info("levels %s: %s", ",".join(grouping.levels) or "none", grouping.level_reason)
     for g in grouping.groups:
         log.info("advertising %s %s: cpus %s", g.resource, g.id, g.cpulist,

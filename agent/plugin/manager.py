@@ -26,6 +26,11 @@ from agent.plugin.timing import Timing
 
 log = logging.getLogger("topology-agent.plugin")
 
+USUAL_DIRS = ("/var/lib/kubelet/device-plugins (kubeadm, OpenShift, most distributions); "
+              "/var/lib/rancher/k3s/agent/kubelet/device-plugins (k3s); "
+              "/var/snap/microk8s/common/var/lib/kubelet/device-plugins (microk8s); "
+              "/var/lib/k0s/kubelet/device-plugins (k0s)")
+
 
 class PluginManager:
     def __init__(self, kubelet_dir: Path, tables: Sequence[DeviceTable[Wire]], observer: Observer | None = None,
@@ -179,7 +184,9 @@ class PluginManager:
         return None
 
     def _wait_for_kubelet(self) -> bool:
-        """Until kubelet.sock exists; False when stopping."""
+        """Until kubelet.sock exists; False when stopping. Said at once, warned when it lasts."""
+        started = time.monotonic()
+        warn_at = started + self.timing.kubelet_missing_warning
         announced = False
         while not self._stop.is_set():
             if self._kubelet_inode_now() is not None:
@@ -187,7 +194,13 @@ class PluginManager:
             if not announced:
                 log.info("waiting for %s", self.kubelet_socket)
                 announced = True
-            self._sleep(self._interval)
+            now = time.monotonic()
+            if now >= warn_at:
+                log.warning("no kubelet.sock in %s for %.0f s: is --kubelet-dir kubelet's device-plugin directory? "
+                            "Usual ones: %s", self.kubelet_dir, now - started, USUAL_DIRS,
+                            extra={"reason": "no kubelet.sock"})
+                warn_at = now + 30 * self.timing.kubelet_missing_warning
+            self._sleep(min(self._interval, max(warn_at - now, 0.01)))
         return False
 
     def _connect(self) -> None:

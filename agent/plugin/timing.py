@@ -13,3 +13,4 @@ class Timing:
     backoff_min: float = 0.05
     backoff_max: float = 2.0
     register_timeout: float = 10.0
+    kubelet_missing_warning: float = 10.0  # seconds without kubelet.sock before a warning (repeated every 30x)

@@ -158,6 +158,9 @@ def dumps(topology: Topology) -> str:
 
 
 def loads(text: str, source: str = "<snapshot>") -> Topology:
+    if not text.strip():
+        raise TopologyReadError(f"{source}: empty file, not a topology snapshot (make one with "
+                                "`topology-agent snapshot -o FILE`)")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -44,11 +44,11 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, step: f
 class AgentProcess:
     def __init__(self, kubelet: KubeletEmulator, workdir: Path, *args: str, topology: str = "embedded:z16-lpar",
                  pod_resources: Path | None = None, stderr_pipe: bool = False,
-                 preexec: Callable[[], None] | None = None) -> None:
+                 preexec: Callable[[], None] | None = None, python: list[str] | None = None) -> None:
         self.kubelet = kubelet
         self.log_path = workdir / f"agent-{time.monotonic_ns()}.log"
         self._log_file: IO[str] | None = None if stderr_pipe else open(self.log_path, "w")  # noqa: SIM115
-        command = [sys.executable, "-m", "agent", "serve", "--topology-file", topology,
+        command = [*(python or [sys.executable]), "-m", "agent", "serve", "--topology-file", topology,
                    "--kubelet-dir", str(kubelet.device_plugin_dir),
                    "--pod-resources-socket", str(pod_resources or kubelet.pod_resources_socket),
                    "--log-format", "json", "--metrics-port", str(free_port()), "--metrics-address", "127.0.0.1",
