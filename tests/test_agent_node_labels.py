@@ -21,7 +21,7 @@ from tests.plugin_harness import short_tmpdir
 NODE = "s390x-worker-7"
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+async def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "condition not met in time"

@@ -97,6 +97,7 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
                     "it answers: %s", len(holds), ", ".join(f"{r} {d}" for r, d in sorted(holds)))
         devices.restore_holds(holds)
     metrics = AgentMetrics()
+    metrics.prepare(grouping.resources())
     manager = PluginManager(config.kubelet_dir, devices.tables, metrics, config.timing)
     reporter = NodeReporter(topology, grouping, node_name=config.node_name, labels_enabled=config.node_labels,
                             cpu_manager_state=config.cpu_manager_state, kubelet_config=config.kubelet_config,

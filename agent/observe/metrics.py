@@ -44,6 +44,17 @@ class AgentMetrics:
             buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0), registry=self.registry)
         self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
+    def prepare(self, resources: list[str]) -> None:
+        """Create every series the gRPC calls can produce up front (at zero): the set of series is then
+        fixed from the start, and a first refusal adds none (rates over them need no special case)."""
+        for resource in resources:
+            for method, codes in (("Allocate", ("OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "INTERNAL")),
+                                  ("GetPreferredAllocation", ("OK", "INVALID_ARGUMENT", "INTERNAL"))):
+                for code in codes:
+                    self._children[(method, resource, code)] = (self.calls.labels(method, resource, code),
+                                                                self.latency.labels(method, resource))
+            self.unbalanced_allocations.labels(resource)
+
     def call(self, method: str, resource: str, code: str, seconds: float) -> None:
         key = (method, resource, code)
         children = self._children.get(key)
