@@ -72,6 +72,15 @@ class SavedStateError(AgentError, ValueError):
     """A saved state file (groups, holds) that cannot be trusted: the message says why."""
 
 
+class KubeApiError(AgentError):
+    """The Kubernetes API server answered with an error status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
 class NodeLabelerError(AgentError):
     """No Kubernetes API configuration at all (neither in-cluster nor a kubeconfig)."""
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import kmock
 import pytest
-from kubernetes import client
 
 from agent.app.build import build_agent
 from agent.app.config import AgentConfig
 from agent.node.kube import MERGE_PATCH, NodeLabeler
+from agent.node.kubeapi import LeanNodeApi
 from agent.topology.embedded import load_embedded
 from tests.plugin_harness import short_tmpdir
 
@@ -32,11 +32,8 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> No
 async def test_agent_patches_its_node_once_and_then_stays_quiet(kmock: kmock.KubernetesEmulator) -> None:
     kmock.objects["v1/nodes", None, NODE] = {"apiVersion": "v1", "kind": "Node",
                                              "metadata": {"name": NODE, "labels": {"kubernetes.io/arch": "s390x"}}}
-    api_clients: list[client.ApiClient] = []
-
     def factory(name: str) -> NodeLabeler:
-        api_clients.append(client.ApiClient(client.Configuration(host=str(kmock.url).rstrip("/"))))
-        return NodeLabeler(name, client.CoreV1Api(api_clients[-1]))
+        return NodeLabeler(name, LeanNodeApi(str(kmock.url).rstrip("/")))
 
     root = short_tmpdir()
     config = AgentConfig(kubelet_dir=root / "device-plugins", pod_resources_socket=root / "none.sock",
@@ -57,5 +54,3 @@ async def test_agent_patches_its_node_once_and_then_stays_quiet(kmock: kmock.Kub
         assert labels["kubernetes.io/arch"] == "s390x"
     finally:
         await asyncio.to_thread(agent.stop)
-        for api_client in api_clients:
-            api_client.close()

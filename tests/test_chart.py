@@ -918,12 +918,11 @@ def test_node_policy_admits_the_agents_own_patch(node_update: Callable[..., list
     bodies: list[Doc] = []
     meta = NODE["metadata"]
     api = SimpleNamespace(
-        read_node=lambda name, **_: SimpleNamespace(metadata=SimpleNamespace(labels=meta["labels"],
-                                                                             annotations=meta["annotations"])),
-        patch_node=lambda name, body, **_: bodies.append(body))
+        node_metadata=lambda name, timeout: (dict(meta["labels"]), dict(meta["annotations"])),
+        patch_node=lambda name, body, timeout: bodies.append(body))
     topology = load_embedded("z16-lpar")
     grouping = group_topology(topology)
-    labeler = NodeLabeler("z1", api)  # type: ignore[arg-type]  # a stand-in for CoreV1Api
+    labeler = NodeLabeler("z1", api)  # a stand-in for the API server
     assert labeler.sync(node_labels(topology, grouping, "none"), node_annotations(topology, grouping))
     (body,) = bodies
     assert f"{OURS}drawers" in body["metadata"]["labels"]  # stale: the patch removes it (null)

@@ -1,7 +1,7 @@
 """NodeLabeler against kmock's Kubernetes emulator over real HTTP: the exact requests it sends.
 
-The ``kubernetes`` client is synchronous (urllib3) and kmock serves on the test's event loop, so
-every sync runs in a worker thread (``asyncio.to_thread``), as the agent does it.
+The Node API client is synchronous and kmock serves on the test's event loop, so every sync runs in
+a worker thread (``asyncio.to_thread``), as the agent does it.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 import kmock
 import pytest
 from kmock import action as Action
-from kubernetes import client
 from kubernetes.config import incluster_config, kube_config
 
 from agent.errors import NodeLabelerError
 from agent.node.kube import MERGE_PATCH, NodeLabeler
+from agent.node.kubeapi import LeanNodeApi
 from agent.node.labels import KEY_PREFIX, TOPOLOGY_ANNOTATION, node_annotations, node_labels
 from agent.policy.grouping import group_topology
 from agent.topology.embedded import load_embedded
@@ -56,17 +56,10 @@ def _node(labels: dict[str, str] | None = None, annotations: dict[str, str] | No
 
 @pytest.fixture()
 def api_factory() -> Iterator[Any]:
-    made: list[client.ApiClient] = []
-
-    def make(url: str) -> client.CoreV1Api:
-        configuration = client.Configuration(host=url.rstrip("/"))
-        configuration.retries = 1  # as from_environment sets it
-        made.append(client.ApiClient(configuration))
-        return client.CoreV1Api(made[-1])
+    def make(url: str) -> LeanNodeApi:
+        return LeanNodeApi(url.rstrip("/"))  # what the agent uses in a pod, over plain HTTP here
 
     yield make
-    for api_client in made:
-        api_client.close()
 
 
 @pytest.fixture()
@@ -283,13 +276,42 @@ async def test_api_server_timeout(kmock: kmock.KubernetesEmulator, api_factory: 
 
 
 def test_foreign_keys_are_refused() -> None:
-    api_client = client.ApiClient(client.Configuration(host="http://127.0.0.1:9"))
-    labeler = NodeLabeler(NODE, client.CoreV1Api(api_client))
+    labeler = NodeLabeler(NODE, LeanNodeApi("http://127.0.0.1:9"))
     with pytest.raises(ValueError, match=re.escape("kubernetes.io/arch")):
         labeler.sync({"kubernetes.io/arch": "s390x"}, {})
     with pytest.raises(ValueError, match="node name"):
         NodeLabeler("", labeler.api)
-    api_client.close()
+
+
+@pytest.mark.asyncio
+async def test_in_a_pod_the_service_account_token_is_read_for_every_request(
+        kmock: kmock.KubernetesEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kmock.objects[NODES, None, NODE] = _node()
+    (tmp_path / "token").write_text("first\n")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(kmock.url.port))
+    api = LeanNodeApi.in_cluster(tmp_path)
+    assert (api.scheme, api.host, api.port) == ("https", "127.0.0.1", kmock.url.port)
+    plain = LeanNodeApi(str(kmock.url).rstrip("/"), token_file=tmp_path / "token")  # kmock speaks HTTP
+    labeler = NodeLabeler(NODE, plain)
+    assert await _sync(labeler, LABELS, {}) is True
+    (tmp_path / "token").write_text("rotated\n")  # kubelet rotates bound tokens
+    labeler.invalidate()
+    assert await _sync(labeler, {**LABELS, f"{P}books": "7"}, {}) is True
+    tokens = [r.headers["Authorization"] for r in _requests(kmock)]
+    assert tokens[:2] == ["Bearer first"] * 2 and tokens[2:] == ["Bearer rotated"] * 2
+
+
+def test_in_cluster_needs_the_service_environment_and_a_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(NodeLabelerError, match="not running in a pod"):
+        LeanNodeApi.in_cluster(tmp_path)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    with pytest.raises(NodeLabelerError, match="no service account token"):
+        LeanNodeApi.in_cluster(tmp_path)
+    (tmp_path / "token").write_text("t")
+    assert LeanNodeApi.in_cluster(tmp_path).host == "fd00::1"  # an IPv6 service address
 
 
 @pytest.mark.asyncio
@@ -310,7 +332,6 @@ async def test_from_environment_uses_the_kubeconfig_outside_a_cluster(
     get, patch = _requests(kmock)
     assert get.headers["Authorization"] == "Bearer abc"
     assert (patch.method, patch.headers["Content-Type"]) == ("PATCH", MERGE_PATCH)
-    labeler.api.api_client.close()
 
 
 def test_from_environment_without_any_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

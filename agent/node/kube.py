@@ -1,4 +1,4 @@
-"""Put the agent's labels and annotations on its Node: a thin adapter over the ``kubernetes`` client.
+"""Put the agent's labels and annotations on its Node, through :mod:`agent.node.kubeapi`.
 
 Zero writes in steady state: the first :meth:`NodeLabeler.sync` GETs the node and patches only the
 keys of ours that differ; later syncs compare with what was applied last and send nothing when
@@ -6,29 +6,25 @@ nothing changed. After any failure the next sync GETs the node again.
 
 The device plugin never depends on the API server: unreachable, timing out, RBAC denied (403) or
 node missing (404) is one warning on logger ``topology-agent.node`` and ``False``, never an
-exception. The calls block (urllib3); from asyncio code run ``sync`` with ``asyncio.to_thread``.
+exception. The calls block; from asyncio code run ``sync`` with ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import urllib3
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-
-from agent.errors import NodeLabelerError
+from agent.errors import KubeApiError
+from agent.node.kubeapi import MERGE_PATCH, NodeApi, node_api_from_environment
 from agent.node.labels import KEY_PREFIX
 
 log = logging.getLogger("topology-agent.node")
 
-MERGE_PATCH = "application/merge-patch+json"
 DEFAULT_REQUEST_TIMEOUT = 5.0
+__all__ = ["DEFAULT_REQUEST_TIMEOUT", "MERGE_PATCH", "NodeLabeler"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,17 +48,6 @@ def _changes(current: Mapping[str, str], desired: Mapping[str, str]) -> dict[str
     return changed
 
 
-def _api_message(exc: ApiException) -> str:
-    """The ``message`` of the Status the API server sent, else the HTTP reason."""
-    try:
-        body = json.loads(exc.body) if exc.body else None
-    except (TypeError, ValueError):
-        body = None
-    message = body.get("message") if isinstance(body, dict) else None
-    text = str(message or exc.reason or "no details")
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
 class NodeLabeler:
     """Keeps this node's ``topology.s390x.ibm.com/`` labels and annotations as desired.
 
@@ -73,7 +58,7 @@ class NodeLabeler:
     def __init__(
         self,
         node_name: str,
-        api: client.CoreV1Api,
+        api: NodeApi,
         *,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         key_prefix: str = KEY_PREFIX,
@@ -92,23 +77,9 @@ class NodeLabeler:
 
     @classmethod
     def from_environment(cls, node_name: str, *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> NodeLabeler:
-        """In-cluster service account config, falling back to the kubeconfig (local runs).
-
-        NodeLabelerError when neither is available; nothing is contacted here.
-        """
-        configuration = client.Configuration()
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException as in_cluster:
-            try:
-                config.load_kube_config(client_configuration=configuration)
-            except (config.ConfigException, OSError, ValueError) as kubeconfig:
-                raise NodeLabelerError(
-                    f"no Kubernetes API configuration: not running in a cluster ({in_cluster}) and no usable "
-                    f"kubeconfig ({kubeconfig})") from None
-        # One retry for a dropped connection; the default (3) would stretch a timeout to 4x.
-        configuration.retries = 1
-        return cls(node_name, client.CoreV1Api(client.ApiClient(configuration)), request_timeout=request_timeout)
+        """In a pod the service account, else the kubeconfig (local runs). NodeLabelerError when
+        neither is available; nothing is contacted here."""
+        return cls(node_name, node_api_from_environment(), request_timeout=request_timeout)
 
     def invalidate(self) -> None:
         """Forget what was applied: the next sync reads the node again (e.g. once an hour)."""
@@ -156,25 +127,22 @@ class NodeLabeler:
 
     def _read(self) -> _Metadata:
         try:
-            node = self.api.read_node(self.node_name, _request_timeout=self.request_timeout)
+            labels, annotations = self.api.node_metadata(self.node_name, self.request_timeout)
         except Exception as exc:  # never let the API server take the agent down
             raise _SyncFailed(self._reason("GET", exc)) from None
-        meta = node.metadata
-        return _Metadata(_ours(meta.labels if meta else None, self.key_prefix),
-                         _ours(meta.annotations if meta else None, self.key_prefix))
+        return _Metadata(_ours(labels, self.key_prefix), _ours(annotations, self.key_prefix))
 
     def _patch(self, body: dict[str, Any]) -> None:
         try:
-            self.api.patch_node(self.node_name, body, _content_type=MERGE_PATCH,
-                                _request_timeout=self.request_timeout)
+            self.api.patch_node(self.node_name, body, self.request_timeout)
         except Exception as exc:  # never let the API server take the agent down
             raise _SyncFailed(self._reason("PATCH", exc)) from None
 
     def _reason(self, verb: str, exc: Exception) -> str:
         what = f"{verb} node {self.node_name}"
-        if isinstance(exc, ApiException):
+        if isinstance(exc, KubeApiError):
             status = exc.status
-            message = _api_message(exc)
+            message = exc.message
             if status == 403:
                 return (f"{what}: forbidden (403): RBAC must grant the agent's service account get and patch on "
                         f"nodes, and the chart's node-restriction policy lets it change only its own node's "
@@ -183,15 +151,9 @@ class NodeLabeler:
                 return f"{what}: unauthorized (401): the service account token was not accepted: {message}"
             if status == 404:
                 return f"{what}: node not found (404): is NODE_NAME spec.nodeName? {message}"
-            if not status:
-                return f"{what}: API server unreachable: {message}"
             return f"{what}: API server answered {status}: {message}"
-        if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
-            exc = exc.reason
-        if isinstance(exc, urllib3.exceptions.NewConnectionError):  # a ConnectTimeoutError subclass, but refused
-            return f"{what}: API server unreachable: {exc}"
-        if isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError):
+        if isinstance(exc, TimeoutError):
             return f"{what}: API server timed out after {self.request_timeout:g}s: {exc}"
-        if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
-            return f"{what}: API server unreachable: {exc}"
+        if isinstance(exc, OSError):
+            return f"{what}: API server unreachable: {exc.strerror or exc}"
         return f"{what}: {type(exc).__name__}: {exc}"
