@@ -29,6 +29,9 @@ from agent.topology.model import Topology
 
 log = logging.getLogger("topology-agent")
 
+SLOW_POD_RESOURCES = 30.0  # seconds between pod-resources Lists while nothing is held
+IDLE_AFTER = 60.0  # seconds after the last change of hands before pod-resources slows down
+
 
 def log_discovery(topology: Topology, grouping: Grouping) -> None:
     m = topology.machine
@@ -85,7 +88,9 @@ class Agent:
         self.full_rescan_requested = False  # set by SIGHUP
         self.pod_resources_loop = PeriodicLoop("pod-resources", config.pod_resources_interval,
                                                self.sync_pod_resources, (PodResourcesError,),
-                                               on_failure=self.devices.list_failed)
+                                               on_failure=self.devices.list_failed, pace=self._pod_resources_pace)
+        self._last_change = time.monotonic()
+        devices.add_listener(self._devices_changed)
         self.rescan_loop = PeriodicLoop("topology rescan", config.rescan_interval, self._periodic_rescan,
                                         (TopologyReadError, OSError))
         self.label_loop = PeriodicLoop("node labels", config.label_interval if config.node_labels else 0,
@@ -93,6 +98,20 @@ class Agent:
         metrics.read_status(self.status)
 
     # --- the loops' steps ---------------------------------------------------------------------
+    def _pod_resources_pace(self) -> float:
+        """pod-resources every --pod-resources-interval while a device is held or one changed hands in
+        the last minute (kubelet never says when a pod ends: the List does); slowly otherwise (nothing
+        can end, and every new allocation comes through our own Allocate, which speeds it up again)."""
+        fast = self.config.pod_resources_interval
+        if self.devices.held_keys() or time.monotonic() - self._last_change < IDLE_AFTER:
+            return fast
+        return max(fast, SLOW_POD_RESOURCES)
+
+    def _devices_changed(self) -> None:
+        self._last_change = time.monotonic()
+        if self.pod_resources_loop.current_delay > self.config.pod_resources_interval:
+            self.pod_resources_loop.wake()  # it was idling slowly: back to the fast pace now
+
     def sync_pod_resources(self) -> None:
         started = time.monotonic()
         rows = self.pod_resources.list()

@@ -19,9 +19,12 @@ class PeriodicLoop:
 
     def __init__(self, name: str, interval: float, step: Callable[[], object],
                  expected: tuple[type[BaseException], ...], max_backoff: float = 30.0,
-                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 pace: Callable[[], float] | None = None) -> None:
         self.name = name
         self.interval = interval
+        self.pace = pace  # the wait after a successful step, when it varies (default: interval)
+        self.current_delay = interval
         self.step = step
         self.expected = expected
         self.max_backoff = max_backoff
@@ -64,7 +67,11 @@ class PeriodicLoop:
             except Exception:  # never let the loop die: log and keep going
                 log.exception("%s failed unexpectedly", self.name)
                 ok = False
-            delay = self.interval if ok else min(max(delay * 2, self.interval), self.max_backoff)
+            if ok:
+                delay = self.pace() if self.pace is not None else self.interval
+            else:
+                delay = min(max(delay * 2, self.interval), self.max_backoff)
+            self.current_delay = delay
 
     def start(self) -> None:
         if self.interval <= 0:

@@ -25,6 +25,9 @@ from agent.errors import CpuListError, CpuManagerStateError, KubeletConfigError
 from agent.policy.grouping import Grouping
 from agent.topology.cpulist import format_cpulist, parse_cpulist
 
+# libyaml's safe loader when PyYAML was built with it (many times faster on kubelet's config), else Python's.
+_SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 CPU_MANAGER_STATE_PATH = "/var/lib/kubelet/cpu_manager_state"
 KUBELET_CONFIG_PATH = "/var/lib/kubelet/config.yaml"
 
@@ -115,7 +118,7 @@ def read_reserved_system_cpus(kubelet_config_path: str | os.PathLike[str] = KUBE
     except (OSError, UnicodeDecodeError) as exc:
         raise KubeletConfigError(f"{where}: cannot read the kubelet config: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as exc:
         raise KubeletConfigError(f"{where}: not YAML/JSON: {exc}") from None
     if data is None:

@@ -24,6 +24,17 @@ LabelerFactory = Callable[[str], "NodeLabeler"]
 RELOOK_EVERY = 120  # label syncs between reads of the Node (one hour at the default 30 s)
 
 
+def _file_identity(path: Path | None) -> object:
+    """Which version of a file this is, by stat (kubelet replaces its files by rename): None if absent."""
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 def default_labeler(node_name: str) -> NodeLabeler:
     from agent.node.kube import NodeLabeler  # the kubernetes client is heavy: load it off the start path
 
@@ -49,6 +60,7 @@ class NodeReporter:
         self._labeler_broken = False
         self._said_missing = False
         self._syncs = 0
+        self._read_identity: tuple[object, object] | None = None  # the files as last read
 
     # --- kubelet's CPU manager ---------------------------------------------------------
     def check_cpu_manager(self) -> None:
@@ -56,6 +68,10 @@ class NodeReporter:
             self._said_missing = True
             log.info("kubelet's CPU manager state %s is not visible: the static-policy check is skipped "
                      "(the chart mounts kubelet's root read-only with kubelet.readState=true)", self.cpu_manager_state)
+        identity = (_file_identity(self.cpu_manager_state), _file_identity(self.kubelet_config))
+        if identity == self._read_identity:  # neither file changed since the last read (a stat each)
+            return
+        self._read_identity = identity
         state = None
         reserved: tuple[int, ...] = ()
         try:
