@@ -13,22 +13,25 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent import __version__
-from agent.app.config import (
+from agent.app.paths import (
     CRI_SOCKETS,
     DEFAULT_CPU_MANAGER_STATE,
     DEFAULT_KUBELET_CONFIG,
     DEFAULT_KUBELET_DIR,
     DEFAULT_POD_RESOURCES_SOCKET,
-    AgentConfig,
 )
 from agent.errors import CpuListError, UsageError, UserError
-from agent.policy.allocation import DEFAULT_RESERVE_CORES_PER_GROUP, AllocationSettings
 from agent.policy.grouping import DEFAULT_PREFIX, GroupingSettings, group_topology
 from agent.topology.cpulist import parse_cpulist
 from agent.topology.model import POLARIZATIONS, Topology, normalize_polarization
 from agent.topology.source import TopologySource
+
+if TYPE_CHECKING:
+    from agent.app.config import AgentConfig
+    from agent.policy.allocation import AllocationSettings
 
 ENV_PREFIX = "TOPOLOGY_AGENT_"
 
@@ -104,12 +107,15 @@ def grouping_settings(args: argparse.Namespace) -> GroupingSettings:
     ).validated()
 
 
-def topology_source(args: argparse.Namespace) -> TopologySource:
-    return TopologySource(args.host_root, args.topology_file, args.source, proc_root=args.proc_root)
+def topology_source(args: argparse.Namespace, details: bool = False) -> TopologySource:
+    """Where the topology comes from; ``details`` also reads what grouping does not need (each CPU's
+    address and dedication, for snapshots)."""
+    return TopologySource(args.host_root, args.topology_file, args.source, proc_root=args.proc_root,
+                          details=details)
 
 
-def topology_from(args: argparse.Namespace) -> Topology:
-    return topology_source(args).load()
+def topology_from(args: argparse.Namespace, details: bool = False) -> Topology:
+    return topology_source(args, details).load()
 
 
 def cmd_discover(args: argparse.Namespace) -> int:
@@ -138,7 +144,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from agent.topology import snapshot
 
-    topology = topology_from(args)
+    topology = topology_from(args, details=True)
     if args.output in (None, "-"):
         sys.stdout.write(snapshot.dumps(topology))
     else:
@@ -164,6 +170,8 @@ def cmd_seccomp_profile(args: argparse.Namespace) -> int:
 
 
 def add_allocation_flags(parser: argparse.ArgumentParser) -> None:
+    from agent.policy.allocation import DEFAULT_RESERVE_CORES_PER_GROUP
+
     group = parser.add_argument_group("what a container gets")
     _add(group, "--omp-threads-per-core", "1", metavar="N", choices=("1", "2"),
          help="OpenMP threads per core: 1 (the highest SMT thread, as vLLM picks) or 2")
@@ -186,6 +194,8 @@ def _int(flag: str, value: str) -> int:
 
 
 def allocation_settings(args: argparse.Namespace) -> AllocationSettings:
+    from agent.policy.allocation import AllocationSettings
+
     openmp_env = _bool_env("--openmp-env", False) if args.openmp_env is None else args.openmp_env
     settings = AllocationSettings(omp_threads_per_core=_int("--omp-threads-per-core", args.omp_threads_per_core),
                                   reserve_cores_per_group=_int("--reserve-cores-per-group",
@@ -294,6 +304,8 @@ def _port(value: str) -> int:
 
 
 def agent_config(args: argparse.Namespace) -> AgentConfig:
+    from agent.app.config import AgentConfig
+
     return AgentConfig(kubelet_dir=Path(args.kubelet_dir), grouping=grouping_settings(args),
                        allocation=allocation_settings(args), pod_resources_socket=Path(args.pod_resources_socket),
                        rescan_interval=_seconds("--rescan-interval", args.rescan_interval),
@@ -354,57 +366,83 @@ def cmd_demo(args: argparse.Namespace) -> int:
 Command = Callable[[argparse.Namespace], int]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="topology-agent",
-                                     description="Makes IBM Z CPU topology (drawers, books, sockets) schedulable.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("discover", help="show the groups this node would advertise")
+def _discover_flags(p: argparse.ArgumentParser) -> None:
     add_topology_flags(p)
     add_policy_flags(p)
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="table (default) or json")
     p.set_defaults(func=cmd_discover)
 
-    p = sub.add_parser("explain", help="why each CPU is in a group or left out, and what Allocate returns per group")
+
+def _explain_flags(p: argparse.ArgumentParser) -> None:
     add_topology_flags(p)
     add_policy_flags(p)
     add_allocation_flags(p)
     p.set_defaults(func=cmd_explain)
 
-    p = sub.add_parser("snapshot", help="write this node's topology as a snapshot (JSON)")
+
+def _snapshot_flags(p: argparse.ArgumentParser) -> None:
     add_topology_flags(p)
     p.add_argument("-o", "--output", metavar="FILE", help="file to write (default: standard output)")
     p.set_defaults(func=cmd_snapshot)
 
-    p = sub.add_parser("serve", help="advertise the groups to kubelet and stay registered (the DaemonSet's job)")
+
+def _serve_flags(p: argparse.ArgumentParser) -> None:
     add_topology_flags(p)
     add_policy_flags(p)
     add_allocation_flags(p)
     add_service_flags(p)
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("seccomp-profile",
-                       help="print or install the seccomp profile vLLM pods need (RuntimeDefault plus the NUMA calls)")
+
+def _seccomp_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", metavar="ARCH", help="s390x, amd64 or arm64 (default: this machine's)")
     p.add_argument("--install", metavar="DIR",
                    help="write DIR/vllm-numa.json (kubelet's <root>/seccomp/profiles), only when it differs")
     p.set_defaults(func=cmd_seccomp_profile)
 
-    p = sub.add_parser("demo", help="run the agent on a bundled z16-shaped snapshot against an emulated kubelet")
+
+def _demo_flags(p: argparse.ArgumentParser) -> None:
     add_topology_flags(p)
     add_policy_flags(p)
     add_allocation_flags(p)
     p.set_defaults(func=cmd_demo)
 
+
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "discover": ("show the groups this node would advertise", _discover_flags),
+    "explain": ("why each CPU is in a group or left out, and what Allocate returns per group", _explain_flags),
+    "snapshot": ("write this node's topology as a snapshot (JSON)", _snapshot_flags),
+    "serve": ("advertise the groups to kubelet and stay registered (the DaemonSet's job)", _serve_flags),
+    "seccomp-profile": ("print or install the seccomp profile vLLM pods need (RuntimeDefault plus the NUMA calls)",
+                        _seccomp_flags),
+    "demo": ("run the agent on a bundled z16-shaped snapshot against an emulated kubelet", _demo_flags),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or, with ``only``, every command but only that one's flags (each
+    command imports what its flags need: ``discover`` starts without the rest)."""
+    parser = argparse.ArgumentParser(prog="topology-agent",
+                                     description="Makes IBM Z CPU topology (drawers, books, sockets) schedulable.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_text, add_flags) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if only is None or only == name:
+            add_flags(p)
     return parser
+
+
+def _command_in(argv: Sequence[str]) -> str | None:
+    return next((a for a in argv if a in COMMANDS), None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     # gRPC core's own INFO lines (e.g. "Got goaway" when kubelet restarts) would break JSON logs.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     try:
-        parser = build_parser()
+        argv = list(sys.argv[1:] if argv is None else argv)
+        parser = build_parser(only=_command_in(argv))
         args = parser.parse_args(argv)
         check_choices(parser, args)
         func: Command = args.func

@@ -45,7 +45,8 @@ def test_a_broken_groups_file_is_said_and_replaced(content: str, said: str) -> N
         path.write_text(content)
         agent = run_once(k, root)
         try:
-            assert agent.logged(said) and agent.logged("not trusting the saved groups")
+            wait_until(lambda: agent.logged(said) and agent.logged("not trusting the saved groups"), 10,
+                       "the distrust said")  # (log lines are written in batches)
             assert not [line for line in agent.log() if line.get("level") == "error" or "Traceback" in str(line)]
             assert json.loads(path.read_text())["groups"]  # written afresh
         finally:
@@ -65,7 +66,8 @@ def test_a_cpu_the_machine_lacks_never_reaches_a_container() -> None:
         path.write_text(json.dumps(data))
         second = run_once(k, root)
         try:
-            assert second.logged("9999") and second.logged("that this machine does not have")
+            wait_until(lambda: second.logged("9999") and second.logged("that this machine does not have"), 10,
+                       "the foreign CPU said")
             k.admit_pod("default", "next", [Container("c", {BOOK: 1})])
             env = k.start_container("default", "next", "c")
             assert "9999" not in env["TOPOLOGY_CPUS"]

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.app.agent import Agent, LatestTopology
-from agent.app.config import CRI_SOCKETS, AgentConfig
+from agent.app.config import AgentConfig
 from agent.app.enforcement import CpusetEnforcement
+from agent.app.paths import CRI_SOCKETS
 from agent.cri.client import CriClient
 from agent.devices.persist import StateFiles
 from agent.devices.table import NodeDevices

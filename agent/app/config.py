@@ -5,15 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.app.paths import DEFAULT_POD_RESOURCES_SOCKET
 from agent.plugin.timing import Timing
 from agent.policy.allocation import AllocationSettings
 from agent.policy.grouping import GroupingSettings
-
-DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
-DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-DEFAULT_CPU_MANAGER_STATE = "/var/lib/kubelet/cpu_manager_state"
-DEFAULT_KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
-CRI_SOCKETS: tuple[str, ...] = ("/run/containerd/containerd.sock", "/run/crio/crio.sock")
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.policy.allocation import AllocationSettings, plan_allocation
 from agent.policy.grouping import Grouping
 from agent.topology.cpulist import format_cpulist
 from agent.topology.model import Machine, Topology
 from agent.topology.snapshot import to_dict
+
+if TYPE_CHECKING:
+    from agent.policy.allocation import AllocationSettings
 
 
 def machine_dict(machine: Machine) -> dict[str, Any]:
@@ -78,6 +80,8 @@ def table(topology: Topology, grouping: Grouping) -> str:
 def explain(topology: Topology, grouping: Grouping, settings: AllocationSettings) -> str:
     """Per group: why each CPU is in it and what it does there, then the exact environment
     Allocate returns for that group alone; then every CPU left out, with the reason."""
+    from agent.policy.allocation import plan_allocation
+
     by_number = topology.by_number()
     lines = [_machine_line(topology.machine),
              f"levels: {','.join(grouping.levels) or 'none'} ({grouping.level_reason})"]

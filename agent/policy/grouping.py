@@ -17,7 +17,6 @@ Rules (vLLM PR #40714 for the automatic level choice):
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -188,7 +187,9 @@ def min_cores_for(sizes: Sequence[int], setting: int | None) -> tuple[int, str]:
         return setting, f"--min-group-cores {setting}"
     if not sizes:
         return 1, "automatic"
-    median = statistics.median(sizes)
+    ordered = sorted(sizes)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
     threshold = max(1, int(median // 2))
     return threshold, f"half the {median:g} cores of the median group, the automatic --min-group-cores"
 

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 from agent.errors import TopologyReadError
-from agent.topology import snapshot
 from agent.topology.model import Topology
 
 EMBEDDED_PREFIX = "embedded:"
@@ -30,15 +29,17 @@ class TopologySource:
     """One configured place to read the topology from, again and again (the agent rescans)."""
 
     def __init__(self, host_root: str | Path = "/", topology_file: str | None = None, source: str = "sysfs",
-                 node_name: str | None = None, proc_root: str | Path | None = None) -> None:
+                 node_name: str | None = None, proc_root: str | Path | None = None, details: bool = True) -> None:
         self.host_root = host_root
         self.topology_file = topology_file
         self.source = source
         self.node_name = node_name
         self.proc_root = proc_root
+        self.details = details
 
     def load(self) -> Topology:
-        return load_topology(self.host_root, self.topology_file, self.source, self.node_name, self.proc_root)
+        return load_topology(self.host_root, self.topology_file, self.source, self.node_name, self.proc_root,
+                             self.details)
 
     def fingerprint(self) -> object:
         """Changes whenever a full read could give something new (cheap); None: always read."""
@@ -58,13 +59,15 @@ class TopologySource:
 
 
 def load_topology(host_root: str | Path = "/", topology_file: str | None = None, source: str = "sysfs",
-                  node_name: str | None = None, proc_root: str | Path | None = None) -> Topology:
+                  node_name: str | None = None, proc_root: str | Path | None = None, details: bool = True) -> Topology:
     """Read the topology the way the command line asked for."""
     if topology_file:
         if topology_file.startswith(EMBEDDED_PREFIX):
             from agent.topology.embedded import load_embedded
 
             return load_embedded(topology_file[len(EMBEDDED_PREFIX):])
+        from agent.topology import snapshot
+
         return snapshot.load(snapshot_path(topology_file, node_name))
     if source == "lscpu":
         from agent.topology.lscpu import read_lscpu
@@ -77,4 +80,4 @@ def load_topology(host_root: str | Path = "/", topology_file: str | None = None,
         raise TopologyReadError(f"unknown topology source {source!r} (choose sysfs or lscpu)")
     from agent.topology.sysfs import read_sysfs
 
-    return read_sysfs(host_root, proc_root)
+    return read_sysfs(host_root, proc_root, details=details)

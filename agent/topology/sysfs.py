@@ -124,27 +124,34 @@ def _kernel_id(path: str) -> int | None:
     return None if value is None or value < 0 else value
 
 
-def _read_cpu(cpu_dir: str, cpu: int, online_set: set[int] | None, containers: _Containers) -> RawCpu:
+def _read_cpu(cpu_dir: str, cpu: int, online_set: set[int] | None, containers: _Containers,
+              details: bool = True) -> RawCpu:
+    """One CPU's files, as few as the model needs: the global online list stands for each CPU's
+    ``online``, ``configure`` only matters for an offline CPU (standby CPUs are offline), and the
+    topology directory is known to exist by what reading it finds."""
     base = f"{cpu_dir}/cpu{cpu}"
-    online = _flag(f"{base}/online")
-    if online is None:  # cpu0 on x86 has no online file: it cannot go offline
-        online = True if online_set is None else cpu in online_set
-    configured = _flag(f"{base}/configure")
+    if online_set is not None:
+        online = cpu in online_set
+    else:
+        flag = _flag(f"{base}/online")
+        online = True if flag is None else flag  # cpu0 on x86 has no online file: it cannot go offline
+    configured = None if online else _flag(f"{base}/configure")
     polarization = _read(f"{base}/polarization")
     topo = f"{base}/topology"
-    has_topology = os.path.isdir(topo)
     ids: dict[str, int | None] = {}
     masks: dict[str, frozenset[int] | None] = {}
-    if has_topology:
-        for level in _LEVEL_FILES:
-            masks[level], ids[level] = containers.read(topo, cpu, level)
+    for level in _LEVEL_FILES:
+        masks[level], ids[level] = containers.read(topo, cpu, level)
+    has_topology = any(m is not None for m in masks.values()) or any(i is not None for i in ids.values())
+    if not has_topology:
+        ids, masks = {}, {}
     return RawCpu(
         cpu=cpu,
         online=online,
         configured=True if configured is None else configured,
         polarization=normalize_polarization(polarization),
-        dedicated=_flag(f"{base}/dedicated"),
-        address=_int(f"{base}/address"),
+        dedicated=_flag(f"{base}/dedicated") if details else None,
+        address=_int(f"{base}/address") if details else None,
         has_topology=has_topology,
         ids=ids,
         masks=masks,
@@ -174,8 +181,11 @@ def _arch(root: Path, cpuinfo: str | None, sysinfo: str | None) -> str:
     return "unknown"
 
 
-def read_sysfs(root: str | Path = "/", proc_root: str | Path | None = None) -> Topology:
+def read_sysfs(root: str | Path = "/", proc_root: str | Path | None = None, details: bool = True) -> Topology:
     """The topology of the machine whose ``sys/`` and ``proc/`` trees live under ``root``.
+
+    Without ``details`` each CPU's address and dedication are not read (grouping needs neither; a
+    snapshot keeps them): two files fewer per CPU for every rescan.
 
     ``proc_root`` overrides where ``sysinfo`` and ``cpuinfo`` are read (a container that mounts
     the host's /sys elsewhere can read its own /proc: those files are not namespaced).
@@ -197,7 +207,7 @@ def read_sysfs(root: str | Path = "/", proc_root: str | Path | None = None) -> T
     online_list = _cpus(f"{cpu_dir}/online")
     online_set = set(online_list) if online_list is not None else None
     containers = _Containers()
-    raws = [_read_cpu(cpu_dir, n, online_set, containers) for n in numbers]
+    raws = [_read_cpu(cpu_dir, n, online_set, containers, details) for n in numbers]
 
     sysinfo_text = _read(f"{proc}/sysinfo")
     cpuinfo_text = _read(f"{proc}/cpuinfo") if sysinfo_text is None else None

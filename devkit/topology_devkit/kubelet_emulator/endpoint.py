@@ -73,10 +73,15 @@ class PluginEndpoint:
     def dial(self, timeout: float) -> None:
         """Blocking dial with a deadline, like `grpc.DialContext(..., WithBlock())`."""
         channel = grpc.insecure_channel(f"unix://{self.socket_path}", options=[("grpc.default_authority", "localhost")])
+        ready = grpc.channel_ready_future(channel)
         try:
-            grpc.channel_ready_future(channel).result(timeout=timeout)
+            ready.result(timeout=timeout)
         except grpc.FutureTimeoutError:
-            channel.close()
+            # Closing a channel whose connectivity is still polled for this future can block for good
+            # (grpc's Channel._close waits for its polling thread): close it on a daemon thread, so
+            # neither this handler nor the interpreter's exit waits for it.
+            ready.cancel()
+            threading.Thread(target=channel.close, name="close-dial", daemon=True).start()
             raise PluginCallError("context deadline exceeded") from None
         with self._lock:
             self._channel = channel
