@@ -51,6 +51,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from itertools import combinations
 from math import comb
+from typing import cast
 
 from agent.errors import PreferenceError
 from agent.policy.grouping import Group
@@ -85,45 +86,61 @@ def preferred_allocation(
 
 
 def _has_low(g: Group) -> bool:
-    return any(p == LOW for p, _ in g.polarization)
+    for p, _ in g.polarization:  # noqa: SIM110 (a loop: twice as fast as any() over a generator)
+        if p == LOW:
+            return True
+    return False
 
 
-def _top_sum(values: list[int], m: int) -> int:
+def _top_sum(values: Sequence[int], m: int) -> int:
     """The sum of the ``m`` largest values."""
     return sum(sorted(values, reverse=True)[:m]) if m > 0 else 0
 
 
 class _Tables:
-    """Suffix tables over a sequence of parents: ``at(i, j, h, l)``: can at most ``j`` of the
-    parents ``i..`` add exactly ``h`` non-low and ``l`` low groups? One big int per suffix, bit
-    ``j * S + h * W + l``; adding a parent shifts a whole table by one layer plus its counts."""
+    """Suffix tables over a sequence of parents: can at most ``j`` of the parents ``i..`` add exactly
+    ``h`` non-low and ``l`` low groups? One big int per suffix, bit ``j * S + h * W + l``; taking a
+    parent shifts a whole table by one layer ``S`` plus its counts. With ``lows=False`` the low
+    counts are left out (``W = 1``)."""
 
-    def __init__(self, weights: Sequence[tuple[int, int]], layers: int) -> None:
-        self.h_total = sum(h for h, _ in weights)
-        self.l_total = sum(l_ for _, l_ in weights)
-        self.width = self.l_total + 1
-        self.layer = (self.h_total + 1) * self.width
+    def __init__(self, weights: Sequence[tuple[int, int]], layers: int, lows: bool) -> None:
+        self.h_max = _top_sum([h for h, _ in weights], layers)  # no set of <= layers parents adds more
+        self.l_max = _top_sum([l_ for _, l_ in weights], layers) if lows else 0
+        self.width = self.l_max + 1
+        self.layer = (self.h_max + 1) * self.width
         full = (1 << ((layers + 1) * self.layer)) - 1
-        table = full // ((1 << self.layer) - 1)  # the empty set, in every layer ("at most j")
+        table = full // ((1 << self.layer) - 1)  # the empty set, in every layer ("at most j parents")
         self.suffix = [table] * (len(weights) + 1)
         for i in range(len(weights) - 1, -1, -1):
             h, l_ = weights[i]
-            table = (table | (table << (self.layer + h * self.width + l_))) & full
+            table = (table | (table << (self.layer + h * self.width + (l_ if lows else 0)))) & full
             self.suffix[i] = table
 
     def exact(self, i: int, j: int, h: int, low_at_least: int) -> bool:
-        """At most ``j`` of parents ``i..`` add exactly ``h`` non-low and ``low_at_least`` or more low groups."""
-        if j < 0 or h < 0 or h > self.h_total or low_at_least > self.l_total:
+        """Can at most ``j`` of parents ``i..`` add exactly ``h`` non-low and at least ``low_at_least`` low groups?"""
+        if j < 0 or h < 0 or h > self.h_max or low_at_least > self.l_max:
             return False
         low = max(low_at_least, 0)
         return (self.suffix[i] >> (j * self.layer + h * self.width + low)) & ((1 << (self.width - low)) - 1) != 0
 
     def at_least(self, i: int, j: int, h: int) -> bool:
-        """At most ``j`` of parents ``i..`` add ``h`` or more groups (tables built without lows)."""
-        if j < 0 or h > self.h_total:
+        """Can at most ``j`` of parents ``i..`` add ``h`` or more groups (a table without lows)?"""
+        if j < 0 or h > self.h_max:
             return False
         h = max(h, 0)
         return (self.suffix[i] >> (j * self.layer + h)) & ((1 << (self.layer - h)) - 1) != 0
+
+    def most_highs(self, j: int, total: int) -> int:
+        """The most non-low groups ``h`` that at most ``j`` of all the parents add together with at
+        least ``total - h`` low ones (-1: none do)."""
+        layer = (self.suffix[0] >> (j * self.layer)) & ((1 << self.layer) - 1)
+        for h in range(self.h_max, -1, -1):
+            low = max(total - h, 0)
+            if low > self.l_max:
+                return -1  # fewer non-low groups need even more low ones
+            if (layer >> (h * self.width + low)) & ((1 << (self.width - low)) - 1):
+                return h
+        return -1
 
 
 class _Search:
@@ -131,35 +148,44 @@ class _Search:
 
     def __init__(self, fixed: list[Group], free: list[Group], need: int) -> None:
         self.need = need
-        orders = [g.order for g in free]
-        rank = sorted(range(len(free)), key=lambda i: (orders[i], free[i].id))
-        self.groups = [free[i] for i in rank]
-        self.orders = [orders[i] for i in rank]
+        self.fixed = fixed
+        features = []
+        for g in free:
+            key = g.key
+            features.append((cast("tuple[int, ...]", key) if None not in key else g.order, g.id, g))
+        features.sort(key=lambda f: (f[0], f[1]))  # topology order; ids are unique
+        self.groups = [g for _, _, g in features]
+        self.orders = [o for o, _, _ in features]
         self.sizes = [len(g.cores) for g in self.groups]
         self.low = [_has_low(g) for g in self.groups]
         fixed_parents = {g.key[:-1] for g in fixed}
         index: dict[tuple[int | None, ...], int] = {}
         self.parent = [index.setdefault(g.key[:-1], len(index)) for g in self.groups]
+        # Parents are runs in topology order unless two of them share an order prefix (null and -1 ids).
+        self.contiguous = len({o[:-1] for o in self.orders}) == len(index) and all(
+            a <= b for a, b in zip(self.parent, self.parent[1:], strict=False))
         self.n_parents = len(index)
-        self.pinned = [False] * self.n_parents  # a must-include parent: costs nothing
+        self.pinned = [False] * self.n_parents  # a must-include parent: its groups cost no parent
         for p, j in index.items():
             self.pinned[j] = p in fixed_parents
         self.fixed_sizes = [len(g.cores) for g in fixed]
-        self.fixed = fixed
-        counts = [0] * self.n_parents
-        for j in self.parent:
-            counts[j] += 1
-        free_in_pinned = sum(c for j, c in enumerate(counts) if self.pinned[j])
+        # Per distinct size, per parent: the free groups (non-low, low).
+        self.values = sorted(set(self.sizes))
+        slot = {v: i for i, v in enumerate(self.values)}
+        self.highs_by = [[0] * self.n_parents for _ in self.values]
+        self.lows_by = [[0] * self.n_parents for _ in self.values]
+        for j, s, low in zip(self.parent, self.sizes, self.low, strict=True):
+            (self.lows_by if low else self.highs_by)[slot[s]][j] += 1
+        counts = [sum(c) for c in zip(*self.highs_by, *self.lows_by, strict=True)]
+        free_pinned = sum(c for j, c in enumerate(counts) if self.pinned[j])
         others = sorted((c for j, c in enumerate(counts) if not self.pinned[j]), reverse=True)
         self.m = 0  # the fewest extra parents
-        while free_in_pinned < need:
-            free_in_pinned += others[self.m]
+        while free_pinned < need:
+            free_pinned += others[self.m]
             self.m += 1
 
-    # --- the walk -------------------------------------------------------------------------
     def run(self) -> list[Group]:
-        if len(set(self.orders)) < len(self.orders) and comb(len(self.groups), self.need) <= \
-                TIED_ORDERS_EXHAUSTIVE_LIMIT:
+        if not self.contiguous and comb(len(self.groups), self.need) <= TIED_ORDERS_EXHAUSTIVE_LIMIT:
             return self._exhaustive()
         best: tuple[int, list[tuple[tuple[int, ...], str]], list[int]] | None = None
         for lo, hi in self._windows():
@@ -170,28 +196,27 @@ class _Search:
         assert best is not None, "a feasible request has a window"
         return [self.groups[r] for r in best[2]]
 
-    def _eligible_counts(self, lo: int, hi: int) -> tuple[list[int], list[int]]:
+    # --- (1) and (2): parents and size windows ---------------------------------------------
+    def _counts(self, lo: int, hi: int) -> tuple[list[int], list[int]]:
         """Per parent, the free groups with lo <= size <= hi: (non-low, low)."""
-        highs = [0] * self.n_parents
-        lows = [0] * self.n_parents
-        for j, s, low in zip(self.parent, self.sizes, self.low, strict=True):
-            if lo <= s <= hi:
-                if low:
-                    lows[j] += 1
-                else:
-                    highs[j] += 1
-        return highs, lows
+        inside = [i for i, v in enumerate(self.values) if lo <= v <= hi]
+        if not inside:
+            return [0] * self.n_parents, [0] * self.n_parents
+        if len(inside) == 1:
+            return self.highs_by[inside[0]], self.lows_by[inside[0]]
+        return ([sum(c) for c in zip(*(self.highs_by[i] for i in inside), strict=True)],
+                [sum(c) for c in zip(*(self.lows_by[i] for i in inside), strict=True)])
 
     def _fits(self, lo: int, hi: int) -> bool:
         """Can the groups sized lo..hi fill the request from the pinned parents and m others?"""
-        highs, lows = self._eligible_counts(lo, hi)
-        pinned = sum(highs[j] + lows[j] for j in range(self.n_parents) if self.pinned[j])
-        others = [highs[j] + lows[j] for j in range(self.n_parents) if not self.pinned[j]]
-        return pinned + _top_sum(others, self.m) >= self.need
+        highs, lows = self._counts(lo, hi)
+        totals = [h + l_ for h, l_ in zip(highs, lows, strict=True)]
+        pinned = sum(c for c, p in zip(totals, self.pinned, strict=True) if p)
+        return pinned + _top_sum([c for c, p in zip(totals, self.pinned, strict=True) if not p], self.m) >= self.need
 
     def _windows(self) -> list[tuple[int, int]]:
         """Every narrowest size window [lo, lo + D] that holds must_include and can fill the request."""
-        values = sorted(set(self.sizes) | set(self.fixed_sizes))
+        values = sorted(set(self.values) | set(self.fixed_sizes))
         if len(values) == 1:
             return [(values[0], values[0])]
         f_lo = min(self.fixed_sizes, default=values[-1])
@@ -208,72 +233,61 @@ class _Search:
         assert width is not None, "the widest window holds every free group"
         return [(lo, lo + width) for lo in starts if lo + width >= f_hi and self._fits(lo, lo + width)]
 
+    # --- (3) and (4): low groups and topology order, inside one window -------------------------
     def _solve(self, lo: int, hi: int) -> tuple[int, list[int]]:
         """(low groups, the lowest-ordered optimal answer's rows) inside the size window lo..hi."""
         need, m = self.need, self.m
-        highs, lows = self._eligible_counts(lo, hi)
-        pinned_h = sum(highs[j] for j in range(self.n_parents) if self.pinned[j])
-        pinned_l = sum(lows[j] for j in range(self.n_parents) if self.pinned[j])
-        rows = [r for r in range(len(self.groups)) if lo <= self.sizes[r] <= hi]
-        if pinned_h + _top_sum([highs[j] for j in range(self.n_parents) if not self.pinned[j]], m) >= need:
-            # No low group needed: only the others take part.
-            return 0, self._walk([r for r in rows if not self.low[r]], highs, lows, need, 0, pinned_h, 0, None)
-        first = self._by_first_row(rows, set(range(self.n_parents)))
-        tables = _Tables([(highs[j], lows[j]) for j in first], m)
-        best_h = next(h for h in range(tables.h_total, -1, -1)
-                      if tables.exact(0, m, h, need - pinned_h - pinned_l - h))
-        h_target = pinned_h + best_h
-        walk = self._walk(rows, highs, lows, h_target, need - h_target, pinned_h, pinned_l, (first, tables))
-        return need - h_target, walk
+        highs, lows = self._counts(lo, hi)
+        pinned_h = sum(h for h, p in zip(highs, self.pinned, strict=True) if p)
+        pinned_l = sum(l_ for l_, p in zip(lows, self.pinned, strict=True) if p)
+        rows = [r for r, s in enumerate(self.sizes) if lo <= s <= hi]
+        if pinned_h + _top_sum([h for h, p in zip(highs, self.pinned, strict=True) if not p], m) >= need:
+            rows = [r for r in rows if not self.low[r]]  # no low group needed: the others only
+            order = self._first_rows(rows)
+            tables = _Tables([(highs[j], 0) for j in order], m, lows=False)
+            return 0, self._walk(rows, order, tables, highs, lows, need, 0, pinned_h, 0)
+        order = self._first_rows(rows)
+        tables = _Tables([(highs[j], lows[j]) for j in order], m, lows=True)
+        h_free = tables.most_highs(m, need - pinned_h - pinned_l)
+        assert h_free >= 0, "a feasible window has a pool of m parents"
+        h_target = pinned_h + h_free
+        return need - h_target, self._walk(rows, order, tables, highs, lows, h_target, need - h_target,
+                                           pinned_h, pinned_l)
 
-    def _by_first_row(self, rows: Sequence[int], among: set[int]) -> list[int]:
-        """The unpinned parents in ``among`` in the order of their first row in ``rows``."""
+    def _first_rows(self, rows: Sequence[int]) -> list[int]:
+        """The unpinned parents of ``rows``, in topology order."""
         seen: dict[int, None] = {}
         for r in rows:
             j = self.parent[r]
-            if j in among and not self.pinned[j]:
+            if not self.pinned[j]:
                 seen.setdefault(j, None)
         return list(seen)
 
-    def _walk(self, rows: list[int], highs: list[int], lows: list[int], h_target: int, l_target: int,
-              pinned_h: int, pinned_l: int, mixed: tuple[list[int], _Tables] | None) -> list[int]:
-        """Take rows in topology order whenever an optimal answer still contains what is taken.
+    def _walk(self, rows: list[int], order: list[int], tables: _Tables, highs: list[int], lows: list[int],
+              h_target: int, l_target: int, pinned_h: int, pinned_l: int) -> list[int]:
+        """Take rows in topology order whenever an optimal answer contains them and all rows taken so far.
 
-        Every parent in use gives all its non-low rows (up to ``h_target``) and low rows while
-        fewer than ``l_target`` are taken; an unused parent is decided at its first row that could
-        be taken. With ``mixed`` (low rows needed), the lookups first use the (non-low, low) tables;
-        once the low rows are all taken, tables of non-low rows only over the parents still open.
+        A parent in use gives all its non-low rows (up to ``h_target``: with ``l_target`` 0 the rows are
+        non-low only and any ``need`` of them do) and low rows while fewer than ``l_target`` are taken.
+        Any other parent is decided at its first row: in use if the rest can still be completed from
+        the parents after it, a lookup in ``tables``; never again otherwise. Exact when parents are
+        runs in topology order (then no other parent's row comes between a parent's first row and
+        the others).
         """
         m = self.m
+        position = {j: i + 1 for i, j in enumerate(order)}  # the suffix of parents after j
         state = [IN if p else OPEN for p in self.pinned]
         h_left, l_left = pinned_h, pinned_l  # rows not yet walked in parents in use
         taken_h = taken_l = used = 0
         taken: list[int] = []
-        position: dict[int, int] = {}
-        tables: _Tables | None = None
-        with_lows = mixed is not None
-        if mixed is not None:
-            order, tables = mixed
-            position = {j: i + 1 for i, j in enumerate(order)}
-
-        def highs_only(after: int) -> tuple[dict[int, int], _Tables]:
-            open_ = {j for j in range(self.n_parents) if state[j] == OPEN}
-            order = self._by_first_row([r for r in rows[after:] if not self.low[r]], open_)
-            return {j: i + 1 for i, j in enumerate(order)}, _Tables([(highs[j], 0) for j in order], m)
-
-        if not with_lows:
-            position, tables = highs_only(0)
-        assert tables is not None
-        for at, r in enumerate(rows):
+        for r in rows:
             j, low = self.parent[r], self.low[r]
             if state[j] == DEAD:
                 continue
             if state[j] == OPEN:
-                if low and not with_lows:
-                    continue  # low rows are all taken: this parent can only join through a non-low row
                 budget = m - used - 1
                 h_need = h_target - taken_h - h_left - highs[j]
-                if with_lows:
+                if l_target:
                     ok = tables.exact(position[j], budget, h_need, l_target - taken_l - l_left - lows[j])
                 else:
                     ok = tables.at_least(position[j], budget, h_need)
@@ -289,25 +303,20 @@ class _Search:
                 if taken_l < l_target:
                     taken.append(r)
                     taken_l += 1
-                    if taken_l == l_target and with_lows:
-                        with_lows = False
-                        position, tables = highs_only(at + 1)
             else:
                 h_left -= 1
                 if taken_h < h_target:
                     taken.append(r)
                     taken_h += 1
             if taken_h + taken_l == self.need:
-                break
-        if len(taken) != self.need:
-            raise AssertionError(f"preferred allocation walk took {len(taken)} of {self.need}")
-        return taken
+                return taken
+        raise AssertionError(f"preferred allocation: the walk took {len(taken)} of {self.need}")
 
-    # --- tied topology orders only -----------------------------------------------------------
+    # --- parents sharing a topology order prefix (null and -1 ids) ---------------------------
     def _exhaustive(self) -> list[Group]:
-        """Today's exhaustive search, for the rare tables whose topology orders tie."""
+        """Today's exhaustive search, for the rare tables whose parents are not runs in topology order."""
         fixed = [(g.key[:-1], len(g.cores), _has_low(g), g.order) for g in self.fixed]
-        rows = [(g.key[:-1], self.sizes[r], self.low[r], self.orders[r]) for r, g in enumerate(self.groups)]
+        rows = [(g.key[:-1], self.sizes[r], self.low[r], g.order) for r, g in enumerate(self.groups)]
 
         def score(extra: tuple[int, ...]) -> tuple[int, int, int, tuple[tuple[int, ...], ...]]:
             chosen = fixed + [rows[r] for r in extra]
