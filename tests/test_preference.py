@@ -220,7 +220,7 @@ def test_a_large_request_does_bounded_work(monkeypatch: pytest.MonkeyPatch, size
     calls: Counter[str] = Counter()
     monkeypatch.setattr(preference, "_has_low", _counting(calls, "features", preference._has_low))
     monkeypatch.setattr(preference, "combinations", _counting(calls, "combinations", combinations))
-    for cls, name in ((preference._Tables, "exact"), (preference._Tables, "at_least"),
+    for cls, name in ((preference._MixedTables, "reach"), (preference._HighTables, "at_least"),
                       (preference._Search, "_solve")):
         monkeypatch.setattr(cls, name, _counting(calls, "lookups" if name != "_solve" else "windows",
                                                  getattr(cls, name)))
@@ -229,5 +229,4 @@ def test_a_large_request_does_bounded_work(monkeypatch: pytest.MonkeyPatch, size
     assert calls["combinations"] == 0
     assert calls["features"] == len(table) - 1  # once per free group, not once per scored combination
     assert 1 <= calls["windows"] <= 2  # books of 12 and 13 cores: at most two size windows
-    # Per window, at most one lookup per possible count of non-low books and one per drawer.
-    assert calls["lookups"] <= calls["windows"] * (len(table) + 40)
+    assert calls["lookups"] <= calls["windows"] * 40  # per window, at most one lookup per drawer

@@ -24,26 +24,29 @@ How, without scoring combinations (N free groups, P parents, d distinct group si
   two pointers over the sorted sizes. Every window of width ``D`` that can is a candidate; an
   answer's sizes lie in one of them.
 * (3) Per window, the fewest vertical:low groups: none when the ``m`` parents richest in other
-  groups suffice; otherwise a bitset dynamic programme over (parents used, non-low groups, low
-  groups) finds the most non-low groups ``H`` a pool of ``m`` parents can give while still
-  holding the request. Then every non-low group of the parents used is in the answer, with the
-  fewest low ones.
+  groups suffice. Otherwise the answer takes every non-low group of its parents, and the parents
+  must give as many non-low groups ``H`` as any ``m`` can while still holding the request: a
+  bitset dynamic programme over (parents, non-low groups, shortfall from full parents) finds ``H``.
+  A pool of ``m`` parents that holds the request falls short of ``m`` full parents by at most a
+  slack ``s`` (below one parent's groups when parents are alike), so that last dimension is small.
 * (4) Lowest topology orders: walk the window's groups in topology order and take each group
   when some optimal answer contains it and every group taken so far (the standard greedy for the
   lexicographically smallest set). A parent is decided at its first group; whether the rest can
   still be completed is one lookup in a table, built backwards over the parents not yet reached,
-  of what ``j`` of them can add (non-low and low groups). The window whose answer has the fewest
-  low groups, then the lowest orders, wins.
+  of what ``j`` of them can add. The window whose answer has the fewest low groups, then the
+  lowest orders, wins.
 
-Complexity: O(d * N log N) when no parent mixes vertical:low groups with others (the usual case:
-horizontal polarization, or every group with low CPUs); otherwise add, per candidate window, two
-bitset tables of P entries of (m + 1) * (H + 1) * (L + 1) bits (L: low groups) and N lookups in
-them: O(d * N * m * H * L / w) word operations (w = 64), at most O(N^5 / w) in theory and
-microseconds on machines that exist. Polynomial for every request size; nothing is enumerated.
+Complexity: O(N log N + d^2 * P) for the features, parents and windows; per candidate window (at
+most d) O(N) for the walk, plus P shifts of a big int for the tables and at most P lookups in them.
+Those ints have (m + 1) * (H + 1) bits without low groups and (m + 1) * (H + 1) * (s + c) bits with
+them (c: the most groups of a parent). That is O(d * P * m * N * (s + c) / 64) word operations: at
+most O(N^5 / 64) for contrived tables, and dominated by the O(N log N) part on real ones (160
+books: about 0.2 ms). Polynomial for every request size; nothing is enumerated.
 
-Ties under (4) are broken by id, as an exhaustive search in topology order would; ties happen only
-when ``Group.order`` is not one-to-one (a topology file mixing null and -1 container ids). There the
-exhaustive search (today's) is kept for small requests, since its tie-break on id sequences differs.
+The walk is exact when every parent's groups are one run in topology order. They are not only when
+two parents share a topology-order prefix (a topology file mixing null and -1 container ids: both
+are order -1); then the exhaustive search is kept up to 20,000 combinations (it also breaks the
+ties of (4) such tables have), and above that the walk's answer is optimal under (1) to (3) only.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from agent.errors import PreferenceError
 from agent.policy.grouping import Group
 
 LOW = "vertical:low"
-TIED_ORDERS_EXHAUSTIVE_LIMIT = 20_000  # tied topology orders only (see the module docstring)
+EXHAUSTIVE_LIMIT = 20_000  # parents that share a topology-order prefix only (see the module docstring)
 
 IN, OPEN, DEAD = 0, 1, 2  # a parent's state during the walk
 
@@ -97,50 +100,66 @@ def _top_sum(values: Sequence[int], m: int) -> int:
     return sum(sorted(values, reverse=True)[:m]) if m > 0 else 0
 
 
-class _Tables:
-    """Suffix tables over a sequence of parents: can at most ``j`` of the parents ``i..`` add exactly
-    ``h`` non-low and ``l`` low groups? One big int per suffix, bit ``j * S + h * W + l``; taking a
-    parent shifts a whole table by one layer ``S`` plus its counts. With ``lows=False`` the low
-    counts are left out (``W = 1``)."""
+class _HighTables:
+    """Suffix tables over a sequence of parents, for answers without low groups: can at most ``j`` of
+    the parents ``i..`` add ``h`` or more groups? One big int per suffix, bit ``j * S + h``
+    (``S = h_max + 1``); taking a parent shifts a whole table by one layer plus its count."""
 
-    def __init__(self, weights: Sequence[tuple[int, int]], layers: int, lows: bool) -> None:
-        self.h_max = _top_sum([h for h, _ in weights], layers)  # no set of <= layers parents adds more
-        self.l_max = _top_sum([l_ for _, l_ in weights], layers) if lows else 0
-        self.width = self.l_max + 1
-        self.layer = (self.h_max + 1) * self.width
+    def __init__(self, counts: Sequence[int], layers: int) -> None:
+        self.h_max = _top_sum(counts, layers)  # no set of <= layers parents adds more
+        self.layer = self.h_max + 1
         full = (1 << ((layers + 1) * self.layer)) - 1
         table = full // ((1 << self.layer) - 1)  # the empty set, in every layer ("at most j parents")
-        self.suffix = [table] * (len(weights) + 1)
-        for i in range(len(weights) - 1, -1, -1):
-            h, l_ = weights[i]
-            table = (table | (table << (self.layer + h * self.width + (l_ if lows else 0)))) & full
+        self.suffix = [table] * (len(counts) + 1)
+        for i in range(len(counts) - 1, -1, -1):
+            table = (table | (table << (self.layer + counts[i]))) & full
             self.suffix[i] = table
 
-    def exact(self, i: int, j: int, h: int, low_at_least: int) -> bool:
-        """Can at most ``j`` of parents ``i..`` add exactly ``h`` non-low and at least ``low_at_least`` low groups?"""
-        if j < 0 or h < 0 or h > self.h_max or low_at_least > self.l_max:
-            return False
-        low = max(low_at_least, 0)
-        return (self.suffix[i] >> (j * self.layer + h * self.width + low)) & ((1 << (self.width - low)) - 1) != 0
-
     def at_least(self, i: int, j: int, h: int) -> bool:
-        """Can at most ``j`` of parents ``i..`` add ``h`` or more groups (a table without lows)?"""
         if j < 0 or h > self.h_max:
             return False
         h = max(h, 0)
         return (self.suffix[i] >> (j * self.layer + h)) & ((1 << (self.layer - h)) - 1) != 0
 
-    def most_highs(self, j: int, total: int) -> int:
-        """The most non-low groups ``h`` that at most ``j`` of all the parents add together with at
-        least ``total - h`` low ones (-1: none do)."""
+
+class _MixedTables:
+    """Suffix tables over a sequence of parents, for answers that need low groups: can exactly ``j``
+    of the parents ``i..`` add exactly ``h`` non-low groups and ``e`` or more groups in all?
+
+    A pool of the ``m`` extra parents that holds the request has at least ``need`` groups, so its
+    parents fall short of the fullest one (``c`` groups) by at most ``slack`` groups in all: a set of
+    parents is kept as (count, non-low groups, shortfall <= slack), bit ``j * S + h * W + d``, and
+    ``e`` groups means a shortfall of at most ``j * c - e``. Usually ``slack < c``: a few bits, not one
+    per possible low group count.
+    """
+
+    def __init__(self, weights: Sequence[tuple[int, int]], layers: int, slack: int) -> None:
+        self.full = max((h + l_ for h, l_ in weights), default=0)
+        self.h_max = _top_sum([h for h, _ in weights], layers)
+        self.slack = slack
+        pad = max((self.full - h - l_ for h, l_ in weights), default=0)
+        self.width = slack + 1 + pad  # a shortfall past slack spills into the pad, then is masked off
+        self.layer = (self.h_max + 1) * self.width
+        field = (1 << (slack + 1)) - 1
+        layer = field * (((1 << self.layer) - 1) // ((1 << self.width) - 1))
+        keep = layer * (((1 << ((layers + 1) * self.layer)) - 1) // ((1 << self.layer) - 1))
+        table = 1  # the empty set
+        self.suffix = [table] * (len(weights) + 1)
+        for i in range(len(weights) - 1, -1, -1):
+            h, l_ = weights[i]
+            table = (table | (table << (self.layer + h * self.width + self.full - h - l_))) & keep
+            self.suffix[i] = table
+
+    def reach(self, i: int, j: int, h: int, e: int) -> bool:
+        short = min(j * self.full - e, self.slack)
+        if j < 0 or h < 0 or h > self.h_max or short < 0:
+            return False
+        return (self.suffix[i] >> (j * self.layer + h * self.width)) & ((1 << (short + 1)) - 1) != 0
+
+    def most_highs(self, j: int) -> int:
+        """The most non-low groups ``j`` of all the parents add within the slack (-1: none)."""
         layer = (self.suffix[0] >> (j * self.layer)) & ((1 << self.layer) - 1)
-        for h in range(self.h_max, -1, -1):
-            low = max(total - h, 0)
-            if low > self.l_max:
-                return -1  # fewer non-low groups need even more low ones
-            if (layer >> (h * self.width + low)) & ((1 << (self.width - low)) - 1):
-                return h
-        return -1
+        return (layer.bit_length() - 1) // self.width if layer else -1
 
 
 class _Search:
@@ -149,13 +168,11 @@ class _Search:
     def __init__(self, fixed: list[Group], free: list[Group], need: int) -> None:
         self.need = need
         self.fixed = fixed
-        features = []
-        for g in free:
-            key = g.key
-            features.append((cast("tuple[int, ...]", key) if None not in key else g.order, g.id, g))
-        features.sort(key=lambda f: (f[0], f[1]))  # topology order; ids are unique
-        self.groups = [g for _, _, g in features]
-        self.orders = [o for o, _, _ in features]
+        keys = [g.key for g in free]  # without unknown (None) ids, the topology order is the key itself
+        orders = [g.order for g in free] if any(None in k for k in keys) else cast("list[tuple[int, ...]]", keys)
+        ranked = sorted(zip(orders, [g.id for g in free], range(len(free)), strict=True))  # ids are unique
+        self.orders = [o for o, _, _ in ranked]
+        self.groups = [free[i] for _, _, i in ranked]
         self.sizes = [len(g.cores) for g in self.groups]
         self.low = [_has_low(g) for g in self.groups]
         fixed_parents = {g.key[:-1] for g in fixed}
@@ -165,27 +182,26 @@ class _Search:
         self.contiguous = len({o[:-1] for o in self.orders}) == len(index) and all(
             a <= b for a, b in zip(self.parent, self.parent[1:], strict=False))
         self.n_parents = len(index)
-        self.pinned = [False] * self.n_parents  # a must-include parent: its groups cost no parent
-        for p, j in index.items():
-            self.pinned[j] = p in fixed_parents
+        self.pinned = [p in fixed_parents for p in index]  # must-include parents: their groups cost no parent
         self.fixed_sizes = [len(g.cores) for g in fixed]
         # Per distinct size, per parent: the free groups (non-low, low).
         self.values = sorted(set(self.sizes))
         slot = {v: i for i, v in enumerate(self.values)}
         self.highs_by = [[0] * self.n_parents for _ in self.values]
         self.lows_by = [[0] * self.n_parents for _ in self.values]
+        counts = [0] * self.n_parents
         for j, s, low in zip(self.parent, self.sizes, self.low, strict=True):
             (self.lows_by if low else self.highs_by)[slot[s]][j] += 1
-        counts = [sum(c) for c in zip(*self.highs_by, *self.lows_by, strict=True)]
-        free_pinned = sum(c for j, c in enumerate(counts) if self.pinned[j])
-        others = sorted((c for j, c in enumerate(counts) if not self.pinned[j]), reverse=True)
+            counts[j] += 1
+        free_pinned = sum(c for c, p in zip(counts, self.pinned, strict=True) if p)
+        others = sorted((c for c, p in zip(counts, self.pinned, strict=True) if not p), reverse=True)
         self.m = 0  # the fewest extra parents
         while free_pinned < need:
             free_pinned += others[self.m]
             self.m += 1
 
     def run(self) -> list[Group]:
-        if not self.contiguous and comb(len(self.groups), self.need) <= TIED_ORDERS_EXHAUSTIVE_LIMIT:
+        if not self.contiguous and comb(len(self.groups), self.need) <= EXHAUSTIVE_LIMIT:
             return self._exhaustive()
         best: tuple[int, list[tuple[tuple[int, ...], str]], list[int]] | None = None
         for lo, hi in self._windows():
@@ -244,14 +260,15 @@ class _Search:
         if pinned_h + _top_sum([h for h, p in zip(highs, self.pinned, strict=True) if not p], m) >= need:
             rows = [r for r in rows if not self.low[r]]  # no low group needed: the others only
             order = self._first_rows(rows)
-            tables = _Tables([(highs[j], 0) for j in order], m, lows=False)
-            return 0, self._walk(rows, order, tables, highs, lows, need, 0, pinned_h, 0)
+            high_tables = _HighTables([highs[j] for j in order], m)
+            return 0, self._walk(rows, order, high_tables, None, highs, lows, need, 0, pinned_h, 0)
         order = self._first_rows(rows)
-        tables = _Tables([(highs[j], lows[j]) for j in order], m, lows=True)
-        h_free = tables.most_highs(m, need - pinned_h - pinned_l)
+        full = max((highs[j] + lows[j] for j in order), default=0)
+        mixed = _MixedTables([(highs[j], lows[j]) for j in order], m, m * full - (need - pinned_h - pinned_l))
+        h_free = mixed.most_highs(m)
         assert h_free >= 0, "a feasible window has a pool of m parents"
         h_target = pinned_h + h_free
-        return need - h_target, self._walk(rows, order, tables, highs, lows, h_target, need - h_target,
+        return need - h_target, self._walk(rows, order, None, mixed, highs, lows, h_target, need - h_target,
                                            pinned_h, pinned_l)
 
     def _first_rows(self, rows: Sequence[int]) -> list[int]:
@@ -263,16 +280,16 @@ class _Search:
                 seen.setdefault(j, None)
         return list(seen)
 
-    def _walk(self, rows: list[int], order: list[int], tables: _Tables, highs: list[int], lows: list[int],
-              h_target: int, l_target: int, pinned_h: int, pinned_l: int) -> list[int]:
+    def _walk(self, rows: list[int], order: list[int], high_tables: _HighTables | None,
+              mixed: _MixedTables | None, highs: list[int], lows: list[int], h_target: int, l_target: int,
+              pinned_h: int, pinned_l: int) -> list[int]:
         """Take rows in topology order whenever an optimal answer contains them and all rows taken so far.
 
-        A parent in use gives all its non-low rows (up to ``h_target``: with ``l_target`` 0 the rows are
-        non-low only and any ``need`` of them do) and low rows while fewer than ``l_target`` are taken.
-        Any other parent is decided at its first row: in use if the rest can still be completed from
-        the parents after it, a lookup in ``tables``; never again otherwise. Exact when parents are
-        runs in topology order (then no other parent's row comes between a parent's first row and
-        the others).
+        A parent in use gives all its non-low rows (up to ``h_target``: without low rows, any ``need``
+        non-low rows do) and low rows while fewer than ``l_target`` are taken. Any other parent is
+        decided at its first row: in use if the rest can still be completed from the parents after
+        it (a lookup in the tables), never again otherwise. Exact when parents are runs in topology
+        order: then no other parent's row comes between a parent's first row and the rest of it.
         """
         m = self.m
         position = {j: i + 1 for i, j in enumerate(order)}  # the suffix of parents after j
@@ -285,12 +302,13 @@ class _Search:
             if state[j] == DEAD:
                 continue
             if state[j] == OPEN:
-                budget = m - used - 1
                 h_need = h_target - taken_h - h_left - highs[j]
-                if l_target:
-                    ok = tables.exact(position[j], budget, h_need, l_target - taken_l - l_left - lows[j])
+                if mixed is not None:
+                    l_need = max(l_target - taken_l - l_left - lows[j], 0)
+                    ok = mixed.reach(position[j], m - used - 1, h_need, h_need + l_need)
                 else:
-                    ok = tables.at_least(position[j], budget, h_need)
+                    assert high_tables is not None
+                    ok = high_tables.at_least(position[j], m - used - 1, h_need)
                 if not ok:
                     state[j] = DEAD
                     continue
