@@ -220,7 +220,7 @@ def test_a_large_request_does_bounded_work(monkeypatch: pytest.MonkeyPatch, size
     calls: Counter[str] = Counter()
     monkeypatch.setattr(preference, "_has_low", _counting(calls, "features", preference._has_low))
     monkeypatch.setattr(preference, "combinations", _counting(calls, "combinations", combinations))
-    for cls, name in ((preference._MixedTables, "reach"), (preference._HighTables, "at_least"),
+    for cls, name in ((preference._MixedTables, "reach"), (preference._Remaining, "at_least"),
                       (preference._Search, "_solve")):
         monkeypatch.setattr(cls, name, _counting(calls, "lookups" if name != "_solve" else "windows",
                                                  getattr(cls, name)))

@@ -31,17 +31,18 @@ How, without scoring combinations (N free groups, P parents, d distinct group si
   slack ``s`` (below one parent's groups when parents are alike), so that last dimension is small.
 * (4) Lowest topology orders: walk the window's groups in topology order and take each group
   when some optimal answer contains it and every group taken so far (the standard greedy for the
-  lexicographically smallest set). A parent is decided at its first group; whether the rest can
-  still be completed is one lookup in a table, built backwards over the parents not yet reached,
-  of what ``j`` of them can add. The window whose answer has the fewest low groups, then the
-  lowest orders, wins.
+  lexicographically smallest set). A parent is decided at its first group: in use if the rest can
+  still be completed from the parents not yet reached. Without low groups that is the sum of the
+  largest counts among them (a histogram of counts); with low groups, a lookup in the table of
+  (3), built backwards over the parents. The window whose answer has the fewest low groups, then
+  the lowest orders, wins.
 
 Complexity: O(N log N + d^2 * P) for the features, parents and windows; per candidate window (at
-most d) O(N) for the walk, plus P shifts of a big int for the tables and at most P lookups in them.
-Those ints have (m + 1) * (H + 1) bits without low groups and (m + 1) * (H + 1) * (s + c) bits with
-them (c: the most groups of a parent). That is O(d * P * m * N * (s + c) / 64) word operations: at
-most O(N^5 / 64) for contrived tables, and dominated by the O(N log N) part on real ones (160
-books: about 0.2 ms). Polynomial for every request size; nothing is enumerated.
+most d) O(N + P * c) for the walk without low groups (c: the most groups of a parent). With low
+groups add P shifts of a big int of (m + 1) * (H + 1) * (s + c) bits and at most P lookups in it:
+O(d * P * m * N * (s + c) / 64) word operations, at most O(N^5 / 64) for contrived tables and
+dominated by the O(N log N) part on real ones (160 books: about 0.15 ms either way). Polynomial
+for every request size; nothing is enumerated.
 
 The walk is exact when every parent's groups are one run in topology order. They are not only when
 two parents share a topology-order prefix (a topology file mixing null and -1 container ids: both
@@ -51,9 +52,12 @@ ties of (4) such tables have), and above that the walk's answer is optimal under
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from itertools import combinations
+from itertools import combinations, groupby
 from math import comb
+from operator import add, eq
 from typing import cast
 
 from agent.errors import PreferenceError
@@ -78,8 +82,10 @@ def preferred_allocation(
         raise PreferenceError(f"unknown must-include device id(s): {', '.join(unknown)}")
     if size < len(must):
         raise PreferenceError(f"allocation size {size} is smaller than the {len(must)} must-include ids")
-    must_set = set(must)
-    free = [table[i] for i in dict.fromkeys(available) if i in table and i not in must_set]
+    wanted = dict.fromkeys(available)
+    for i in must:
+        wanted.pop(i, None)
+    free = [g for g in map(table.get, wanted) if g is not None]
     need = size - len(must)
     if need > len(free):
         raise PreferenceError(f"allocation size {size} exceeds the {len(must) + len(free)} available ids")
@@ -100,26 +106,29 @@ def _top_sum(values: Sequence[int], m: int) -> int:
     return sum(sorted(values, reverse=True)[:m]) if m > 0 else 0
 
 
-class _HighTables:
-    """Suffix tables over a sequence of parents, for answers without low groups: can at most ``j`` of
-    the parents ``i..`` add ``h`` or more groups? One big int per suffix, bit ``j * S + h``
-    (``S = h_max + 1``); taking a parent shifts a whole table by one layer plus its count."""
+class _Remaining:
+    """The counts of the parents not yet reached, for answers without low groups: can at most ``j``
+    of them add ``h`` or more groups? A histogram of their counts: the ``j`` largest come first.
+    Parents leave it in walk order."""
 
-    def __init__(self, counts: Sequence[int], layers: int) -> None:
-        self.h_max = _top_sum(counts, layers)  # no set of <= layers parents adds more
-        self.layer = self.h_max + 1
-        full = (1 << ((layers + 1) * self.layer)) - 1
-        table = full // ((1 << self.layer) - 1)  # the empty set, in every layer ("at most j parents")
-        self.suffix = [table] * (len(counts) + 1)
-        for i in range(len(counts) - 1, -1, -1):
-            table = (table | (table << (self.layer + counts[i]))) & full
-            self.suffix[i] = table
+    def __init__(self, counts: Sequence[int]) -> None:
+        self.hist = [0] * (max(counts, default=0) + 1)
+        for c in counts:
+            self.hist[c] += 1
 
-    def at_least(self, i: int, j: int, h: int) -> bool:
-        if j < 0 or h > self.h_max:
+    def leave(self, count: int) -> None:
+        self.hist[count] -= 1
+
+    def at_least(self, j: int, h: int) -> bool:
+        if j < 0:
             return False
-        h = max(h, 0)
-        return (self.suffix[i] >> (j * self.layer + h)) & ((1 << (self.layer - h)) - 1) != 0
+        for value in range(len(self.hist) - 1, 0, -1):
+            if h <= 0 or j == 0:
+                break
+            k = min(j, self.hist[value])
+            h -= k * value
+            j -= k
+        return h <= 0
 
 
 class _MixedTables:
@@ -168,44 +177,56 @@ class _Search:
     def __init__(self, fixed: list[Group], free: list[Group], need: int) -> None:
         self.need = need
         self.fixed = fixed
-        keys = [g.key for g in free]  # without unknown (None) ids, the topology order is the key itself
-        orders = [g.order for g in free] if any(None in k for k in keys) else cast("list[tuple[int, ...]]", keys)
-        ranked = sorted(zip(orders, [g.id for g in free], range(len(free)), strict=True))  # ids are unique
-        self.orders = [o for o, _, _ in ranked]
-        self.groups = [free[i] for _, _, i in ranked]
+        keys = [g.key for g in free]
+        unknown = any(None in k for k in keys)  # without unknown ids, the topology order is the key itself
+        orders = [g.order for g in free] if unknown else cast("list[tuple[int, ...]]", keys)
+        rank = sorted(range(len(free)), key=orders.__getitem__)
+        self.orders = [orders[i] for i in rank]
+        if any(map(eq, self.orders, self.orders[1:])):  # tied orders: ids decide (they are unique)
+            rank = sorted(range(len(free)), key=lambda i: (orders[i], free[i].id))
+            self.orders = [orders[i] for i in rank]
+        self.groups = [free[i] for i in rank]
         self.sizes = [len(g.cores) for g in self.groups]
         self.low = [_has_low(g) for g in self.groups]
-        fixed_parents = {g.key[:-1] for g in fixed}
+        self.any_low = any(self.low)
         index: dict[tuple[int | None, ...], int] = {}
         self.parent = [index.setdefault(g.key[:-1], len(index)) for g in self.groups]
-        # Parents are runs in topology order unless two of them share an order prefix (null and -1 ids).
-        self.contiguous = len({o[:-1] for o in self.orders}) == len(index) and all(
-            a <= b for a, b in zip(self.parent, self.parent[1:], strict=False))
         self.n_parents = len(index)
+        fixed_parents = {g.key[:-1] for g in fixed}
         self.pinned = [p in fixed_parents for p in index]  # must-include parents: their groups cost no parent
+        self.any_pinned = any(self.pinned)
         self.fixed_sizes = [len(g.cores) for g in fixed]
+        # Runs of one parent in topology order: one per parent unless two parents share an order
+        # prefix (null and -1 ids).
+        self.runs = [(j, list(rows)) for j, rows in groupby(range(len(self.groups)), self.parent.__getitem__)]
+        self.contiguous = len(self.runs) == self.n_parents and (
+            not unknown or len({o[:-1] for o in self.orders}) == self.n_parents)
         # Per distinct size, per parent: the free groups (non-low, low).
         self.values = sorted(set(self.sizes))
         slot = {v: i for i, v in enumerate(self.values)}
         self.highs_by = [[0] * self.n_parents for _ in self.values]
         self.lows_by = [[0] * self.n_parents for _ in self.values]
         counts = [0] * self.n_parents
-        for j, s, low in zip(self.parent, self.sizes, self.low, strict=True):
-            (self.lows_by if low else self.highs_by)[slot[s]][j] += 1
-            counts[j] += 1
+        for (s, j, low), c in Counter(zip(self.sizes, self.parent, self.low, strict=True)).items():
+            (self.lows_by if low else self.highs_by)[slot[s]][j] += c
+            counts[j] += c
         free_pinned = sum(c for c, p in zip(counts, self.pinned, strict=True) if p)
         others = sorted((c for c, p in zip(counts, self.pinned, strict=True) if not p), reverse=True)
         self.m = 0  # the fewest extra parents
         while free_pinned < need:
             free_pinned += others[self.m]
             self.m += 1
+        self._fit: dict[tuple[int, int], bool] = {}
 
     def run(self) -> list[Group]:
         if not self.contiguous and comb(len(self.groups), self.need) <= EXHAUSTIVE_LIMIT:
             return self._exhaustive()
+        windows = self._windows()
         best: tuple[int, list[tuple[tuple[int, ...], str]], list[int]] | None = None
-        for lo, hi in self._windows():
+        for lo, hi in windows:
             lows, rows = self._solve(lo, hi)
+            if len(windows) == 1:
+                return [self.groups[r] for r in rows]
             key = (lows, [(self.orders[r], self.groups[r].id) for r in rows], rows)
             if best is None or key[:2] < best[:2]:
                 best = key
@@ -213,22 +234,33 @@ class _Search:
         return [self.groups[r] for r in best[2]]
 
     # --- (1) and (2): parents and size windows ---------------------------------------------
-    def _counts(self, lo: int, hi: int) -> tuple[list[int], list[int]]:
-        """Per parent, the free groups with lo <= size <= hi: (non-low, low)."""
-        inside = [i for i, v in enumerate(self.values) if lo <= v <= hi]
-        if not inside:
+    def _slots(self, lo: int, hi: int) -> tuple[int, int]:
+        """The first and last index of the free groups' sizes within lo..hi (first > last: none)."""
+        return bisect_left(self.values, lo), bisect_right(self.values, hi) - 1
+
+    def _counts(self, first: int, last: int) -> tuple[list[int], list[int]]:
+        """Per parent, the free groups whose size has an index first..last: (non-low, low)."""
+        if first > last:
             return [0] * self.n_parents, [0] * self.n_parents
-        if len(inside) == 1:
-            return self.highs_by[inside[0]], self.lows_by[inside[0]]
-        return ([sum(c) for c in zip(*(self.highs_by[i] for i in inside), strict=True)],
-                [sum(c) for c in zip(*(self.lows_by[i] for i in inside), strict=True)])
+        if first == last:
+            return self.highs_by[first], self.lows_by[first]
+        return ([sum(c) for c in zip(*self.highs_by[first:last + 1], strict=True)],
+                [sum(c) for c in zip(*self.lows_by[first:last + 1], strict=True)])
 
     def _fits(self, lo: int, hi: int) -> bool:
         """Can the groups sized lo..hi fill the request from the pinned parents and m others?"""
-        highs, lows = self._counts(lo, hi)
-        totals = [h + l_ for h, l_ in zip(highs, lows, strict=True)]
-        pinned = sum(c for c, p in zip(totals, self.pinned, strict=True) if p)
-        return pinned + _top_sum([c for c, p in zip(totals, self.pinned, strict=True) if not p], self.m) >= self.need
+        slots = self._slots(lo, hi)
+        fit = self._fit.get(slots)
+        if fit is None:
+            highs, lows = self._counts(*slots)
+            totals = list(map(add, highs, lows))
+            if self.any_pinned:
+                pinned = sum(c for c, p in zip(totals, self.pinned, strict=True) if p)
+                totals = [c for c, p in zip(totals, self.pinned, strict=True) if not p]
+            else:
+                pinned = 0
+            fit = self._fit[slots] = pinned + _top_sum(totals, self.m) >= self.need
+        return fit
 
     def _windows(self) -> list[tuple[int, int]]:
         """Every narrowest size window [lo, lo + D] that holds must_include and can fill the request."""
@@ -253,62 +285,64 @@ class _Search:
     def _solve(self, lo: int, hi: int) -> tuple[int, list[int]]:
         """(low groups, the lowest-ordered optimal answer's rows) inside the size window lo..hi."""
         need, m = self.need, self.m
-        highs, lows = self._counts(lo, hi)
-        pinned_h = sum(h for h, p in zip(highs, self.pinned, strict=True) if p)
-        pinned_l = sum(l_ for l_, p in zip(lows, self.pinned, strict=True) if p)
-        rows = [r for r, s in enumerate(self.sizes) if lo <= s <= hi]
-        if pinned_h + _top_sum([h for h, p in zip(highs, self.pinned, strict=True) if not p], m) >= need:
-            rows = [r for r in rows if not self.low[r]]  # no low group needed: the others only
-            order = self._first_rows(rows)
-            high_tables = _HighTables([highs[j] for j in order], m)
-            return 0, self._walk(rows, order, high_tables, None, highs, lows, need, 0, pinned_h, 0)
-        order = self._first_rows(rows)
+        first, last = self._slots(lo, hi)
+        highs, lows = self._counts(first, last)
+        if self.any_pinned:
+            pinned_h = sum(h for h, p in zip(highs, self.pinned, strict=True) if p)
+            pinned_l = sum(l_ for l_, p in zip(lows, self.pinned, strict=True) if p)
+            others = [h for h, p in zip(highs, self.pinned, strict=True) if not p]
+        else:
+            pinned_h = pinned_l = 0
+            others = highs
+        without_lows = pinned_h + _top_sum(others, m) >= need
+        sizes, low = self.sizes, self.low
+        everything = first == 0 and last == len(self.values) - 1
+        if everything and not (without_lows and self.any_low):
+            runs = self.runs
+        else:
+            runs = [(j, [r for r in rows if lo <= sizes[r] <= hi and not (without_lows and low[r])])
+                    for j, rows in self.runs]
+            runs = [(j, rows) for j, rows in runs if rows]
+        order = list(dict.fromkeys(j for j, _ in runs if not self.pinned[j]))  # by first row
+        if without_lows:  # no low group needed: the others only
+            return 0, self._walk(runs, order, _Remaining([highs[j] for j in order]), highs, lows, need, 0,
+                                 pinned_h, 0)
         full = max((highs[j] + lows[j] for j in order), default=0)
         mixed = _MixedTables([(highs[j], lows[j]) for j in order], m, m * full - (need - pinned_h - pinned_l))
         h_free = mixed.most_highs(m)
         assert h_free >= 0, "a feasible window has a pool of m parents"
         h_target = pinned_h + h_free
-        return need - h_target, self._walk(rows, order, None, mixed, highs, lows, h_target, need - h_target,
+        return need - h_target, self._walk(runs, order, mixed, highs, lows, h_target, need - h_target,
                                            pinned_h, pinned_l)
 
-    def _first_rows(self, rows: Sequence[int]) -> list[int]:
-        """The unpinned parents of ``rows``, in topology order."""
-        seen: dict[int, None] = {}
-        for r in rows:
-            j = self.parent[r]
-            if not self.pinned[j]:
-                seen.setdefault(j, None)
-        return list(seen)
-
-    def _walk(self, rows: list[int], order: list[int], high_tables: _HighTables | None,
-              mixed: _MixedTables | None, highs: list[int], lows: list[int], h_target: int, l_target: int,
-              pinned_h: int, pinned_l: int) -> list[int]:
+    def _walk(self, runs: list[tuple[int, list[int]]], order: list[int], rest: _Remaining | _MixedTables,
+              highs: list[int], lows: list[int], h_target: int, l_target: int, pinned_h: int, pinned_l: int
+              ) -> list[int]:
         """Take rows in topology order whenever an optimal answer contains them and all rows taken so far.
 
         A parent in use gives all its non-low rows (up to ``h_target``: without low rows, any ``need``
         non-low rows do) and low rows while fewer than ``l_target`` are taken. Any other parent is
         decided at its first row: in use if the rest can still be completed from the parents after
-        it (a lookup in the tables), never again otherwise. Exact when parents are runs in topology
+        it (a lookup in ``rest``), never again otherwise. Exact when parents are runs in topology
         order: then no other parent's row comes between a parent's first row and the rest of it.
         """
-        m = self.m
+        need, m = self.need, self.m
         position = {j: i + 1 for i, j in enumerate(order)}  # the suffix of parents after j
         state = [IN if p else OPEN for p in self.pinned]
         h_left, l_left = pinned_h, pinned_l  # rows not yet walked in parents in use
         taken_h = taken_l = used = 0
         taken: list[int] = []
-        for r in rows:
-            j, low = self.parent[r], self.low[r]
+        for j, rows in runs:
             if state[j] == DEAD:
                 continue
             if state[j] == OPEN:
                 h_need = h_target - taken_h - h_left - highs[j]
-                if mixed is not None:
+                if isinstance(rest, _MixedTables):
                     l_need = max(l_target - taken_l - l_left - lows[j], 0)
-                    ok = mixed.reach(position[j], m - used - 1, h_need, h_need + l_need)
+                    ok = rest.reach(position[j], m - used - 1, h_need, h_need + l_need)
                 else:
-                    assert high_tables is not None
-                    ok = high_tables.at_least(position[j], m - used - 1, h_need)
+                    rest.leave(highs[j])
+                    ok = rest.at_least(m - used - 1, h_need)
                 if not ok:
                     state[j] = DEAD
                     continue
@@ -316,19 +350,25 @@ class _Search:
                 used += 1
                 h_left += highs[j]
                 l_left += lows[j]
-            if low:
-                l_left -= 1
-                if taken_l < l_target:
-                    taken.append(r)
-                    taken_l += 1
+            if not l_target:  # non-low rows only: any of them will do
+                taken += rows[:need - taken_h]
+                taken_h = len(taken)
+                h_left -= len(rows)
             else:
-                h_left -= 1
-                if taken_h < h_target:
-                    taken.append(r)
-                    taken_h += 1
-            if taken_h + taken_l == self.need:
+                for r in rows:
+                    if self.low[r]:
+                        l_left -= 1
+                        if taken_l < l_target:
+                            taken.append(r)
+                            taken_l += 1
+                    else:
+                        h_left -= 1
+                        if taken_h < h_target:
+                            taken.append(r)
+                            taken_h += 1
+            if taken_h + taken_l == need:
                 return taken
-        raise AssertionError(f"preferred allocation: the walk took {len(taken)} of {self.need}")
+        raise AssertionError(f"preferred allocation: the walk took {len(taken)} of {need}")
 
     # --- parents sharing a topology order prefix (null and -1 ids) ---------------------------
     def _exhaustive(self) -> list[Group]:
