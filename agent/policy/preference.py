@@ -354,6 +354,12 @@ class _Search:
                 taken += rows[:need - taken_h]
                 taken_h = len(taken)
                 h_left -= len(rows)
+            elif self.contiguous and taken_h + highs[j] <= h_target and taken_l + lows[j] <= l_target:
+                taken += rows  # the parent's whole run fits
+                taken_h += highs[j]
+                taken_l += lows[j]
+                h_left -= highs[j]
+                l_left -= lows[j]
             else:
                 for r in rows:
                     if self.low[r]:
