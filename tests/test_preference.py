@@ -227,6 +227,21 @@ def test_a_large_request_does_bounded_work(monkeypatch: pytest.MonkeyPatch, size
     got = preferred_allocation(table, list(table), ["drawer30-book121"], size)
     assert len(got) == size and got[0] == "drawer30-book121"
     assert calls["combinations"] == 0
-    assert calls["features"] == len(table) - 1  # once per free group, not once per scored combination
+    assert calls["features"] == len(table)  # once per group, not once per scored combination
     assert 1 <= calls["windows"] <= 2  # books of 12 and 13 cores: at most two size windows
     assert calls["lookups"] <= calls["windows"] * 40  # per window, at most one lookup per drawer
+    calls.clear()
+    assert preferred_allocation(table, list(table), ["drawer30-book121"], size) == got
+    assert calls["features"] == 0  # the same table: its features are reused
+
+
+def test_a_changed_table_is_read_again() -> None:
+    table = {g.id: g for g in (make_group((0, b), 4, False) for b in range(3))}
+    table |= {g.id: g for g in (make_group((1, b), 4, False) for b in range(3, 5))}
+    assert preferred_allocation(table, list(table), [], 2) == ["drawer0-book0", "drawer0-book1"]
+    table["drawer0-book0"] = make_group((0, 0), 4, True)  # the same dict, another group: now vertical:low
+    assert preferred_allocation(table, list(table), [], 2) == ["drawer0-book1", "drawer0-book2"]
+    del table["drawer0-book1"], table["drawer0-book2"]
+    assert preferred_allocation(table, list(table), [], 2) == ["drawer1-book3", "drawer1-book4"]
+    with pytest.raises(PreferenceError, match="exceeds the 3 available"):
+        preferred_allocation(table, [*table, "drawer0-book1"], [], 4)

@@ -1,4 +1,4 @@
-"""GetPreferredAllocation: which free groups to hand a multi-group request. Pure, deterministic.
+"""GetPreferredAllocation: which free groups to hand a multi-group request. Deterministic, no I/O.
 
 The answer minimises one lexicographic score of the whole set (``must_include`` and the chosen
 groups together), most important first:
@@ -16,7 +16,10 @@ are ignored.
 
 How, without scoring combinations (N free groups, P parents, d distinct group sizes):
 
-* Each group's features (parent, size in cores, vertical:low, topology order) are computed once.
+* Each group's features (parent, size in cores, vertical:low, topology order) are computed once
+  per table and kept while the table is the same object with the same ids and groups (checked
+  on every call by identity, O(N); a few tables are kept). The free groups are then sorted by
+  their rank in the table's topology order.
 * (1) The fewest extra parents ``m``: ``must_include``'s parents cost nothing; then the parents
   with the most free groups first.
 * (2) The narrowest size window ``[lo, lo + D]`` (``lo`` one of the sizes, holding
@@ -37,12 +40,13 @@ How, without scoring combinations (N free groups, P parents, d distinct group si
   (3), built backwards over the parents. The window whose answer has the fewest low groups, then
   the lowest orders, wins.
 
-Complexity: O(N log N + d^2 * P) for the features, parents and windows; per candidate window (at
-most d) O(N + P * c) for the walk without low groups (c: the most groups of a parent). With low
-groups add P shifts of a big int of (m + 1) * (H + 1) * (s + c) bits and at most P lookups in it:
+Complexity: O(N) to check the table index (O(N log N) to build it, once per table), then
+O(n log n + d^2 * P) for the n free groups, parents and windows; per candidate window (at most d)
+O(n + P * c) for the walk without low groups (c: the most groups of a parent). With low groups add
+P shifts of a big int of (m + 1) * (H + 1) * (s + c) bits and at most P lookups in it:
 O(d * P * m * N * (s + c) / 64) word operations, at most O(N^5 / 64) for contrived tables and
-dominated by the O(N log N) part on real ones (160 books: about 0.15 ms either way). Polynomial
-for every request size; nothing is enumerated.
+dominated by the rest on real ones (160 books: 0.1-0.15 ms either way). Polynomial for every
+request size; nothing is enumerated.
 
 The walk is exact when every parent's groups are one run in topology order. They are not only when
 two parents share a topology-order prefix (a topology file mixing null and -1 container ids: both
@@ -52,12 +56,13 @@ ties of (4) such tables have), and above that the walk's answer is optimal under
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from itertools import combinations, groupby
 from math import comb
-from operator import add, eq
+from operator import add, is_
 from typing import cast
 
 from agent.errors import PreferenceError
@@ -85,13 +90,58 @@ def preferred_allocation(
     wanted = dict.fromkeys(available)
     for i in must:
         wanted.pop(i, None)
-    free = [g for g in map(table.get, wanted) if g is not None]
+    index = _table_index(table)
+    rows = sorted([r for r in map(index.rank.get, wanted) if r is not None])
     need = size - len(must)
-    if need > len(free):
-        raise PreferenceError(f"allocation size {size} exceeds the {len(must) + len(free)} available ids")
+    if need > len(rows):
+        raise PreferenceError(f"allocation size {size} exceeds the {len(must) + len(rows)} available ids")
     if need == 0:
         return must
-    return must + [g.id for g in _Search([table[i] for i in must], free, need).run()]
+    return must + [g.id for g in _Search(index, rows, [table[i] for i in must], need).run()]
+
+
+class _TableIndex:
+    """A table's groups in topology order (ties by id) with their features, computed once per table."""
+
+    def __init__(self, table: Mapping[str, Group]) -> None:
+        self.table = table
+        self.ids = list(table)
+        self.values = list(table.values())
+        keys = [g.key for g in self.values]
+        self.unknown = any(None in k for k in keys)  # without unknown ids, the topology order is the key itself
+        orders = [g.order for g in self.values] if self.unknown else cast("list[tuple[int, ...]]", keys)
+        ranked = sorted(range(len(keys)), key=lambda i: (orders[i], self.values[i].id))
+        self.rank = {self.ids[i]: r for r, i in enumerate(ranked)}
+        self.groups = [self.values[i] for i in ranked]
+        self.orders = [orders[i] for i in ranked]
+        self.sizes = [len(g.cores) for g in self.groups]
+        self.low = [_has_low(g) for g in self.groups]
+        self.parents: dict[tuple[int | None, ...], int] = {}
+        self.parent = [self.parents.setdefault(g.key[:-1], len(self.parents)) for g in self.groups]
+
+    def current(self, table: Mapping[str, Group]) -> bool:
+        """Is ``table`` still the table indexed: the same object, ids and groups, in the same order?"""
+        return (table is self.table and len(table) == len(self.ids) and all(map(is_, table, self.ids))
+                and all(map(is_, table.values(), self.values)))
+
+
+_INDEXES: dict[int, _TableIndex] = {}  # by id(table); each holds its table, so the id is not reused
+_INDEXES_KEPT = 8  # the agent has one table per resource
+_INDEXES_LOCK = threading.Lock()
+
+
+def _table_index(table: Mapping[str, Group]) -> _TableIndex:
+    """The index of ``table``: reused while the table is unchanged (checked on every call, O(N))."""
+    index = _INDEXES.get(id(table))
+    if index is not None and index.current(table):
+        return index
+    index = _TableIndex(table)
+    with _INDEXES_LOCK:
+        _INDEXES.pop(id(table), None)
+        while len(_INDEXES) >= _INDEXES_KEPT:
+            _INDEXES.pop(next(iter(_INDEXES)))
+        _INDEXES[id(table)] = index
+    return index
 
 
 def _has_low(g: Group) -> bool:
@@ -172,35 +222,29 @@ class _MixedTables:
 
 
 class _Search:
-    """One call's search: the features of every free group, computed once, in topology order."""
+    """One call's search over the free groups (rows of the table index), in topology order."""
 
-    def __init__(self, fixed: list[Group], free: list[Group], need: int) -> None:
+    def __init__(self, index: _TableIndex, rows: list[int], fixed: list[Group], need: int) -> None:
         self.need = need
         self.fixed = fixed
-        keys = [g.key for g in free]
-        unknown = any(None in k for k in keys)  # without unknown ids, the topology order is the key itself
-        orders = [g.order for g in free] if unknown else cast("list[tuple[int, ...]]", keys)
-        rank = sorted(range(len(free)), key=orders.__getitem__)
-        self.orders = [orders[i] for i in rank]
-        if any(map(eq, self.orders, self.orders[1:])):  # tied orders: ids decide (they are unique)
-            rank = sorted(range(len(free)), key=lambda i: (orders[i], free[i].id))
-            self.orders = [orders[i] for i in rank]
-        self.groups = [free[i] for i in rank]
-        self.sizes = [len(g.cores) for g in self.groups]
-        self.low = [_has_low(g) for g in self.groups]
+        self.groups = [index.groups[r] for r in rows]
+        self.orders = [index.orders[r] for r in rows]
+        self.sizes = [index.sizes[r] for r in rows]
+        self.low = [index.low[r] for r in rows]
         self.any_low = any(self.low)
-        index: dict[tuple[int | None, ...], int] = {}
-        self.parent = [index.setdefault(g.key[:-1], len(index)) for g in self.groups]
-        self.n_parents = len(index)
-        fixed_parents = {g.key[:-1] for g in fixed}
-        self.pinned = [p in fixed_parents for p in index]  # must-include parents: their groups cost no parent
-        self.any_pinned = any(self.pinned)
+        self.parent = [index.parent[r] for r in rows]  # the table's parent numbers
+        self.n_parents = len(index.parents)
+        self.pinned = [False] * self.n_parents  # must-include parents: their groups cost no parent
+        for g in fixed:
+            self.pinned[index.parents[g.key[:-1]]] = True
+        self.any_pinned = bool(fixed)
         self.fixed_sizes = [len(g.cores) for g in fixed]
         # Runs of one parent in topology order: one per parent unless two parents share an order
         # prefix (null and -1 ids).
         self.runs = [(j, list(rows)) for j, rows in groupby(range(len(self.groups)), self.parent.__getitem__)]
-        self.contiguous = len(self.runs) == self.n_parents and (
-            not unknown or len({o[:-1] for o in self.orders}) == self.n_parents)
+        n_parents = len({j for j, _ in self.runs})
+        self.contiguous = len(self.runs) == n_parents and (
+            not index.unknown or len({o[:-1] for o in self.orders}) == n_parents)
         # Per distinct size, per parent: the free groups (non-low, low).
         self.values = sorted(set(self.sizes))
         slot = {v: i for i, v in enumerate(self.values)}
