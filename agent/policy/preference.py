@@ -210,10 +210,14 @@ class _MixedTables:
             self.suffix[i] = table
 
     def reach(self, i: int, j: int, h: int, e: int) -> bool:
-        short = min(j * self.full - e, self.slack)
-        if j < 0 or h < 0 or h > self.h_max or short < 0:
+        if j < 0 or h < 0 or h > self.h_max:
             return False
-        return (self.suffix[i] >> (j * self.layer + h * self.width)) & ((1 << (short + 1)) - 1) != 0
+        short = j * self.full - e  # the largest shortfall that still adds e groups
+        if short < 0:
+            return False
+        if short > self.slack:
+            short = self.slack
+        return (self.suffix[i] >> (j * self.layer + h * self.width)) & ((2 << short) - 1) != 0
 
     def most_highs(self, j: int) -> int:
         """The most non-low groups ``j`` of all the parents add within the slack (-1: none)."""
@@ -382,8 +386,8 @@ class _Search:
             if state[j] == OPEN:
                 h_need = h_target - taken_h - h_left - highs[j]
                 if isinstance(rest, _MixedTables):
-                    l_need = max(l_target - taken_l - l_left - lows[j], 0)
-                    ok = rest.reach(position[j], m - used - 1, h_need, h_need + l_need)
+                    l_need = l_target - taken_l - l_left - lows[j]
+                    ok = rest.reach(position[j], m - used - 1, h_need, h_need + (l_need if l_need > 0 else 0))
                 else:
                     rest.leave(highs[j])
                     ok = rest.at_least(m - used - 1, h_need)
