@@ -13,8 +13,10 @@ shuffled order, nothing must be included), the script times round trips with a g
   thread-pool size, a Unix socket) whose generic handler returns the agent's own response bytes for
   each request (captured first), so both sides move the same bytes.
 
-Each row alternates blocks of calls to the two sides (ABBA) after a warm-up, and reports the median
-and minimum of each and the ratio of the medians (target: agent/echo <= 2). The ``before``,
+Each row alternates blocks of calls to the two sides (ABBA) after a warm-up, in a few rounds of
+fresh processes (where the scheduler places them moves either side by 10-25 % on two shared
+cores), and reports the median and minimum of each, the ratio of the medians over all rounds
+(target: agent/echo <= 2) and the range of the rounds' ratios. The ``before``,
 ``cold`` and ``after`` columns time the preference function alone, in this process, interleaved:
 ``before`` is the code this replaced (copied below from git history: every combination scored up
 to 20,000, a greedy fill above); ``after`` is ``agent.policy.preference.preferred_allocation`` on
@@ -24,7 +26,8 @@ the table it has not seen (what the first call on a table costs).
 Reports only; exits 1 if the agent's answer over the wire differs from ``preferred_allocation`` in
 this process, or from the old exhaustive search wherever that searched exhaustively.
 
-    .venv/bin/python bench/bench_preference.py [--quick] [--calls 400] [--block 50] [--reps 5]
+    .venv/bin/python bench/bench_preference.py [--quick] [--rounds 3] [--calls 400] [--block 50] [--reps 5]
+        [--tables NAME ...]
 
 (``--serve-agent DIR TABLE`` and ``--serve-echo SOCKET RESPONSES`` are the servers' own entry points;
 the benchmark spawns them.)
@@ -231,6 +234,7 @@ class Row:
     after: list[float]
     agent: list[float]  # seconds, round trips
     echo: list[float]
+    round_ratios: list[float]  # agent/echo medians of each round
 
 
 Call = Callable[[api_pb2.PreferredAllocationRequest], api_pb2.PreferredAllocationResponse]
@@ -281,17 +285,13 @@ def sizes_for(n: int) -> list[int]:
     return sorted({1, n // 4, n // 2, 3 * n // 4, n - 1})
 
 
-def measure_table(name: str, tmp: Path, calls: int, block: int, warmup: int, reps: int) -> list[Row]:
-    groups = grouping_of(name).by_id(RESOURCE)
-    ids = list(groups)
-    random.Random(len(ids)).shuffle(ids)  # kubelet lists the available ids in no particular order
-    sizes = sizes_for(len(ids))
-    requests = {size: request_for(ids, size) for size in sizes}
-    directory = tmp / name.replace(" ", "-")
-    directory.mkdir()
+def measure_round(name: str, directory: Path, groups: dict[str, Group], ids: list[str],
+                  requests: dict[int, api_pb2.PreferredAllocationRequest], rows: dict[int, Row],
+                  calls: int, block: int, warmup: int) -> None:
+    """One round: fresh agent and echo processes, every request size timed on both, ABBA."""
+    directory.mkdir(parents=True, exist_ok=True)
     agent = spawn("--serve-agent", str(directory), name)
     echo: subprocess.Popen[bytes] | None = None
-    rows: list[Row] = []
     try:
         agent_channel = grpc.insecure_channel(f"unix://{directory / socket_name(RESOURCE)}")
         agent_call = typed_call(agent_channel)
@@ -321,13 +321,16 @@ def measure_table(name: str, tmp: Path, calls: int, block: int, warmup: int, rep
                 scratch: list[float] = []
                 for call in (agent_call, echo_call):
                     timed(partial(call, request), scratch, warmup)
-                row = Row(name, len(ids), size, [], [], [], [], [])
+                row = rows[size]
+                agent_times: list[float] = []
+                echo_times: list[float] = []
                 for b in range(max(1, calls // block)):
-                    sides = [(agent_call, row.agent), (echo_call, row.echo)]
+                    sides = [(agent_call, agent_times), (echo_call, echo_times)]
                     for call, out in (sides if b % 2 == 0 else sides[::-1]):  # ABBA
                         timed(partial(call, request), out, block)
-                row.before, row.cold, row.after = in_process(groups, ids, size, reps)
-                rows.append(row)
+                row.agent += agent_times
+                row.echo += echo_times
+                row.round_ratios.append(statistics.median(agent_times) / statistics.median(echo_times))
         finally:
             echo_channel.close()
             agent_channel.close()
@@ -335,7 +338,19 @@ def measure_table(name: str, tmp: Path, calls: int, block: int, warmup: int, rep
         stop_process(agent)
         if echo is not None:
             stop_process(echo)
-    return rows
+
+
+def measure_table(name: str, tmp: Path, rounds: int, calls: int, block: int, warmup: int, reps: int) -> list[Row]:
+    groups = grouping_of(name).by_id(RESOURCE)
+    ids = list(groups)
+    random.Random(len(ids)).shuffle(ids)  # kubelet lists the available ids in no particular order
+    requests = {size: request_for(ids, size) for size in sizes_for(len(ids))}
+    rows = {size: Row(name, len(ids), size, [], [], [], [], [], []) for size in requests}
+    for r in range(rounds):  # fresh processes each round: where the scheduler puts them varies
+        measure_round(name, tmp / f"{name.replace(' ', '-')}-{r}", groups, ids, requests, rows, calls, block, warmup)
+    for size, row in rows.items():
+        row.before, row.cold, row.after = in_process(groups, ids, size, reps)
+    return list(rows.values())
 
 
 # --------------------------------------------------------------------------- report
@@ -344,28 +359,31 @@ def _time(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f} us"
 
 
-def report(rows: Sequence[Row], calls: int, block: int, reps: int) -> None:
+def report(rows: Sequence[Row], rounds: int, calls: int, block: int, reps: int) -> None:
     print(f"GetPreferredAllocation benchmark: agent (PluginServer/DevicePluginServicer over a DeviceTable) and a "
-          f"bare echo, each its own process on a Unix socket; {calls} calls per side per row in ABBA blocks of "
-          f"{block}; before/cold/after: the function alone in this process (cold: a table it has not seen), "
+          f"bare echo, each its own process on a Unix socket; {rounds} rounds of fresh processes, {calls} calls "
+          f"per side per row and round in ABBA blocks of {block} (ratio: of all calls' medians; rounds: each "
+          f"round's); before/cold/after: the function alone in this process (cold: a table it has not seen), "
           f"median of {reps}; {os.cpu_count()} CPUs")
     header = (f"{'table':<13} {'N':>4} {'size':>4}  {'before':>9} {'cold':>8} {'after':>8}  {'agent p50':>9} "
-              f"{'echo p50':>9} {'agent min':>9} {'echo min':>9}  {'ratio':>5}  {'target':>6}  verdict")
+              f"{'echo p50':>9} {'agent min':>9} {'echo min':>9}  {'ratio':>5} {'rounds':>9}  {'target':>6}  verdict")
     print(header)
     print("-" * len(header))
     for r in rows:
         a50, e50 = statistics.median(r.agent), statistics.median(r.echo)
         ratio = a50 / e50
+        spread = f"{min(r.round_ratios):.2f}-{max(r.round_ratios):.2f}"
         print(f"{r.table:<13} {r.groups:>4} {r.size:>4}  {_time(statistics.median(r.before)):>9} "
               f"{_time(statistics.median(r.cold)):>8} {_time(statistics.median(r.after)):>8}  {_time(a50):>9} "
-              f"{_time(e50):>9} {_time(min(r.agent)):>9} {_time(min(r.echo)):>9}  {ratio:>5.2f}  "
+              f"{_time(e50):>9} {_time(min(r.agent)):>9} {_time(min(r.echo)):>9}  {ratio:>5.2f} {spread:>9}  "
               f"{'<= ' + str(TARGET_RATIO):>6}  {'met' if ratio <= TARGET_RATIO else 'NOT met'}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few-second smoke run")
-    parser.add_argument("--calls", type=int, default=400, help="timed calls per side per row (default 400)")
+    parser.add_argument("--rounds", type=int, default=3, help="fresh agent and echo processes per table (default 3)")
+    parser.add_argument("--calls", type=int, default=400, help="timed calls per side per row and round (default 400)")
     parser.add_argument("--block", type=int, default=50, help="calls per interleaved block (default 50)")
     parser.add_argument("--warmup", type=int, default=50, help="untimed calls per side per row first (default 50)")
     parser.add_argument("--reps", type=int, default=5, help="in-process runs of before and after per row (default 5)")
@@ -378,19 +396,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve_echo:
         return serve_echo(Path(args.serve_echo[0]), Path(args.serve_echo[1]))
     if args.quick:
-        args.calls, args.block, args.warmup, args.reps = 60, 15, 10, 1
+        args.rounds, args.calls, args.block, args.warmup, args.reps = 1, 60, 15, 10, 1
 
     tmp = Path(tempfile.mkdtemp(prefix="bpa-", dir="/tmp"))  # short: Unix socket paths < 108 bytes
     rows: list[Row] = []
     try:
         for name in args.tables:
-            rows += measure_table(name, tmp, args.calls, args.block, args.warmup, args.reps)
+            rows += measure_table(name, tmp, args.rounds, args.calls, args.block, args.warmup, args.reps)
     except BenchError as exc:
         print(f"bench_preference: BROKEN: {exc}")
         return 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    report(rows, args.calls, args.block, args.reps)
+    report(rows, args.rounds, args.calls, args.block, args.reps)
     return 0
 
 
