@@ -14,7 +14,8 @@ groups together), most important first:
 ``must_include`` ids first, as given, then the chosen ones in topology order. Unknown available ids
 are ignored.
 
-How, without scoring combinations (N free groups, P parents, d distinct group sizes):
+How, without scoring combinations (N groups in the table, n of them free, P parents, d distinct
+group sizes):
 
 * Each group's features (parent, size in cores, vertical:low, topology order) are computed once
   per table and kept while the table is the same object with the same ids and groups (checked
@@ -245,7 +246,7 @@ class _Search:
         self.fixed_sizes = [len(g.cores) for g in fixed]
         # Runs of one parent in topology order: one per parent unless two parents share an order
         # prefix (null and -1 ids).
-        self.runs = [(j, list(rows)) for j, rows in groupby(range(len(self.groups)), self.parent.__getitem__)]
+        self.runs = [(j, list(run)) for j, run in groupby(range(len(self.groups)), self.parent.__getitem__)]
         n_parents = len({j for j, _ in self.runs})
         self.contiguous = len(self.runs) == n_parents and (
             not index.unknown or len({o[:-1] for o in self.orders}) == n_parents)
