@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test lint proto bench venv clean kind-test s390x-smoke chart-check
+.PHONY: demo test lint proto bench venv clean kind-test s390x-smoke chart-check image image-lock image-base-pin
 
 $(STAMP): pyproject.toml devkit/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed")'
@@ -56,6 +56,26 @@ kind-test: $(STAMP)
 ## s390x smoke test in a debootstrap root under qemu-user-static (as root; ~7 min first run, ~1.5 min later).
 s390x-smoke: $(STAMP)
 	tools/s390x-smoke.sh
+
+## Build and push the multi-arch image (linux/s390x, linux/amd64) with docker buildx, print its digest:
+##   make image REGISTRY=registry.example.com/team [TAG=0.1.0] [DRY_RUN=1]  (a dry run prints the commands)
+IMAGE_USAGE := make image: REGISTRY is required, e.g. make image REGISTRY=registry.example.com/team TAG=0.1.0
+image:
+	$(if $(strip $(REGISTRY)),,$(error $(IMAGE_USAGE)))
+	@REGISTRY="$(REGISTRY)" TAG="$(TAG)" DRY_RUN="$(DRY_RUN)" $(PYTHON) deploy/image/build.py image
+
+## Pin Dockerfile.s390x's base image by manifest-list digest (docker buildx imagetools inspect; needs a registry).
+image-base-pin:
+	@DRY_RUN="$(DRY_RUN)" $(PYTHON) deploy/image/build.py base-pin
+
+## Hashed requirements for the image (deploy/image/*requirements.txt) from pyproject.toml, resolved by uv in a
+## throwaway venv (not the project's) and checked against PyPI for linux/amd64 and linux/s390x (needs PyPI).
+LOCK_VENV  ?= build/image-lock-venv
+UV_VERSION ?= 0.13.8
+image-lock:
+	@[ -x $(LOCK_VENV)/bin/uv ] || { rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV) && \
+	  $(LOCK_VENV)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION) packaging; }
+	$(LOCK_VENV)/bin/python deploy/image/lock.py --uv $(LOCK_VENV)/bin/uv
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis build *.egg-info devkit/*.egg-info

@@ -3,7 +3,7 @@
 #
 #   1. kind create cluster (1 control plane + 2 workers, tests/kind/kind.yaml), unless it already exists
 #   2. docker build --platform linux/amd64 -f Dockerfile.s390x (the same Dockerfile as the s390x image)
-#   3. kind load docker-image
+#   3. docker save --platform linux/amd64 to a file, kind load image-archive (not `kind load docker-image`: see below)
 #   4. helm upgrade --install in fake-topology mode: <cluster>-worker advertises a z16-shaped snapshot,
 #      <cluster>-worker2 a z13-shaped one (tests/kind/snapshots.py)
 #   5. REQUIRE_KIND=1 pytest -m kind tests/kind (a skip is a failure here)
@@ -62,8 +62,20 @@ echo "==> docker build --platform linux/amd64 -f Dockerfile.s390x -t $IMAGE"
 DOCKER_BUILDKIT=1 docker build --platform linux/amd64 -f Dockerfile.s390x -t "$IMAGE" \
   --build-arg REVISION="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" .
 
-echo "==> kind load docker-image $IMAGE"
-kind load docker-image "$IMAGE" --name "$CLUSTER"
+# Not `kind load docker-image`: it runs a plain `docker save`, and under Docker's containerd image store (the default
+# from Docker 29) that archive names every platform of the image's index while only linux/amd64 is present, so the
+# node's `ctr images import --all-platforms` stops at the first missing blob ("content digest ... not found",
+# kubernetes-sigs/kind#3795, #4066). A single-platform archive loads under either image store; `docker save
+# --platform` needs API 1.48 (Docker 28), and older engines only ever save the one platform they hold. The archive
+# goes through a file, not /dev/stdin: `kind load image-archive` opens its argument once per node, concurrently
+# (pkg/cmd/kind/load/image-archive), so three nodes would split one pipe between them.
+api=$(docker version --format '{{.Server.APIVersion}}' 2>/dev/null || echo 0)
+save=(docker save)
+if printf '%s\n%s\n' 1.48 "$api" | sort -V -C; then save+=(--platform linux/amd64); fi
+echo "==> ${save[*]} $IMAGE | kind load image-archive (engine API $api)"
+"${save[@]}" --output "$WORK/image.tar" "$IMAGE"
+kind load image-archive "$WORK/image.tar" --name "$CLUSTER"
+rm -f "$WORK/image.tar"
 
 echo "==> snapshots"
 "$PYTHON" tests/kind/snapshots.py --cluster "$CLUSTER" --out "$WORK/snapshots"

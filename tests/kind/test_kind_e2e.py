@@ -251,30 +251,52 @@ def _agent_pod(core: Any, kind_env: KindEnv, node: str) -> Any:
     return pods[0]
 
 
-def _sockets(node: str) -> dict[str, int]:
-    """The agent's sockets in kubelet's device-plugin directory on a kind node: name -> inode."""
-    script = "cd /var/lib/kubelet/device-plugins && for f in *.sock; do [ -S \"$f\" ] && stat -c '%n %i' \"$f\"; done"
+def _sockets(node: str) -> set[str]:
+    """The agent's sockets in kubelet's device-plugin directory on a kind node."""
+    script = "cd /var/lib/kubelet/device-plugins && for f in *.sock; do [ -S \"$f\" ] && echo \"$f\"; done"
     out = subprocess.run(["docker", "exec", node, "sh", "-c", script + "; true"],
                          capture_output=True, text=True, timeout=20, check=True).stdout
-    pairs = (line.split() for line in out.splitlines() if line.strip())
-    return {name: int(inode) for name, inode in pairs if name != "kubelet.sock"}
+    return {name for name in out.split() if name != "kubelet.sock"}
+
+
+def _metrics(core: Any, kind_env: KindEnv, agent: Any) -> str:
+    """The agent pod's /metrics, through the API server's pod proxy."""
+    port = next(p.container_port for p in agent.spec.containers[0].ports if p.name == "metrics")
+    return str(core.connect_get_namespaced_pod_proxy_with_path(f"{agent.metadata.name}:{port}", kind_env.namespace,
+                                                              "metrics"))
+
+
+def _registrations(core: Any, kind_env: KindEnv, agent: Any) -> dict[str, float]:
+    """topology_agent_registrations per resource: successful Register calls to kubelet since the agent started."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(_metrics(core, kind_env, agent)):
+        if family.name == "topology_agent_registrations":
+            return {s.labels["resource"]: s.value for s in family.samples if s.name.endswith("_total")}
+    return {}
 
 
 def test_reregisters_after_its_socket_is_deleted(core: Any, daemonset_ready: Any,
                                                  expectations: dict[str, Expected], kind_env: KindEnv) -> None:
+    """Freshness is judged by the agent's registration counter, not by inode numbers: the agent closes its old
+    listeners before binding new ones and ext4 hands the lowest free inode straight back (fs/ext4/ialloc.c,
+    find_inode_bit), so a new socket often has the old one's inode and an inode test could wait forever."""
     node = sorted(expectations)[-1]
     before = wait_for(f"the agent's sockets on {node}", lambda: _sockets(node), timeout=30)
     agent = _agent_pod(core, kind_env, node)
     restarts = agent.status.container_statuses[0].restart_count
+    counted = wait_for(f"the agent on {node} to count its registrations",
+                       lambda: _registrations(core, kind_env, agent), timeout=30)
+    assert set(expectations[node].allocatable) <= set(counted), counted
     subprocess.run(["docker", "exec", node, "rm", "-f", *(f"/var/lib/kubelet/device-plugins/{s}" for s in before)],
                    check=True, timeout=20)
 
-    def new_sockets() -> dict[str, int]:
-        now = _sockets(node)
-        fresh = len(now) == len(before) and not set(now.values()) & set(before.values())
-        return now if fresh else {}
+    def registered_again() -> dict[str, float]:
+        now = _registrations(core, kind_env, agent)
+        again = all(now.get(resource, 0) > count for resource, count in counted.items())
+        return now if again and _sockets(node) == before else {}
 
-    wait_for(f"the agent to serve again on new sockets on {node}", new_sockets, timeout=60)
+    wait_for(f"the agent on {node} to register every resource again (had {counted})", registered_again, timeout=60)
     want = {r: str(c) for r, c in expectations[node].allocatable.items()}
     wait_for(f"{node} to advertise {want} again", lambda: advertised(core, node, kind_env.prefix) == want, timeout=60)
     again = _agent_pod(core, kind_env, node)
@@ -289,7 +311,7 @@ def test_metrics_are_scrapeable(core: Any, daemonset_ready: Any, workers: list[A
         agent = _agent_pod(core, kind_env, node.metadata.name)
         port = next(p.container_port for p in agent.spec.containers[0].ports if p.name == "metrics")
         proxy = f"{agent.metadata.name}:{port}"
-        text = core.connect_get_namespaced_pod_proxy_with_path(proxy, kind_env.namespace, "metrics")
+        text = _metrics(core, kind_env, agent)
         families = {f.name for f in text_string_to_metric_families(text)}
         assert families, text[:500]
         assert core.connect_get_namespaced_pod_proxy_with_path(proxy, kind_env.namespace, "readyz")
