@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-dev
 
 .PHONY: demo test lint proto bench venv clean kind-test s390x-smoke chart-check image image-lock image-base-pin
 
-$(STAMP): pyproject.toml devkit/pyproject.toml
+$(STAMP): pyproject.toml devkit/pyproject.toml deploy/image/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed")'
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
 	  rm -rf $(VENV); \
@@ -18,7 +18,9 @@ $(STAMP): pyproject.toml devkit/pyproject.toml
 	    exit 1; \
 	  fi; }
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]' -e ./devkit
+	@# The image's lock pins what the tests run with too (without its hashes, which would demand them all).
+	sed -n 's/^\([A-Za-z0-9._-]*==[^ ]*\).*/\1/p' deploy/image/requirements.txt > $(VENV)/image-constraints.txt
+	$(BIN)/pip install --quiet -c $(VENV)/image-constraints.txt -e '.[dev]' -e ./devkit
 	@touch $(STAMP)
 
 venv: $(STAMP)

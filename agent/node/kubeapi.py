@@ -166,7 +166,11 @@ class _ClientNodeApi:
 
 def kubeconfig_api() -> NodeApi:
     """The kubeconfig's API server, through the ``kubernetes`` package (local runs, not pods)."""
-    from kubernetes import client, config
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        raise NodeLabelerError("no in-cluster service account, and a kubeconfig needs the kubernetes package: "
+                               "pip install 's390x-topology-agent[kubeconfig]'") from None
 
     configuration = client.Configuration()
     try:
