@@ -64,7 +64,8 @@ def test_admit_records_the_holder_at_the_clocks_time_and_blocks_the_overlapping_
     devices = node(clock)
     (answer,) = devices.table(BOOK).admit([["drawer0-book0"]])
     assert answer.plan.groups == ("drawer0-book0",)
-    assert answer.wire.envs["TOPOLOGY_CPUS"] == "0-11"
+    wire = api_pb2.AllocateResponse.FromString(answer.wire)  # the serialized container_responses entry
+    assert wire.container_responses[0].envs["TOPOLOGY_CPUS"] == "0-11"
     assert devices.ledger.pending == {(BOOK, "drawer0-book0"): 1000.0}
     assert states(devices) == {f"{BOOK}|drawer0-book0": "allocated", f"{SOCKET}|drawer0-book0-socket0":
                                "blocked-by-overlap", f"{SOCKET}|drawer0-book0-socket1": "blocked-by-overlap"}
@@ -155,9 +156,10 @@ def test_a_warm_allocate_touches_four_files_and_takes_the_node_lock_once(
         devices_ids=["drawer0-book1", "drawer0-book2"])])
     servicer.Allocate(request, Context())  # cold: validates, plans and renders once
     lock.taken = 0
-    answers: list[api_pb2.AllocateResponse] = []
+    answers: list[bytes] = []
     files = project_files_called(lambda: answers.append(servicer.Allocate(request, Context())))
-    assert answers[0].container_responses[0].envs["TOPOLOGY_GROUPS"] == "drawer0-book1,drawer0-book2"
+    answer = api_pb2.AllocateResponse.FromString(answers[0])  # Allocate answers ready bytes
+    assert answer.container_responses[0].envs["TOPOLOGY_GROUPS"] == "drawer0-book1,drawer0-book2"
     assert files <= {"agent/plugin/servicer.py", "agent/devices/table.py", "agent/policy/ledger.py",
                      "agent/observe/metrics.py"}, files
     assert len(files) <= 4

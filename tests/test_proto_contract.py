@@ -455,3 +455,34 @@ def test_wire_round_trip_of_python_attribute_names() -> None:
     assert again.allocation_size == 2
     dev = dp.Device(ID="book-0", health="Healthy")
     assert dp.Device.FromString(dev.SerializeToString()).ID == "book-0"
+
+
+def test_the_plugin_registers_exactly_the_generated_device_plugin_methods() -> None:
+    """agent/plugin/servicer.py registers the service by hand (Allocate answers ready bytes): the same
+    service, methods and message types as the generated registration."""
+    from agent._proto.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+    from agent.plugin import servicer as ours
+
+    class Capture:
+        def __init__(self) -> None:
+            self.handlers: dict[str, dict[str, object]] = {}
+
+        def add_generic_rpc_handlers(self, handlers: object) -> None:
+            pass
+
+        def add_registered_method_handlers(self, service: str, handlers: dict[str, object]) -> None:
+            self.handlers[service] = handlers
+
+    generated, mine = Capture(), Capture()
+    stub_servicer = dp_grpc.DevicePluginServicer()
+    dp_grpc.add_DevicePluginServicer_to_server(stub_servicer, generated)
+    ours.add_to_server(stub_servicer, mine)  # type: ignore[arg-type]
+    assert mine.handlers.keys() == generated.handlers.keys() == {"v1beta1.DevicePlugin"}
+    g, m = generated.handlers["v1beta1.DevicePlugin"], mine.handlers["v1beta1.DevicePlugin"]
+    assert m.keys() == g.keys()
+    for name in g:
+        assert m[name].request_deserializer == g[name].request_deserializer, name  # type: ignore[attr-defined]
+        assert (m[name].request_streaming, m[name].response_streaming) == (  # type: ignore[attr-defined]
+            g[name].request_streaming, g[name].response_streaming), name  # type: ignore[attr-defined]
+    answer = dp.AllocateResponse(container_responses=[dp.ContainerAllocateResponse(envs={"A": "b"})])
+    assert m["Allocate"].response_serializer(answer.SerializeToString()) == answer.SerializeToString()  # type: ignore[attr-defined]

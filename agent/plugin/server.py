@@ -13,10 +13,9 @@ from pathlib import Path
 
 import grpc
 
-from agent._proto.deviceplugin.v1beta1 import api_pb2_grpc
 from agent.devices.table import DeviceTable
 from agent.errors import SocketInUseError, SocketPathError, StartupError
-from agent.plugin.servicer import DevicePluginServicer, Observer, Wire
+from agent.plugin.servicer import DevicePluginServicer, Observer, Wire, add_to_server
 
 log = logging.getLogger("topology-agent.plugin")
 
@@ -102,7 +101,7 @@ class PluginServer:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS,
                                                         thread_name_prefix=f"plugin-{self.table.resource}"),
                              options=[("grpc.so_reuseport", 0)])
-        api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
+        add_to_server(self.servicer, server)
         try:
             server.add_insecure_port(f"unix://{self.path}")
         except RuntimeError as exc:

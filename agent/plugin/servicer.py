@@ -19,7 +19,11 @@ from agent.policy.allocation import ContainerPlan
 
 log = logging.getLogger("topology-agent.plugin")
 
-Wire = api_pb2.ContainerAllocateResponse
+# One container's answer, serialized once and kept by the device table: the bytes of field 1 of an
+# AllocateResponse (tag, length, ContainerAllocateResponse), so an answer is the concatenation of its
+# containers' wires and nothing is built or serialized again per call.
+Wire = bytes
+SERVICE = "v1beta1.DevicePlugin"
 REFUSAL_CODES = {"invalid": grpc.StatusCode.INVALID_ARGUMENT, "conflict": grpc.StatusCode.FAILED_PRECONDITION}
 
 
@@ -49,9 +53,50 @@ def bounded(message: str) -> str:
     return f"{message[:MAX_DETAILS - 40]}... ({len(message) - MAX_DETAILS + 40} more characters)"
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
 def render(plan: ContainerPlan) -> Wire:
-    """The wire form of a plan: built once per id list and kept by the device table."""
-    return api_pb2.ContainerAllocateResponse(envs=dict(plan.envs), annotations=dict(plan.annotations))
+    """The wire form of a plan (``container_responses`` entry of an AllocateResponse): built once per
+    id list and kept by the device table."""
+    body = api_pb2.ContainerAllocateResponse(envs=dict(plan.envs),
+                                             annotations=dict(plan.annotations)).SerializeToString()
+    return b"\x0a" + _varint(len(body)) + body
+
+
+def allocate_response_bytes(response: api_pb2.AllocateResponse | bytes) -> bytes:
+    """Allocate answers with ready bytes; a message (an error path's) is serialized as usual."""
+    return response if isinstance(response, bytes) else response.SerializeToString()
+
+
+def add_to_server(servicer: DevicePluginServicer, server: grpc.Server) -> None:
+    """The generated registration, with Allocate answering pre-serialized bytes."""
+    messages = api_pb2
+    handlers = {
+        "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
+            servicer.GetDevicePluginOptions, request_deserializer=messages.Empty.FromString,
+            response_serializer=messages.DevicePluginOptions.SerializeToString),
+        "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+            servicer.ListAndWatch, request_deserializer=messages.Empty.FromString,
+            response_serializer=messages.ListAndWatchResponse.SerializeToString),
+        "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
+            servicer.GetPreferredAllocation, request_deserializer=messages.PreferredAllocationRequest.FromString,
+            response_serializer=messages.PreferredAllocationResponse.SerializeToString),
+        "Allocate": grpc.unary_unary_rpc_method_handler(
+            servicer.Allocate, request_deserializer=messages.AllocateRequest.FromString,
+            response_serializer=allocate_response_bytes),
+        "PreStartContainer": grpc.unary_unary_rpc_method_handler(
+            servicer.PreStartContainer, request_deserializer=messages.PreStartContainerRequest.FromString,
+            response_serializer=messages.PreStartContainerResponse.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
 
 
 def plugin_options() -> api_pb2.DevicePluginOptions:
@@ -181,7 +226,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             self.observer.call("GetPreferredAllocation", self.table.resource, code.name,
                                time.perf_counter() - started)
 
-    def Allocate(self, request: api_pb2.AllocateRequest, context: grpc.ServicerContext) -> api_pb2.AllocateResponse:
+    def Allocate(self, request: api_pb2.AllocateRequest, context: grpc.ServicerContext) -> bytes:
         started = time.perf_counter()
         resource = self.table.resource
         code = grpc.StatusCode.INTERNAL
@@ -206,7 +251,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 log.debug("Allocate %s -> cpus %s", ",".join(plan.groups), plan.envs["TOPOLOGY_CPUS"],
                           extra={"resource": resource, "device": ",".join(plan.groups),
                                  "cpus": plan.envs["TOPOLOGY_CPUS"]})
-        return api_pb2.AllocateResponse(container_responses=[a.wire for a in answers])
+        return b"".join([a.wire for a in answers])  # the serialized AllocateResponse
 
     def PreStartContainer(self, request: api_pb2.PreStartContainerRequest, context: grpc.ServicerContext
                           ) -> api_pb2.PreStartContainerResponse:
