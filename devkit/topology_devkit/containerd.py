@@ -102,6 +102,8 @@ class PodContainer:
     attempt: int = 0
     resources: cri.LinuxContainerResources = field(default_factory=cri.LinuxContainerResources, compare=False)
     annotations: tuple[tuple[str, str], ...] = ()  # what device plugins' Allocate answers add (kubelet passes them)
+    mounts: tuple[tuple[str, str], ...] = ()  # (host path, container path), read-only binds
+    seccomp: str = ""  # "": Unconfined (kubelet's default); "runtime/default"; else a Localhost profile's path
 
     @property
     def labels(self) -> dict[str, str]:
@@ -175,6 +177,15 @@ def status_cpus_allowed(pid: int) -> str:
 
 # ------------------------------------------------------------------------------------------------
 # the image: busybox-static in an OCI layout, built with the standard library
+
+
+def _seccomp_profile(seccomp: str) -> cri.SecurityProfile:
+    """The CRI profile kubelet sends for a pod's seccompProfile: none (Unconfined), RuntimeDefault or Localhost."""
+    if not seccomp:
+        return cri.SecurityProfile(profile_type=cri.SecurityProfile.Unconfined)
+    if seccomp == "runtime/default":
+        return cri.SecurityProfile(profile_type=cri.SecurityProfile.RuntimeDefault)
+    return cri.SecurityProfile(profile_type=cri.SecurityProfile.Localhost, localhost_ref=seccomp)
 
 
 def _tar_info(name: str, kind: bytes, mode: int, size: int = 0, link: str = "") -> tarfile.TarInfo:
@@ -463,7 +474,8 @@ class Containerd:
 
     def run_pod(self, pod_name: str, namespace: str = "default", container: str = "main", handler: str = "runc",
                 cpuset_cpus: str = "", cpuset_mems: str = "", memory_limit: int = 64 << 20,
-                command: tuple[str, ...] = (), annotations: dict[str, str] | None = None) -> PodContainer:
+                command: tuple[str, ...] = (), annotations: dict[str, str] | None = None,
+                mounts: tuple[tuple[str, str], ...] = (), seccomp: str = "") -> PodContainer:
         """A pod sandbox (host network, no hostname) and one running container with kubelet's labels.
 
         The container's resources are what kubelet would send for a Burstable pod (shares, period,
@@ -477,7 +489,7 @@ class Containerd:
                                                 cpuset_cpus=cpuset_cpus, cpuset_mems=cpuset_mems)
         pod = PodContainer(sandbox_id=answer.pod_sandbox_id, container_id="", handler=handler, pod_name=pod_name,
                            namespace=namespace, pod_uid=uid, container_name=container, resources=resources,
-                           annotations=tuple(sorted((annotations or {}).items())))
+                           annotations=tuple(sorted((annotations or {}).items())), mounts=mounts, seccomp=seccomp)
         self._sandboxes[pod.sandbox_id] = pod
         return self._create_and_start(pod, sandbox_config, command)
 
@@ -508,10 +520,12 @@ class Containerd:
             command=list(command),
             labels=pod.labels,
             annotations={**dict(pod.annotations), "io.kubernetes.container.restartCount": str(pod.attempt)},
+            mounts=[cri.Mount(host_path=host, container_path=inside, readonly=True) for host, inside in pod.mounts],
             log_path=f"{pod.container_name}/{pod.attempt}.log",
             linux=cri.LinuxContainerConfig(
                 resources=pod.resources,
                 security_context=cri.LinuxContainerSecurityContext(
+                    seccomp=_seccomp_profile(pod.seccomp),
                     namespace_options=cri.NamespaceOption(network=cri.NODE, pid=cri.CONTAINER, ipc=cri.POD))),
         )
         created = self._call("CreateContainer", cri.CreateContainerRequest(
@@ -558,6 +572,18 @@ class Containerd:
     def cpus_allowed_list(self, container_id: str) -> str:
         """``Cpus_allowed_list`` of the container's process, from /proc/<pid>/status."""
         return status_cpus_allowed(self.container_pid(container_id))
+
+    def wait_exited(self, container_id: str, timeout: float = 10.0) -> int:
+        """The exit code of a container once it has exited (HarnessError after ``timeout`` seconds)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self._call("ContainerStatus", cri.ContainerStatusRequest(container_id=container_id)).status
+            if status.state == cri.CONTAINER_EXITED:
+                return int(status.exit_code)
+            if time.monotonic() > deadline:
+                raise HarnessError(f"container {container_id[:12]} still {cri.ContainerState.Name(status.state)} "
+                                   f"after {timeout:.0f}s")
+            time.sleep(0.02)
 
     def default_cpus(self) -> str:
         """The CPUs a container without a cpuset of its own runs on: those of the cgroup root its pod's
