@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
+
+if TYPE_CHECKING:
+    from topology_devkit.containerd import Containerd
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -42,3 +46,32 @@ def missing(what: str, how: str) -> NoReturn:
     if IN_CI:
         pytest.fail(f"{what} is missing under CI=true: {how}", pytrace=False)
     pytest.skip(f"{what} not available ({how})")
+
+
+RUNTIME_HANDLERS = ("runc", "crun")
+
+
+@pytest.fixture(scope="module")
+def ctd(request: pytest.FixtureRequest) -> Iterator[Containerd]:
+    """A private real containerd for the tests of one module (missing: skipped here, failed in CI)."""
+    from topology_devkit.containerd import Containerd, ContainerdUnavailable
+
+    name = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", "-")
+    try:
+        harness = Containerd(f"test-{name[:12]}").__enter__()
+    except ContainerdUnavailable as exc:
+        missing("a real containerd", exc.reason)
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+@pytest.fixture(params=RUNTIME_HANDLERS)
+def handler(request: pytest.FixtureRequest, ctd: Containerd) -> str:
+    """Each runtime handler containerd has (runc, crun); one that cannot run is missing."""
+    name: str = request.param
+    problem = ctd.handler_problems()[name]
+    if problem is not None:
+        missing(f"the {name} runtime handler", problem)
+    return name

@@ -8,7 +8,6 @@ The node is this machine's own CPUs as one book of two one-core sockets, so a so
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,34 +15,11 @@ import pytest
 from agent.topology import snapshot
 from agent.topology.cpulist import format_cpulist, parse_cpulist
 from agent.topology.model import Cpu, Machine, Topology
-from tests.conftest import SOCKET, missing
+from tests.conftest import SOCKET
 from tests.plugin_harness import short_tmpdir
 from topology_devkit.agent_process import AgentProcess, wait_until
-from topology_devkit.containerd import Containerd, ContainerdUnavailable
+from topology_devkit.containerd import Containerd
 from topology_devkit.kubelet_emulator import Container, KubeletEmulator
-
-HANDLERS = ("runc", "crun")
-
-
-@pytest.fixture(scope="module")
-def ctd() -> Iterator[Containerd]:
-    try:
-        harness = Containerd("test-pin").__enter__()
-    except ContainerdUnavailable as exc:
-        missing("a real containerd", exc.reason)
-    try:
-        yield harness
-    finally:
-        harness.close()
-
-
-@pytest.fixture(params=HANDLERS)
-def handler(request: pytest.FixtureRequest, ctd: Containerd) -> str:
-    name: str = request.param
-    problem = ctd.handler_problems()[name]
-    if problem is not None:
-        missing(f"the {name} runtime handler", problem)
-    return name
 
 
 def two_sockets(ctd: Containerd, directory: Path) -> tuple[Path, list[int]]:

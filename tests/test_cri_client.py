@@ -25,31 +25,7 @@ from agent._proto.runtime.v1 import api_pb2_grpc as cri_grpc
 from agent.cri.client import CriClient
 from agent.errors import CpuListError, CriError
 from agent.topology.cpulist import format_cpulist, parse_cpulist
-from tests.conftest import missing
-from topology_devkit.containerd import Containerd, ContainerdUnavailable, PodContainer
-
-HANDLERS = ("runc", "crun")
-
-
-@pytest.fixture(scope="module")
-def ctd() -> Iterator[Containerd]:
-    try:
-        harness = Containerd("test-cri").__enter__()
-    except ContainerdUnavailable as exc:
-        missing("a real containerd", exc.reason)
-    try:
-        yield harness
-    finally:
-        harness.close()
-
-
-@pytest.fixture(params=HANDLERS)
-def handler(request: pytest.FixtureRequest, ctd: Containerd) -> str:
-    name: str = request.param
-    problem = ctd.handler_problems()[name]
-    if problem is not None:
-        missing(f"the {name} runtime handler", problem)
-    return name
+from topology_devkit.containerd import Containerd, PodContainer
 
 
 @pytest.fixture
