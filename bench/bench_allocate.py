@@ -153,7 +153,7 @@ def raw_callable(channel: grpc.Channel) -> RawCall:
     call = channel.unary_unary(ALLOCATE)  # bytes in, bytes out
 
     def invoke(request: bytes) -> bytes:
-        return call(request, timeout=10)  # type: ignore[no-any-return]
+        return call(request, timeout=10)
 
     return invoke
 
@@ -164,7 +164,7 @@ def typed_callable(channel: grpc.Channel) -> Callable[[api_pb2.AllocateRequest],
                                response_deserializer=api_pb2.AllocateResponse.FromString)
 
     def invoke(request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
-        return call(request, timeout=10)  # type: ignore[no-any-return]
+        return call(request, timeout=10)
 
     return invoke
 

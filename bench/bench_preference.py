@@ -246,7 +246,7 @@ def typed_call(channel: grpc.Channel) -> Call:
                                response_deserializer=api_pb2.PreferredAllocationResponse.FromString)
 
     def invoke(request: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
-        return call(request, timeout=30)  # type: ignore[no-any-return]
+        return call(request, timeout=30)
 
     return invoke
 
