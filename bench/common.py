@@ -154,7 +154,6 @@ def format_table(rows: Sequence[Row]) -> str:
               r.verdict + (f": {r.reason}" if r.reason and r.verdict in (SKIPPED, BROKEN) else ""))
              for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(COLUMNS)]
-    widths[2] = min(widths[2], 100)
     lines = ["  ".join(h.ljust(w) for h, w in zip(COLUMNS, widths, strict=True)).rstrip(),
              "  ".join("-" * w for w in widths)]
     for c in cells:

@@ -1,0 +1,167 @@
+"""Two small processes for the gRPC benches. The echo imports nothing but grpc (so any interpreter with grpcio
+runs it, the image-like install's included):
+
+* ``echo SOCKET TABLE WORKERS``: a bare sync ``grpc.server`` (a ``ThreadPoolExecutor`` of WORKERS threads, a
+  Unix socket, ``grpc.so_reuseport`` 0, as the agent's plugin server) whose generic handler answers
+  ``/v1beta1.DevicePlugin/Allocate`` with the bytes TABLE (a pickled dict: request bytes -> response bytes)
+  holds for the request. It prints ``ready`` and serves until SIGTERM.
+* ``drive SPEC OUT``: the load client. SPEC (a pickled dict of :class:`DriveSpec`'s fields) names two
+  targets (A, B) and the calls; blocks of calls alternate A B B A A B ...; within a block, ``concurrency``
+  threads share one channel per target (kubelet keeps one connection per plugin) and take the block's
+  requests in turn, each thread timing its own calls. After each block (not timed) every answer is
+  compared with the expected one: as messages (``AllocateResponse``, from the generated stubs: map fields
+  serialize in no fixed order), or as bytes. OUT gets a pickled dict of :class:`DriveResult`'s fields.
+
+A closed loop: each thread sends its next call when the previous one returned, so with C threads there
+are C calls in flight.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ALLOCATE = "/v1beta1.DevicePlugin/Allocate"
+
+
+@dataclass
+class DriveSpec:
+    targets: tuple[str, str]  # grpc targets of side A and side B, e.g. unix:///path
+    warmup: list[bytes]  # requests sent to each side first, untimed (the same list to both)
+    blocks: list[list[bytes]]  # per block the requests, sent to both sides in that block
+    expected: dict[bytes, bytes]  # request -> the answer both sides must give
+    concurrency: int
+    method: str = ALLOCATE
+    timeout: float = 30.0
+    compare: str = "allocate"  # "allocate": parse both as AllocateResponse; "bytes": compare the bytes
+
+
+@dataclass
+class DriveResult:
+    latencies: tuple[list[list[float]], list[list[float]]]  # per side, per block, seconds
+    wrong: tuple[int, int] = (0, 0)  # answers that differed from the expected bytes, per side
+    example: tuple[bytes, bytes, bytes] | None = None  # (request, got, expected) of a wrong answer, side A
+    errors: list[str] = field(default_factory=list)
+
+
+def serve_echo(socket: str, table_file: str, workers: int) -> int:
+    import grpc
+
+    with open(table_file, "rb") as f:
+        table: dict[bytes, bytes] = pickle.load(f)
+
+    def allocate(request: bytes, context: object) -> bytes:
+        return table[request]
+
+    handler = grpc.method_handlers_generic_handler(
+        "v1beta1.DevicePlugin", {"Allocate": grpc.unary_unary_rpc_method_handler(allocate)})
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="echo"),
+                         options=[("grpc.so_reuseport", 0)])
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"unix://{socket}")
+    server.start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _s, _f: stop.set())
+    print("ready", flush=True)
+    stop.wait()
+    server.stop(None).wait(2)
+    return 0
+
+
+Same = Callable[[bytes, bytes], bool]
+
+
+def _same(compare: str) -> Same:
+    if compare == "bytes":
+        return lambda a, b: a == b
+    from agent._proto.deviceplugin.v1beta1 import api_pb2
+
+    parse = api_pb2.AllocateResponse.FromString
+    return lambda a, b: a == b or parse(a) == parse(b)
+
+
+def _run_block(call: Callable[[bytes], bytes], requests: Sequence[bytes], concurrency: int,
+               pool: futures.ThreadPoolExecutor, expected: dict[bytes, bytes], same: Same
+               ) -> tuple[list[float], list[tuple[bytes, bytes]]]:
+    """Every request once, ``concurrency`` at a time; (latencies, (request, answer) answered wrongly)."""
+    work = iter(requests)
+    lock = threading.Lock()
+    latencies: list[float] = []
+    answers: list[tuple[bytes, bytes]] = []
+    clock = time.perf_counter
+
+    def worker() -> None:
+        mine: list[float] = []
+        got: list[tuple[bytes, bytes]] = []
+        while True:
+            with lock:
+                request = next(work, None)
+            if request is None:
+                break
+            started = clock()
+            answer = call(request)
+            mine.append(clock() - started)
+            got.append((request, answer))
+        with lock:
+            latencies.extend(mine)
+            answers.extend(got)
+
+    for f in [pool.submit(worker) for _ in range(concurrency)]:
+        f.result()
+    return latencies, [(r, a) for r, a in answers if not same(a, expected[r])]
+
+
+def drive(spec: DriveSpec) -> DriveResult:
+    import grpc
+
+    channels = [grpc.insecure_channel(t) for t in spec.targets]
+    try:
+        calls = []
+        for channel in channels:
+            stub = channel.unary_unary(spec.method)
+
+            def call(request: bytes, stub: Callable[..., bytes] = stub) -> bytes:
+                return stub(request, timeout=spec.timeout)
+
+            calls.append(call)
+        result = DriveResult(([], []))
+        wrong = [0, 0]
+        same = _same(spec.compare)
+        with futures.ThreadPoolExecutor(max_workers=spec.concurrency) as pool:
+            for side in (0, 1):
+                _, bad = _run_block(calls[side], spec.warmup, spec.concurrency, pool, spec.expected, same)
+                wrong[side] += len(bad)
+            for b, requests in enumerate(spec.blocks):
+                for side in ((0, 1) if b % 2 == 0 else (1, 0)):  # A B, B A, A B, ...
+                    latencies, bad = _run_block(calls[side], requests, spec.concurrency, pool, spec.expected, same)
+                    result.latencies[side].append(latencies)
+                    wrong[side] += len(bad)
+                    if bad and side == 0 and result.example is None:
+                        result.example = (bad[0][0], bad[0][1], spec.expected[bad[0][0]])
+        result.wrong = (wrong[0], wrong[1])
+        return result
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) == 4 and argv[0] == "echo":
+        return serve_echo(argv[1], argv[2], int(argv[3]))
+    if len(argv) == 3 and argv[0] == "drive":
+        spec = DriveSpec(**pickle.loads(Path(argv[1]).read_bytes()))  # plain dicts on the wire
+        Path(argv[2]).write_bytes(pickle.dumps(asdict(drive(spec))))
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
