@@ -25,7 +25,6 @@ host-root tree (16 books), next to the kubelet emulator in this process.
 from __future__ import annotations
 
 import itertools
-import logging
 import pickle
 import random
 import shutil
@@ -62,7 +61,6 @@ from bench.common import (
 )
 from bench.production import Production
 from topology_devkit.kubelet_emulator import KubeletEmulator
-from topology_devkit.kubelet_emulator.constants import LOGGER_NAME
 from topology_devkit.sysfs_writer import write_sysfs_tree
 
 BENCH = "allocate"
@@ -73,12 +71,6 @@ REPEATED_SETS = 24
 TARGET_P50_RATIO = 1.3
 TARGET_REREGISTER_S = 0.3
 LOAD = Path(__file__).resolve().parent / "grpc_load.py"
-
-
-def quiet_emulator() -> None:
-    emulator_log = logging.getLogger(LOGGER_NAME)
-    emulator_log.addHandler(logging.NullHandler())
-    emulator_log.propagate = False
 
 
 # --------------------------------------------------------------------------- device sets and answers
@@ -250,7 +242,6 @@ def measure_reregister(prod: Production, tree: Path, tmp: Path, restarts: int, d
 # --------------------------------------------------------------------------- rows
 
 def run(quick: bool) -> list[Row]:
-    quiet_emulator()
     rounds, block, blocks, warmup, restarts = (1, 40, 4, 10, 3) if quick else (2, 160, 4, 20, 12)
     tmp = Path(tempfile.mkdtemp(prefix="bal-", dir="/tmp"))  # short: Unix socket paths < 108 bytes
     try:

@@ -21,7 +21,6 @@ skipped (pod-resources slows down only after a minute).
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import subprocess
@@ -38,7 +37,6 @@ from bench.common import INFO, BenchError, Row, at_most, bench_main, skipped, st
 from bench.production import NODE_NAME, Prober, Production
 from topology_devkit.agent_process import AgentProcess, wait_until
 from topology_devkit.kubelet_emulator import KubeletEmulator
-from topology_devkit.kubelet_emulator.constants import LOGGER_NAME
 from topology_devkit.sysfs_writer import write_sysfs_tree
 
 BENCH = "idle"
@@ -110,9 +108,6 @@ def pct(share: float) -> str:
 
 
 def run(quick: bool) -> list[Row]:
-    emulator_log = logging.getLogger(LOGGER_NAME)
-    emulator_log.addHandler(logging.NullHandler())
-    emulator_log.propagate = False
     tmp = Path(tempfile.mkdtemp(prefix="bid-", dir="/tmp"))  # short: Unix socket paths < 108 bytes
     rows: list[Row] = []
     idle: subprocess.Popen[bytes] | None = None

@@ -22,7 +22,6 @@ Target: spawn -> registered <= 0.4 s (median, net of the pod set-up).
 
 from __future__ import annotations
 
-import logging
 import shutil
 import sys
 import tempfile
@@ -35,7 +34,6 @@ from agent.topology.embedded import load_embedded
 from bench.common import INFO, BenchError, Row, at_most, bench_main, fmt_time, median, run_timed
 from bench.production import Production
 from topology_devkit.kubelet_emulator import KubeletEmulator
-from topology_devkit.kubelet_emulator.constants import LOGGER_NAME
 from topology_devkit.sysfs_writer import write_sysfs_tree
 
 BENCH = "startup"
@@ -70,9 +68,6 @@ def start_once(prod: Production, tree: Path, tmp: Path, n: int) -> tuple[float, 
 
 
 def run(quick: bool) -> list[Row]:
-    emulator_log = logging.getLogger(LOGGER_NAME)
-    emulator_log.addHandler(logging.NullHandler())
-    emulator_log.propagate = False
     runs = 3 if quick else 12
     tmp = Path(tempfile.mkdtemp(prefix="bst-", dir="/tmp"))  # short: Unix socket paths < 108 bytes
     try:

@@ -58,6 +58,17 @@ def at_most(value: float, limit: float) -> str:
     return MET if value <= limit else MISSED
 
 
+def quiet_emulator() -> None:
+    """The kubelet emulator's own log lines (e.g. a stream ending when an agent stops) stay out of the output."""
+    import logging
+
+    from topology_devkit.kubelet_emulator.constants import LOGGER_NAME
+
+    emulator_log = logging.getLogger(LOGGER_NAME)
+    emulator_log.addHandler(logging.NullHandler())
+    emulator_log.propagate = False
+
+
 def skipped(bench: str, name: str, target: str, reason: str) -> Row:
     return Row(bench, name, "-", None, target, SKIPPED, reason)
 
@@ -183,6 +194,7 @@ def bench_main(name: str, run: Callable[[bool], list[Row]], doc: str | None,
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     parser.add_argument("--json-out", type=Path, help="also write the rows as JSON here (bench/run_all.py)")
     args = parser.parse_args(argv)
+    quiet_emulator()
     load_before = loadavg()
     counter, _ = busy_cores_since()
     started = time.monotonic()
