@@ -12,8 +12,9 @@ host-root tree (16 books), next to the kubelet emulator in this process.
   on one channel per side, in blocks that alternate A B B A. Two kinds of device sets: **repeated** (24
   sets sent again and again: the agent's cached answers) and **first-time** (every request an id list
   the agent has not seen before). The sets are the books of one size (13 or 12 cores: balanced, as
-  GetPreferredAllocation picks them on this node), 1 to 4 of them, in any order; the orders
-  make the first-time sets last (4,160 in all). Rounds of fresh agent and echo processes.
+  GetPreferredAllocation picks them on this node), 1 to 4 of them, in any order (4,160 id lists; the
+  orders make the first-time sets last). Three rounds of fresh agent and echo processes (a new agent has
+  seen nothing: each round sends the same first-time sets), the rows' order reversed every other round.
   Target: p50 agent/echo <= 1.3 in every row; the p99 ratio and each block pair's p50 ratio
   (min/median/max: the noise) are shown.
 * **Re-registration.** From the emulator's ``kubelet.sock`` coming back after ``restart(down_for=0.5)``
@@ -151,8 +152,9 @@ class Series:
 
 def measure_round(prod: Production, tree: Path, tmp: Path, repeated: list[bytes], fresh: list[bytes],
                   table_file: Path, table: dict[bytes, bytes], series: dict[tuple[str, int], Series],
-                  order: Sequence[tuple[str, int]], block: int, blocks: int, warmup: int) -> list[bytes]:
-    """Fresh agent and echo processes, every row once; returns the first-time requests left."""
+                  order: Sequence[tuple[str, int]], block: int, blocks: int, warmup: int) -> None:
+    """Fresh agent and echo processes, every row once. A new agent has seen no request, so every round
+    takes its first-time sets from the start of ``fresh`` again (the same sets in every round)."""
     with KubeletEmulator(tmp / "k") as kubelet:
         agent = prod.agent(kubelet, tree)
         echo: subprocess.Popen[bytes] | None = None
@@ -197,7 +199,6 @@ def measure_round(prod: Production, tree: Path, tmp: Path, repeated: list[bytes]
             agent.stop()
             if echo is not None:
                 stop_process(echo)
-    return fresh
 
 
 # --------------------------------------------------------------------------- re-registration
@@ -242,7 +243,7 @@ def measure_reregister(prod: Production, tree: Path, tmp: Path, restarts: int, d
 # --------------------------------------------------------------------------- rows
 
 def run(quick: bool) -> list[Row]:
-    rounds, block, blocks, warmup, restarts = (1, 40, 4, 10, 3) if quick else (2, 160, 4, 20, 12)
+    rounds, block, blocks, warmup, restarts = (1, 40, 4, 10, 3) if quick else (3, 160, 4, 20, 12)
     tmp = Path(tempfile.mkdtemp(prefix="bal-", dir="/tmp"))  # short: Unix socket paths < 108 bytes
     try:
         tree = tmp / "root"
@@ -261,7 +262,7 @@ def run(quick: bool) -> list[Row]:
         with Production(tmp) as prod:
             for r in range(rounds):
                 order = rows_order if r % 2 == 0 else rows_order[::-1]
-                fresh = measure_round(prod, tree, tmp, repeated, fresh, table_file, table, series, order,
+                measure_round(prod, tree, tmp, repeated, fresh, table_file, table, series, order,
                                       block, blocks, warmup)
             rereg = measure_reregister(prod, tree, tmp, restarts, 0.5)
             setup = f"{prod.labels_note}; {prod.install.how}"
