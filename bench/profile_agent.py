@@ -17,6 +17,8 @@ command is run under ``python -X importtime`` and ``cProfile`` instead).
 
     .venv/bin/python bench/profile_agent.py allocate --kind first-time --clients 4 --seconds 10 --py-spy PATH
     .venv/bin/python bench/profile_agent.py idle --seconds 120 --strace
+    .venv/bin/python bench/profile_agent.py idle --seconds 60 --wakeups --py-spy PATH
+    .venv/bin/python bench/profile_agent.py cpu-per-call --clients 4
     .venv/bin/python bench/profile_agent.py discover
 """
 
@@ -30,6 +32,7 @@ import os
 import pickle
 import pstats
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -65,6 +68,18 @@ def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
         fields = text[text.rindex(")") + 2:].split()
         out[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / TICK)
     return out
+
+
+def context_switches(pid: int) -> int:
+    """Voluntary and involuntary context switches of every live thread so far."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            lines = (task / "status").read_text().splitlines()
+        except OSError:
+            continue
+        total += sum(int(line.split()[1]) for line in lines if "ctxt_switches:" in line)
+    return total
 
 
 def report_threads(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], seconds: float) -> None:
@@ -203,16 +218,54 @@ def cpu_per_call(args: argparse.Namespace, tmp: Path, tree: Path) -> None:
                             "concurrency": args.clients, "compare": "none"}
                     (tmp / "spec.pickle").write_bytes(pickle.dumps(spec))
                     before = sum(cpu for _, cpu in thread_cpu(pid).values())
+                    switches = context_switches(pid)
                     subprocess.run([sys.executable, str(LOAD), "drive", str(tmp / "spec.pickle"),
                                     str(tmp / "out.pickle")], check=True)
                     used = sum(cpu for _, cpu in thread_cpu(pid).values()) - before
+                    switches = context_switches(pid) - switches
                     lat = sorted(pickle.loads((tmp / "out.pickle").read_bytes())["latencies"][0][0])
                     print(f"{kind:<10} {name:<5} x{args.clients}: {1e6 * used / len(requests):6.0f} us CPU per call, "
-                          f"p50 {1e6 * lat[len(lat) // 2]:6.0f} us ({len(requests)} calls)", flush=True)
+                          f"{switches / len(requests):5.1f} context switches per call, p50 "
+                          f"{1e6 * lat[len(lat) // 2]:6.0f} us ({len(requests)} calls)", flush=True)
         finally:
             agent.stop()
             if echo is not None:
                 stop_process(echo)
+
+
+def thread_names(pid: int, py_spy: str | None) -> dict[int, str]:
+    """tid -> name: Python's thread names from ``py-spy dump`` when given, else the OS's."""
+    names = {tid: name for tid, (name, _) in thread_cpu(pid).items()}
+    if py_spy:
+        dump = subprocess.run([py_spy, "dump", "-p", str(pid)], capture_output=True, text=True, check=False).stdout
+        for match in re.finditer(r'Thread (\d+) \([^)]*\): "([^"]+)"', dump):
+            names[int(match.group(1))] = match.group(2)
+    return names
+
+
+def wakeups(pid: int, seconds: float, py_spy: str | None, tmp: Path) -> None:
+    """Blocking calls per thread (each return is a wake-up) over ``seconds``, from ``strace -f``."""
+    names = thread_names(pid, py_spy)
+    out = tmp / "wakeups.txt"
+    calls = "futex,epoll_wait,epoll_pwait,poll,ppoll,select,pselect6,nanosleep,clock_nanosleep,accept4,recvmsg"
+    tracer = subprocess.Popen(["strace", "-f", "-qq", "-e", f"trace={calls}", "-o", str(out), "-p", str(pid)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(seconds)
+    tracer.send_signal(signal.SIGINT)
+    tracer.wait(30)
+    per: collections.Counter[tuple[int, str]] = collections.Counter()
+    for line in out.read_text().splitlines():
+        match = re.match(r"(\d+)\s+(\w+)\(", line)
+        if match and "resumed" not in line:
+            per[(int(match.group(1)), match.group(2))] += 1
+    print(f"\nblocking calls per thread over {seconds:.0f} s (strace -f; each one returns once: a wake-up):")
+    by_thread: dict[int, list[str]] = collections.defaultdict(list)
+    totals: collections.Counter[int] = collections.Counter()
+    for (tid, call), n in per.items():
+        by_thread[tid].append(f"{call} {n}")
+        totals[tid] += n
+    for tid, n in totals.most_common():
+        print(f"  {names.get(tid, '?'):<28} tid {tid:<7} {n / seconds:7.1f}/s  ({', '.join(sorted(by_thread[tid]))})")
 
 
 def profile_idle(args: argparse.Namespace, tmp: Path, tree: Path) -> None:
@@ -224,6 +277,9 @@ def profile_idle(args: argparse.Namespace, tmp: Path, tree: Path) -> None:
             prober = Prober(agent.metrics_port)
             print(f"waiting {args.settle:.0f} s for the steady state", flush=True)
             time.sleep(args.settle)
+            if args.wakeups:
+                wakeups(agent.proc.pid, args.seconds, args.py_spy, tmp)
+                return
             samplers = Samplers(agent.proc.pid, args.py_spy, args.native, args.gil, args.strace, tmp)
             time.sleep(args.seconds)
             samplers.finish()
@@ -285,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--py-spy", help="path of a py-spy binary")
     parser.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
     parser.add_argument("--gil", action="store_true", help="py-spy --gil (only the thread holding the GIL)")
-    parser.add_argument("--strace", action="store_true")
+    parser.add_argument("--strace", action="store_true", help="strace -c -f: system calls counted")
+    parser.add_argument("--wakeups", action="store_true", help="idle: blocking calls per thread (strace -f)")
     args = parser.parse_args(argv)
     quiet_emulator()
     tmp = Path(tempfile.mkdtemp(prefix="bpr-", dir="/tmp"))
