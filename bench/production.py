@@ -342,6 +342,7 @@ class Production:
         (self.kubelet_files / "cpu_manager_state").write_text(CPU_MANAGER_STATE)
         self.api: FakeApiServer | None = None
         self.wrapper: Path | None = None
+        self.pin: list[str] = []  # a command prefix for the agent, e.g. ["taskset", "-c", "1"]
         self.labels_note = "node labels off (asked)"
         if labels:
             problem = unshare_problem()
@@ -372,10 +373,11 @@ class Production:
         return env
 
     def entry(self) -> list[str]:
-        """The command up to the subcommand: the installed script, in its own mount namespace with labels."""
+        """The command up to the subcommand: the installed script, in its own mount namespace with labels
+        (after :attr:`pin`, e.g. ``taskset -c 1``, when a bench pins the agent)."""
         if self.wrapper is None:
-            return [str(self.install.script)]
-        return ["unshare", "-m", "--propagation", "private", str(self.wrapper), str(self.install.script)]
+            return [*self.pin, str(self.install.script)]
+        return [*self.pin, "unshare", "-m", "--propagation", "private", str(self.wrapper), str(self.install.script)]
 
     def wrapper_only(self) -> list[str]:
         """The same namespace and mounts, then ``true``: what the wrapper itself costs a start."""
