@@ -43,8 +43,9 @@ lint: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python proto/generate.py
 
+## Every bench (bench/README.md), then one table with target and verdict per row: about 15 min; QUICK=1 about 3 min.
 bench: $(STAMP)
-	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	$(BIN)/python bench/run_all.py $(if $(QUICK),--quick)
 
 ## Chart and image checks: helm lint, template + kubernetes-validate (1.26/1.30/1.34), hadolint.
 chart-check: $(STAMP)

@@ -1,387 +1,317 @@
-"""Allocate latency, start-up and re-registration benchmark: the agent as kubelet sees it.
+"""Allocate under concurrency, and re-registration: the agent with production defaults, as kubelet sees it.
 
-The agent runs as its own process (``python -m agent serve --topology-file embedded:z16-lpar``)
-against the kubelet emulator, which runs in this process. Three measurements:
+The agent runs as the chart runs it (``bench/production.py``: the image-like install, node labels over
+TLS, metrics and probes, kubelet's files, JSON logs at info, default intervals) on the ``z16-400``
+host-root tree (16 books), next to the kubelet emulator in this process.
 
-* ``allocate``: Allocate round trips over the agent's Unix socket with a real grpcio client (one
-  long-lived channel, as kubelet keeps one), a rotating mix of one-, two- and four-book requests,
-  versus the same calls to a bare echo server in the same run: a sync ``grpc.server`` with a
-  ``ThreadPoolExecutor`` of the same size on a Unix socket, in its own process too, serving the same
-  method path with a generic handler that returns the agent's own response bytes for each request
-  (captured during warm-up), so both sides move the same bytes and do the same client-side
-  (de)serialisation. Blocks of calls alternate ABBA. Reports p50 and p99 of each and the ratios
-  agent/echo (target: p50 ratio <= 1.3). The agent's answers are checked against
-  ``plan_allocation``: a wrong answer exits 1.
-* ``startup``: from spawning ``python -m agent serve ...`` to the emulator counting the Register
-  call (target <= 0.6 s), median of a few runs, interleaved with a floor measured the same way:
-  spawning ``python -c "import grpc; <the generated DevicePlugin stubs>"`` until it exits.
-* ``reregister``: emulator restarts (``restart(down_for, block=False)``); from the moment
-  ``is_running`` becomes true again (kubelet.sock is back) to the agent's Register being counted
-  (target <= 0.3 s), median of >= 10 restarts.
+* **Allocate p50 against a bare echo.** The echo (``bench/grpc_load.py echo``) is a sync ``grpc.server``
+  of the agent's type (a 16-thread pool, a Unix socket), run by the same interpreter as the agent, in its
+  own process; its generic handler answers with the bytes the agent answers (the product's
+  ``plan_allocation`` and ``render`` in this process; every answer of both sides is compared with them).
+  A load client in a third process (``bench/grpc_load.py drive``) keeps 1, 4 or 16 calls in flight
+  on one channel per side, in blocks that alternate A B B A. Two kinds of device sets: **repeated** (24
+  sets sent again and again: the agent's cached answers) and **first-time** (every request an id list
+  the agent has not seen before). The sets are the books of one size (13 or 12 cores: balanced, as
+  GetPreferredAllocation picks them on this node), 1 to 4 of them, in any order (4,160 id lists; the
+  orders make the first-time sets last). Three rounds of fresh agent and echo processes (a new agent has
+  seen nothing: each round sends the same first-time sets), the rows' order reversed every other round.
+  Target: p50 agent/echo <= 1.3 in every row; the p99 ratio and each block pair's p50 ratio
+  (min/median/max: the noise) are shown.
+* **Re-registration.** From the emulator's ``kubelet.sock`` coming back after ``restart(down_for=0.5)``
+  to the agent's Register being counted, median of 12 restarts. Target <= 0.3 s.
 
-Reports only; exits 0 unless the agent answers wrongly or never registers.
+``--pin`` (not used by ``make bench``) runs the load client on CPU 0 and the agent and the echo on CPU 1
+(``taskset``): on two shared cores the rounds' ratios at 4 and 16 clients then vary by a few percent
+instead of tens of percent, but the servers' threads share one core, which is not how a node runs them.
 
-    .venv/bin/python bench/bench_allocate.py [--quick] [--calls 4000] [--block 250]
-        [--startups 5] [--restarts 12] [--down-for 0.5]
-
-(``--serve-echo SOCKET RESPONSES`` is the echo server's own entry point; the benchmark spawns it.)
+    .venv/bin/python bench/bench_allocate.py [--quick] [--pin]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
-import math
-import os
+import itertools
+import pickle
+import random
 import shutil
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent import futures
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-
-import grpc
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import grpc
+
 from agent._proto.deviceplugin.v1beta1 import api_pb2
 from agent.plugin.server import WORKERS, socket_name
-from agent.policy.allocation import plan_allocation
-from agent.policy.grouping import Group, group_topology
+from agent.plugin.servicer import render
+from agent.policy.allocation import AllocationSettings, plan_allocation
+from agent.policy.grouping import Group, GroupingSettings, group_topology
 from agent.topology.embedded import load_embedded
+from agent.topology.sysfs import read_sysfs
+from bench.common import (
+    INFO,
+    BenchError,
+    Row,
+    at_most,
+    bench_main,
+    fmt_time,
+    median,
+    percentile,
+    spread,
+    stop_process,
+)
+from bench.production import Production
 from topology_devkit.kubelet_emulator import KubeletEmulator
-from topology_devkit.kubelet_emulator.constants import LOGGER_NAME
+from topology_devkit.sysfs_writer import write_sysfs_tree
 
-ROOT = Path(__file__).resolve().parent.parent
-TOPOLOGY = "z16-lpar"
+BENCH = "allocate"
+SHAPE = "z16-400"
 RESOURCE = "topology/book"
-ALLOCATE = "/v1beta1.DevicePlugin/Allocate"
+CONCURRENCY = (1, 4, 16)
+REPEATED_SETS = 24
 TARGET_P50_RATIO = 1.3
-TARGET_STARTUP_S = 0.6
 TARGET_REREGISTER_S = 0.3
-FLOOR_CODE = "import grpc; from agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc"
-
-RawCall = Callable[[bytes], bytes]
+LOAD = Path(__file__).resolve().parent / "grpc_load.py"
 
 
-class BenchError(Exception):
-    """The thing under test is broken (wrong answer, never registers): exit 1."""
+# --------------------------------------------------------------------------- device sets and answers
 
-
-# --------------------------------------------------------------------------- echo server (child)
-
-def serve_echo(path: Path, responses: Path) -> int:
-    """A bare sync gRPC server: Allocate answers with canned bytes (or the request itself)."""
-    table = {bytes.fromhex(k): bytes.fromhex(v) for k, v in json.loads(responses.read_text()).items()}
-
-    def allocate(request: bytes, context: grpc.ServicerContext) -> bytes:
-        return table.get(request, request)
-
-    handler = grpc.method_handlers_generic_handler(
-        "v1beta1.DevicePlugin", {"Allocate": grpc.unary_unary_rpc_method_handler(allocate)})
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="echo"),
-                         options=[("grpc.so_reuseport", 0)])
-    server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(f"unix://{path}")
-    server.start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda _s, _f: stop.set())
-    print("ready", flush=True)
-    stop.wait()
-    server.stop(None).wait(2)
-    return 0
-
-
-# --------------------------------------------------------------------------- helpers
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def quiet_emulator() -> None:
-    emulator_log = logging.getLogger(LOGGER_NAME)
-    emulator_log.addHandler(logging.NullHandler())
-    emulator_log.propagate = False
-
-
-def agent_command(kubelet: KubeletEmulator) -> list[str]:
-    return [sys.executable, "-m", "agent", "serve", "--topology-file", f"embedded:{TOPOLOGY}",
-            "--kubelet-dir", str(kubelet.device_plugin_dir),
-            "--pod-resources-socket", str(kubelet.pod_resources_socket),
-            "--metrics-port", "0", "--no-node-labels"]
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
-@contextmanager
-def running_agent(kubelet: KubeletEmulator, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    before = kubelet.registrations(RESOURCE)
-    with log_path.open("ab") as log_file:
-        proc = subprocess.Popen(agent_command(kubelet), cwd=ROOT, stdin=subprocess.DEVNULL,
-                                stdout=log_file, stderr=log_file)
-    try:
-        try:
-            kubelet.wait_for(lambda: kubelet.registrations(RESOURCE) > before, 30.0)
-            kubelet.wait_registered(RESOURCE, 10.0)
-        except TimeoutError:
-            raise BenchError(f"the agent never registered {RESOURCE} (log: {log_path})") from None
-        yield proc
-    finally:
-        stop_process(proc)
-
-
-def raw_callable(channel: grpc.Channel) -> RawCall:
-    call = channel.unary_unary(ALLOCATE)  # bytes in, bytes out
-
-    def invoke(request: bytes) -> bytes:
-        return call(request, timeout=10)  # type: ignore[no-any-return]
-
-    return invoke
-
-
-def typed_callable(channel: grpc.Channel) -> Callable[[api_pb2.AllocateRequest], api_pb2.AllocateResponse]:
-    """What kubelet's client does: serialise the request, deserialise the response."""
-    call = channel.unary_unary(ALLOCATE, request_serializer=api_pb2.AllocateRequest.SerializeToString,
-                               response_deserializer=api_pb2.AllocateResponse.FromString)
-
-    def invoke(request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
-        return call(request, timeout=10)  # type: ignore[no-any-return]
-
-    return invoke
-
-
-def request_mix(groups: Sequence[Group]) -> list[list[str]]:
-    """Every single book, the book pairs of each drawer, and each drawer's first four books."""
-    ids = [g.id for g in groups]
-    by_drawer: dict[object, list[str]] = {}
+def device_sets(groups: Sequence[Group], seed: int = 15) -> list[tuple[str, ...]]:
+    """Every ordered id list of 1 to 4 books of the same size, shuffled."""
+    by_size: dict[int, list[str]] = {}
     for g in groups:
-        by_drawer.setdefault(g.key[0], []).append(g.id)
-    mix: list[list[str]] = [[i] for i in ids]
-    for members in by_drawer.values():
-        mix += [members[i:i + 2] for i in range(0, len(members) - 1, 2)]
-        if len(members) >= 4:
-            mix.append(members[:4])
-    return mix
+        by_size.setdefault(len(g.cores), []).append(g.id)
+    sets = [p for ids in by_size.values() for k in range(1, 5) for p in itertools.permutations(ids, k)]
+    random.Random(seed).shuffle(sets)
+    return sets
 
 
-def check_answers(requests: Sequence[list[str]], call: RawCall, groups: dict[str, Group]) -> None:
-    for ids in requests:
-        request = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)])
-        response = api_pb2.AllocateResponse.FromString(call(request.SerializeToString()))
-        want = plan_allocation([groups[i] for i in ids]).envs
-        got = dict(response.container_responses[0].envs) if response.container_responses else {}
-        if got != dict(want):
-            raise BenchError(f"Allocate {ids}: the agent answered {got}, plan_allocation says {dict(want)}")
+def request_bytes(ids: Sequence[str]) -> bytes:
+    return api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=list(ids))]).SerializeToString()
 
 
-# --------------------------------------------------------------------------- (a) Allocate latency
-
-@dataclass
-class LatencyResult:
-    agent: list[float]
-    echo: list[float]
+def answer_bytes(groups: dict[str, Group], ids: Sequence[str]) -> bytes:
+    """What the agent must answer: the product's plan, rendered as the agent renders it."""
+    wire = render(plan_allocation([groups[i] for i in ids], AllocationSettings()))
+    return api_pb2.AllocateResponse(container_responses=[wire]).SerializeToString()
 
 
-def run_block(call: Callable[[api_pb2.AllocateRequest], api_pb2.AllocateResponse],
-              requests: Sequence[api_pb2.AllocateRequest], n: int, offset: int, out: list[float]) -> None:
-    clock = time.perf_counter
-    for i in range(n):
-        request = requests[(offset + i) % len(requests)]
-        started = clock()
-        call(request)
-        out.append(clock() - started)
+def check_agent(socket: Path, table: dict[bytes, bytes], requests: Sequence[bytes]) -> None:
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        call = channel.unary_unary("/v1beta1.DevicePlugin/Allocate")
+        for request in requests:
+            got = call(request, timeout=10)
+            parse = api_pb2.AllocateResponse.FromString
+            if parse(got) != parse(table[request]):  # map fields serialize in no fixed order
+                raise BenchError(f"Allocate {api_pb2.AllocateRequest.FromString(request)}: the agent answered "
+                                 f"{api_pb2.AllocateResponse.FromString(got)}, the product's plan is "
+                                 f"{api_pb2.AllocateResponse.FromString(table[request])}")
 
 
-def measure_allocate(kubelet: KubeletEmulator, tmp: Path, calls: int, block: int, warmup: int) -> LatencyResult:
-    topology = load_embedded(TOPOLOGY)
-    groups = {g.id: g for g in group_topology(topology).by_resource(RESOURCE)}
-    id_sets = request_mix(list(groups.values()))
-    requests = [api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)])
-                for ids in id_sets]
-    agent_socket = kubelet.device_plugin_dir / socket_name(RESOURCE)
-    echo_socket = tmp / "echo.sock"
-    responses_file = tmp / "responses.json"
-    echo: subprocess.Popen[bytes] | None = None
-    with running_agent(kubelet, tmp / "agent-allocate.log"):
-        agent_channel = grpc.insecure_channel(f"unix://{agent_socket}")
-        try:
-            raw_agent = raw_callable(agent_channel)
-            check_answers(id_sets, raw_agent, groups)
-            canned = {r.SerializeToString().hex(): raw_agent(r.SerializeToString()).hex() for r in requests}
-            responses_file.write_text(json.dumps(canned))
-            echo = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve-echo",
-                                     str(echo_socket), str(responses_file)],
-                                    cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
-            assert echo.stdout is not None
-            if echo.stdout.readline().strip() != b"ready":
-                raise RuntimeError("the echo server did not start")
-            echo_channel = grpc.insecure_channel(f"unix://{echo_socket}")
-            try:
-                agent_call = typed_callable(agent_channel)
-                echo_call = typed_callable(echo_channel)
-                scratch: list[float] = []
-                run_block(agent_call, requests, warmup, 0, scratch)
-                run_block(echo_call, requests, warmup, 0, scratch)
-                result = LatencyResult([], [])
-                blocks = max(1, math.ceil(calls / block))
-                for b in range(blocks):
-                    order = [(agent_call, result.agent), (echo_call, result.echo)]
-                    if b % 2:
-                        order.reverse()  # ABBA: neither side always runs first
-                    for call, out in order:
-                        run_block(call, requests, block, b * block, out)
-            finally:
-                echo_channel.close()
-        finally:
-            agent_channel.close()
-            if echo is not None:
-                stop_process(echo)
+# --------------------------------------------------------------------------- one round
+
+def spawn_echo(python: Path, socket: Path, table_file: Path, pin: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([*pin, str(python), str(LOAD), "echo", str(socket), str(table_file), str(WORKERS)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, cwd=socket.parent)
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != b"ready":
+        stop_process(proc)
+        raise BenchError("the echo server did not start")
+    return proc
+
+
+def drive(tmp: Path, spec: dict[str, Any], pin: Sequence[str] = ()) -> dict[str, Any]:
+    spec_file, out_file = tmp / "spec.pickle", tmp / "out.pickle"
+    spec_file.write_bytes(pickle.dumps(spec))
+    done = subprocess.run([*pin, sys.executable, str(LOAD), "drive", str(spec_file), str(out_file)],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise BenchError(f"the load client failed: {done.stderr[-1500:]}")
+    result: dict[str, Any] = pickle.loads(out_file.read_bytes())
     return result
 
 
-# --------------------------------------------------------------------------- (b) start-up
+class Series:
+    """One row's calls over every round: per side, per block, the latencies."""
 
-def measure_startup(kubelet: KubeletEmulator, tmp: Path, runs: int) -> tuple[list[float], list[float]]:
-    agent_s: list[float] = []
-    floor_s: list[float] = []
-    log_path = tmp / "agent-startup.log"
-    for _ in range(runs):
-        started = time.perf_counter()
-        subprocess.run([sys.executable, "-c", FLOOR_CODE], cwd=ROOT, check=True, stdin=subprocess.DEVNULL)
-        floor_s.append(time.perf_counter() - started)
+    def __init__(self) -> None:
+        self.blocks: tuple[list[list[float]], list[list[float]]] = ([], [])
+        self.round_ratios: list[float] = []  # each round's p50 ratio (fresh processes each round)
 
-        before = kubelet.registrations(RESOURCE)
-        seen: list[float] = []
+    def add(self, latencies: tuple[list[list[float]], list[list[float]]]) -> None:
+        for side in (0, 1):
+            self.blocks[side].extend(latencies[side])
+        agent, echo = ([x for b in latencies[side] for x in b] for side in (0, 1))
+        self.round_ratios.append(median(agent) / median(echo))
 
-        def registered(before: int = before, seen: list[float] = seen) -> bool:
-            if kubelet.registrations(RESOURCE) > before:
-                seen.append(time.perf_counter())
-                return True
-            return False
+    def all(self, side: int) -> list[float]:
+        return [x for block in self.blocks[side] for x in block]
 
-        with log_path.open("ab") as log_file:
-            started = time.perf_counter()
-            proc = subprocess.Popen(agent_command(kubelet), cwd=ROOT, stdin=subprocess.DEVNULL,
-                                    stdout=log_file, stderr=log_file)
+    def block_ratios(self) -> list[float]:
+        """p50 ratio of each block pair (the agent's block and the echo's block next to it)."""
+        return [median(a) / median(e) for a, e in zip(self.blocks[0], self.blocks[1], strict=True)]
+
+
+def measure_round(prod: Production, tree: Path, tmp: Path, repeated: list[bytes], fresh: list[bytes],
+                  table_file: Path, table: dict[bytes, bytes], series: dict[tuple[str, int], Series],
+                  order: Sequence[tuple[str, int]], block: int, blocks: int, warmup: int,
+                  client_pin: Sequence[str] = ()) -> None:
+    """Fresh agent and echo processes, every row once. A new agent has seen no request, so every round
+    takes its first-time sets from the start of ``fresh`` again (the same sets in every round)."""
+    with KubeletEmulator(tmp / "k") as kubelet:
+        agent = prod.agent(kubelet, tree)
+        echo: subprocess.Popen[bytes] | None = None
         try:
-            kubelet.wait_for(registered, 30.0)
-        except TimeoutError:
-            raise BenchError(f"the agent never registered {RESOURCE} (log: {log_path})") from None
-        finally:
-            stop_process(proc)
-        agent_s.append(seen[0] - started)
-    return agent_s, floor_s
-
-
-# --------------------------------------------------------------------------- (c) re-registration
-
-def measure_reregister(kubelet: KubeletEmulator, tmp: Path, restarts: int, down_for: float) -> list[float]:
-    out: list[float] = []
-    with running_agent(kubelet, tmp / "agent-restart.log"):
-        for _ in range(restarts):
-            before = kubelet.registrations(RESOURCE)
-            up: list[float] = []
-            reg: list[float] = []
-
-            def running(up: list[float] = up) -> bool:
-                if kubelet.is_running:
-                    up.append(time.perf_counter())
-                    return True
-                return False
-
-            def registered(before: int = before, reg: list[float] = reg) -> bool:
-                if kubelet.registrations(RESOURCE) > before:
-                    reg.append(time.perf_counter())
-                    return True
-                return False
-
-            kubelet.restart(down_for, block=False)
-            kubelet.wait_for(running, down_for + 10.0)
             try:
-                kubelet.wait_for(registered, 30.0)
-                kubelet.wait_registered(RESOURCE, 10.0)
+                kubelet.wait_registered(RESOURCE, 30)
             except TimeoutError:
-                raise BenchError("the agent did not register again after a kubelet restart") from None
-            out.append(reg[0] - up[0])
-            time.sleep(0.2)  # let the new ListAndWatch stream settle before the next restart
+                raise BenchError(f"the agent never registered {RESOURCE} (log: {agent.log_path})") from None
+            agent_socket = kubelet.device_plugin_dir / socket_name(RESOURCE)
+            check_agent(agent_socket, table, repeated)
+            echo = spawn_echo(prod.install.python, tmp / "echo.sock", table_file, prod.pin)
+            for kind, concurrency in order:
+                if kind == "repeated":
+                    cycle = itertools.cycle(repeated)
+                    warm = [next(cycle) for _ in range(warmup)]
+                    planned = [[next(cycle) for _ in range(block)] for _ in range(blocks)]
+                else:
+                    need = warmup + block * blocks
+                    if len(fresh) < need:
+                        raise BenchError(f"only {len(fresh)} first-time device sets left, {need} needed")
+                    warm, fresh = fresh[:warmup], fresh[warmup:]
+                    planned = [fresh[i * block:(i + 1) * block] for i in range(blocks)]
+                    fresh = fresh[block * blocks:]
+                spec = {"targets": (f"unix://{agent_socket}", f"unix://{tmp / 'echo.sock'}"), "warmup": warm,
+                        "blocks": planned, "expected": table, "concurrency": concurrency}
+                result = drive(tmp, spec, client_pin)
+                wrong_agent, wrong_echo = result["wrong"]
+                if wrong_agent or wrong_echo:
+                    example = result["example"]
+                    detail = ""
+                    if example is not None:
+                        request, got, want = example
+                        detail = (f": {api_pb2.AllocateRequest.FromString(request)} answered "
+                                  f"{api_pb2.AllocateResponse.FromString(got)}, expected "
+                                  f"{api_pb2.AllocateResponse.FromString(want)}")
+                    raise BenchError(f"{kind} x{concurrency}: {wrong_agent} wrong agent answers, "
+                                     f"{wrong_echo} wrong echo answers{detail}")
+                series[(kind, concurrency)].add(result["latencies"])
+            if agent.proc.poll() is not None:
+                raise BenchError(f"the agent exited during the round (log: {agent.log_path})")
+        finally:
+            agent.stop()
+            if echo is not None:
+                stop_process(echo)
+
+
+# --------------------------------------------------------------------------- re-registration
+
+def measure_reregister(prod: Production, tree: Path, tmp: Path, restarts: int, down_for: float) -> list[float]:
+    out: list[float] = []
+    with KubeletEmulator(tmp / "kr") as kubelet:
+        agent = prod.agent(kubelet, tree)
+        try:
+            kubelet.wait_registered(RESOURCE, 30)
+            for _ in range(restarts):
+                before = kubelet.registrations(RESOURCE)
+                up: list[float] = []
+                reg: list[float] = []
+
+                def running(up: list[float] = up) -> bool:
+                    if kubelet.is_running:
+                        up.append(time.perf_counter())
+                        return True
+                    return False
+
+                def registered(before: int = before, reg: list[float] = reg) -> bool:
+                    if kubelet.registrations(RESOURCE) > before:
+                        reg.append(time.perf_counter())
+                        return True
+                    return False
+
+                kubelet.restart(down_for, block=False)
+                kubelet.wait_for(running, down_for + 10.0)
+                try:
+                    kubelet.wait_for(registered, 30.0)
+                    kubelet.wait_registered(RESOURCE, 10.0)
+                except TimeoutError:
+                    raise BenchError("the agent did not register again after a kubelet restart") from None
+                out.append(reg[0] - up[0])
+                time.sleep(0.2)  # let the new ListAndWatch stream settle before the next restart
+        finally:
+            agent.stop()
     return out
 
 
-# --------------------------------------------------------------------------- report
+# --------------------------------------------------------------------------- rows
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a few-second smoke run")
-    parser.add_argument("--calls", type=int, default=4000, help="timed Allocate calls per side (default 4000)")
-    parser.add_argument("--block", type=int, default=250, help="calls per interleaved block (default 250)")
-    parser.add_argument("--warmup", type=int, default=300, help="untimed calls per side first (default 300)")
-    parser.add_argument("--startups", type=int, default=5, help="agent start-ups timed (default 5)")
-    parser.add_argument("--restarts", type=int, default=12, help="kubelet restarts timed (default 12)")
-    parser.add_argument("--down-for", type=float, default=0.5, help="seconds kubelet stays down (default 0.5)")
-    parser.add_argument("--serve-echo", nargs=2, metavar=("SOCKET", "RESPONSES"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.serve_echo:
-        return serve_echo(Path(args.serve_echo[0]), Path(args.serve_echo[1]))
-    if args.quick:
-        args.calls, args.block, args.warmup, args.startups, args.restarts = 400, 100, 50, 1, 2
-
-    quiet_emulator()
+def run(quick: bool, pin: bool = False) -> list[Row]:
+    rounds, block, blocks, warmup, restarts = (1, 40, 4, 10, 3) if quick else (3, 160, 4, 20, 12)
     tmp = Path(tempfile.mkdtemp(prefix="bal-", dir="/tmp"))  # short: Unix socket paths < 108 bytes
-    kubelet = KubeletEmulator(tmp / "k")
     try:
-        kubelet.start()
-        latency = measure_allocate(kubelet, tmp, args.calls, args.block, args.warmup)
-        rereg = measure_reregister(kubelet, tmp, args.restarts, args.down_for)
-        startup, floor = measure_startup(kubelet, tmp, args.startups)
-    except BenchError as exc:
-        print(f"bench_allocate: BROKEN: {exc}")
-        return 1
+        tree = tmp / "root"
+        write_sysfs_tree(load_embedded(SHAPE), tree)
+        grouping = group_topology(read_sysfs(tree, tree / "proc", details=False), GroupingSettings())
+        groups = grouping.by_id(RESOURCE)
+        sets = device_sets(list(groups.values()))
+        requests = {ids: request_bytes(ids) for ids in sets}
+        table = {requests[ids]: answer_bytes(groups, ids) for ids in sets}
+        repeated = [requests[ids] for ids in sets[:REPEATED_SETS]]
+        fresh = [requests[ids] for ids in sets[REPEATED_SETS:]]
+        table_file = tmp / "answers.pickle"
+        table_file.write_bytes(pickle.dumps(table))
+        rows_order = [(kind, c) for c in CONCURRENCY for kind in ("repeated", "first-time")]
+        series = {key: Series() for key in rows_order}
+        with Production(tmp) as prod:
+            client_pin: list[str] = []
+            if pin:  # the load client on CPU 0, the agent and the echo (one at a time busy) on CPU 1
+                client_pin, prod.pin = ["taskset", "-c", "0"], ["taskset", "-c", "1"]
+            for r in range(rounds):
+                order = rows_order if r % 2 == 0 else rows_order[::-1]
+                measure_round(prod, tree, tmp, repeated, fresh, table_file, table, series, order,
+                              block, blocks, warmup, client_pin)
+            rereg = measure_reregister(prod, tree, tmp, restarts, 0.5)
+            setup = f"{prod.labels_note}; {prod.install.how}" + ("; pinned: client CPU 0, servers CPU 1" if pin else "")
     finally:
-        kubelet.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"Allocate / start-up / re-registration benchmark: agent as a subprocess "
-          f"(--topology-file embedded:{TOPOLOGY}, resource {RESOURCE}) against the in-process kubelet "
-          f"emulator; {os.cpu_count()} CPUs")
-    a50, a99 = percentile(latency.agent, 50), percentile(latency.agent, 99)
-    e50, e99 = percentile(latency.echo, 50), percentile(latency.echo, 99)
-    print(f"  (a) Allocate round trip, {len(latency.agent)} calls per side in ABBA blocks of {args.block} "
-          f"after {args.warmup} warm-up calls; answers checked against plan_allocation: ok")
-    for name, p50, p99, values in (("agent", a50, a99, latency.agent), ("bare echo", e50, e99, latency.echo)):
-        print(f"      {name:<10}  p50 {p50 * 1e6:7.0f} us   p99 {p99 * 1e6:7.0f} us   max {max(values) * 1e6:7.0f} us")
-    ratio50 = a50 / e50
-    print(f"      ratio agent/echo: p50 {ratio50:.2f} (target <= {TARGET_P50_RATIO}: "
-          f"{'met' if ratio50 <= TARGET_P50_RATIO else 'NOT met'})   p99 {a99 / e99:.2f}")
-    s_med, f_med = statistics.median(startup), statistics.median(floor)
-    print(f"  (b) spawn to registered, median of {len(startup)}: {s_med:.3f} s (min {min(startup):.3f}, "
-          f"max {max(startup):.3f}) (target <= {TARGET_STARTUP_S} s: "
-          f"{'met' if s_med <= TARGET_STARTUP_S else 'NOT met'})")
-    print(f"      floor (spawn python, import grpc + stubs, exit), median: {f_med:.3f} s; "
-          f"agent - floor: {s_med - f_med:.3f} s; ratio {s_med / f_med:.2f}")
-    r_med = statistics.median(rereg)
-    print(f"  (c) kubelet.sock back -> re-registered, median of {len(rereg)} restarts (down {args.down_for} s): "
-          f"{r_med * 1000:.0f} ms (min {min(rereg) * 1000:.0f}, max {max(rereg) * 1000:.0f}) "
-          f"(target <= {TARGET_REREGISTER_S * 1000:.0f} ms: {'met' if r_med <= TARGET_REREGISTER_S else 'NOT met'})")
-    return 0
+    rows: list[Row] = []
+    for kind, concurrency in rows_order:
+        s = series[(kind, concurrency)]
+        agent, echo = s.all(0), s.all(1)
+        a50, e50 = percentile(agent, 50), percentile(echo, 50)
+        a99, e99 = percentile(agent, 99), percentile(echo, 99)
+        ratio = a50 / e50
+        ratios = s.block_ratios()
+        rows.append(Row(
+            BENCH, f"Allocate p50, {kind} sets, {concurrency} client{'s' if concurrency > 1 else ''}",
+            f"agent {fmt_time(a50)} / echo {fmt_time(e50)} = {ratio:.2f} (p99 {a99 / e99:.2f}; rounds "
+            f"{'/'.join(f'{x:.2f}' for x in s.round_ratios)}; blocks {spread(ratios)}; {len(agent)} calls/side)",
+            ratio, f"p50 ratio <= {TARGET_P50_RATIO}", at_most(ratio, TARGET_P50_RATIO),
+            raw={"agent_p50_s": a50, "echo_p50_s": e50, "agent_p99_s": a99, "echo_p99_s": e99,
+                 "block_ratios": ratios, "round_ratios": s.round_ratios, "calls_per_side": len(agent),
+                 "rounds": rounds}))
+    r50 = median(rereg)
+    rows.append(Row(BENCH, "kubelet.sock back -> re-registered",
+                    f"{fmt_time(r50)} median of {len(rereg)} (min {fmt_time(min(rereg))}, max {fmt_time(max(rereg))})",
+                    r50, f"<= {fmt_time(TARGET_REREGISTER_S)}", at_most(r50, TARGET_REREGISTER_S),
+                    raw={"seconds": rereg}))
+    rows.append(Row(BENCH, "set-up", f"{rounds} round(s) of fresh agent and echo processes, blocks of {block} calls, "
+                    f"{blocks} block pairs per row and round", None, "", INFO, setup))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--pin", action="store_true")
+    known, rest = parser.parse_known_args(argv)
+    return bench_main(BENCH, lambda quick: run(quick, known.pin), __doc__, rest)
 
 
 if __name__ == "__main__":

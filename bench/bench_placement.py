@@ -19,8 +19,8 @@ pods admitted one-book pods first (the order that fragments the free books most)
 For each mix it prints (a) the share of ranks whose pinned CPUs lie inside one book and (b) the share
 of pinned CPUs (pod, CPU pairs) that another pod also pins, plus, for information, the agent's worst
 TP balance (smallest/largest rank of a two-book pod, in cores) and vLLM alone's most pods pinned to one CPU.
-Target for the agent: 100% and 0% at every mix. The exit status is 1 only if the agent misses that
-(or hands two pods overlapping cpusets): that would be a bug.
+Target for the agent: 100% and 0% at every mix, one row per machine. A miss (or two pods handed
+overlapping cpusets) would be a bug: the row is BROKEN and the exit status 1.
 
     .venv/bin/python bench/bench_placement.py [--quick] [--vllm-domain book|drawer]
 """
@@ -42,7 +42,9 @@ from agent.policy.preference import preferred_allocation
 from agent.topology.cpulist import parse_cpulist
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Cpu, Topology
+from bench.common import BROKEN, MET, Row, bench_main
 
+BENCH = "placement"
 MACHINES: tuple[str, ...] = ("z16-lpar", "pr40714")
 
 
@@ -147,8 +149,8 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:5.1f}%"
 
 
-def report_machine(name: str, level: str, quick: bool) -> bool:
-    """Print the table for one machine; True when the agent met 100% / 0% at every mix."""
+def report_machine(name: str, level: str, quick: bool) -> Row:
+    """Print the table for one machine; its row: met when the agent has 100% / 0% at every mix."""
     topology = load_embedded(name)
     books = len(group_topology(topology, GroupingSettings(levels=("book",))).groups)
     cores = {c.threads for c in topology.cpus if c.online and c.configured}
@@ -161,32 +163,46 @@ def report_machine(name: str, level: str, quick: bool) -> bool:
               f"{'TP balance':>10} | {'vLLM alone: rank in 1 book':>26} {'shared pins':>11} {'max pods/CPU':>12}")
     print(header)
     print("  " + "-" * (len(header) - 2))
-    ok = True
+    missed: list[tuple[int, int]] = []
+    alone_shared: list[float] = []
+    alone_max = 0
+    worst_balance: float | None = None
     for n1, n2 in all_mixes:
         sizes = pod_sizes(n1, n2)
         ours = quality(topology, place_with_agent(topology, sizes))
         alone = quality(topology, place_vllm_alone(topology, sizes, level))
         good = ours.ranks_in_one_book == 1.0 and ours.shared_pins == 0.0 and ours.cpusets_disjoint
-        ok = ok and good
+        if not good:
+            missed.append((n1, n2))
+        alone_shared.append(alone.shared_pins)
+        alone_max = max(alone_max, alone.max_pods_per_cpu)
+        if ours.balance is not None:
+            worst_balance = ours.balance if worst_balance is None else min(worst_balance, ours.balance)
         flag = "" if good else "   <-- AGENT MISSED THE TARGET"
         print(f"  {n1:>6} {n2:>6} {n1 + 2 * n2:>5} | {_pct(ours.ranks_in_one_book):>21} {_pct(ours.shared_pins):>11} "
               f"{_pct(ours.balance):>10} | {_pct(alone.ranks_in_one_book):>26} {_pct(alone.shared_pins):>11} "
               f"{alone.max_pods_per_cpu:>12}{flag}")
-    return ok
+    measured = (f"agent: {len(all_mixes) - len(missed)} of {len(all_mixes)} mixes at 100 % / 0 % (worst TP balance "
+                f"{_pct(worst_balance).strip()}); vLLM alone: up to {100 * max(alone_shared):.0f} % shared pins, "
+                f"{alone_max} pods on one CPU")
+    return Row(BENCH, f"placement on {name}: ranks in one book / shared pins", measured,
+               float(len(missed)), "100 % / 0 % at every mix",
+               MET if not missed else BROKEN, "" if not missed else f"the agent missed at mixes {missed}: a bug",
+               raw={"mixes": len(all_mixes), "missed": missed})
+
+
+def run(quick: bool, vllm_domain: str = "book") -> list[Row]:
+    print("Placement benchmark: the node filled with 1-book (TP=1) and 2-book (TP=2) pods; the agent "
+          "(grouping + preferred_allocation + plan_allocation) versus vLLM PR #40714's rule in every pod alone")
+    return [report_machine(name, vllm_domain, quick) for name in MACHINES]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="only the mixes that fill the node")
+    parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--vllm-domain", choices=("book", "drawer"), default="book",
                         help="what vLLM alone binds ranks to (default book, as PR #40714's log shows)")
-    args = parser.parse_args(argv)
-    print("Placement benchmark: the node filled with 1-book (TP=1) and 2-book (TP=2) pods; the agent "
-          "(grouping + preferred_allocation + plan_allocation) versus vLLM PR #40714's rule in every pod alone")
-    ok = all([report_machine(name, args.vllm_domain, args.quick) for name in MACHINES])
-    print(f"\nagent target (100% of ranks inside one book, 0% shared pins, disjoint cpusets, every mix): "
-          f"{'met' if ok else 'NOT met: a bug'}")
-    return 0 if ok else 1
+    known, rest = parser.parse_known_args(argv)
+    return bench_main(BENCH, lambda quick: run(quick, known.vllm_domain), __doc__, rest)
 
 
 if __name__ == "__main__":

@@ -66,9 +66,13 @@ from agent.plugin.servicer import render
 from agent.policy.allocation import AllocationSettings
 from agent.policy.grouping import Group, Grouping, GroupingSettings, group_topology
 from agent.policy.preference import preferred_allocation
+from bench.common import BenchError as CommonBenchError
+from bench.common import Row as CommonRow
+from bench.common import at_most, bench_main
 from topology_devkit.synthetic import SHAPES, LparShape, build_topology
 
 ROOT = Path(__file__).resolve().parent.parent
+BENCH = "preference"
 RESOURCE = "topology/book"
 METHOD = "/v1beta1.DevicePlugin/GetPreferredAllocation"
 TARGET_RATIO = 2.0
@@ -246,7 +250,7 @@ def typed_call(channel: grpc.Channel) -> Call:
                                response_deserializer=api_pb2.PreferredAllocationResponse.FromString)
 
     def invoke(request: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
-        return call(request, timeout=30)  # type: ignore[no-any-return]
+        return call(request, timeout=30)
 
     return invoke
 
@@ -379,9 +383,45 @@ def report(rows: Sequence[Row], rounds: int, calls: int, block: int, reps: int) 
               f"{'<= ' + str(TARGET_RATIO):>6}  {'met' if ratio <= TARGET_RATIO else 'NOT met'}")
 
 
+def rows_for(rows: Sequence[Row]) -> list[CommonRow]:
+    """One row of the one table per device table: its worst request size."""
+    out: list[CommonRow] = []
+    for name in dict.fromkeys(r.table for r in rows):
+        mine = [r for r in rows if r.table == name]
+        ratios = {r.size: statistics.median(r.agent) / statistics.median(r.echo) for r in mine}
+        worst = max(ratios.values())
+        rounds = [x for r in mine for x in r.round_ratios]
+        text = ", ".join(f"{size}: {ratio:.2f}" for size, ratio in ratios.items())
+        out.append(CommonRow(BENCH, f"GetPreferredAllocation p50 vs echo, {name} ({mine[0].groups} groups)",
+                             f"ratio by request size {text}; rounds {min(rounds):.2f}-{max(rounds):.2f}", worst,
+                             f"every size <= {TARGET_RATIO}", at_most(worst, TARGET_RATIO),
+                             raw={str(r.size): {"agent_p50_s": statistics.median(r.agent),
+                                                "echo_p50_s": statistics.median(r.echo), "rounds": r.round_ratios,
+                                                "before_s": statistics.median(r.before),
+                                                "after_s": statistics.median(r.after),
+                                                "cold_s": statistics.median(r.cold)} for r in mine}))
+    return out
+
+
+def run(quick: bool, rounds: int = 3, calls: int = 400, block: int = 50, warmup: int = 50, reps: int = 5,
+        tables: Sequence[str] = tuple(TABLES)) -> list[CommonRow]:
+    if quick:
+        rounds, calls, block, warmup, reps = 1, 60, 15, 10, 1
+    tmp = Path(tempfile.mkdtemp(prefix="bpa-", dir="/tmp"))  # short: Unix socket paths < 108 bytes
+    rows: list[Row] = []
+    try:
+        for name in tables:
+            rows += measure_table(name, tmp, rounds, calls, block, warmup, reps)
+    except BenchError as exc:
+        raise CommonBenchError(str(exc)) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report(rows, rounds, calls, block, reps)
+    return rows_for(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a few-second smoke run")
+    parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--rounds", type=int, default=3, help="fresh agent and echo processes per table (default 3)")
     parser.add_argument("--calls", type=int, default=400, help="timed calls per side per row and round (default 400)")
     parser.add_argument("--block", type=int, default=50, help="calls per interleaved block (default 50)")
@@ -390,26 +430,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tables", nargs="+", choices=list(TABLES), default=list(TABLES), help="device tables")
     parser.add_argument("--serve-agent", nargs=2, metavar=("DIR", "TABLE"), help=argparse.SUPPRESS)
     parser.add_argument("--serve-echo", nargs=2, metavar=("SOCKET", "RESPONSES"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
     if args.serve_agent:
         return serve_agent(Path(args.serve_agent[0]), args.serve_agent[1])
     if args.serve_echo:
         return serve_echo(Path(args.serve_echo[0]), Path(args.serve_echo[1]))
-    if args.quick:
-        args.rounds, args.calls, args.block, args.warmup, args.reps = 1, 60, 15, 10, 1
-
-    tmp = Path(tempfile.mkdtemp(prefix="bpa-", dir="/tmp"))  # short: Unix socket paths < 108 bytes
-    rows: list[Row] = []
-    try:
-        for name in args.tables:
-            rows += measure_table(name, tmp, args.rounds, args.calls, args.block, args.warmup, args.reps)
-    except BenchError as exc:
-        print(f"bench_preference: BROKEN: {exc}")
-        return 1
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    report(rows, args.rounds, args.calls, args.block, args.reps)
-    return 0
+    return bench_main(BENCH, lambda quick: run(quick, args.rounds, args.calls, args.block, args.warmup, args.reps,
+                                               args.tables), __doc__, rest)
 
 
 if __name__ == "__main__":

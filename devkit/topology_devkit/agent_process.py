@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -42,20 +42,33 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, step: f
 
 
 class AgentProcess:
-    def __init__(self, kubelet: KubeletEmulator, workdir: Path, *args: str, topology: str = "embedded:z16-lpar",
+    """``serve`` as a process. The defaults suit tests (a snapshot, no rescans, metrics on 127.0.0.1);
+    benches that run the agent as a DaemonSet does pass ``topology=None`` (give ``--host-root``),
+    ``rescan_interval=None`` and ``metrics_address=None`` (the agent's own defaults), ``entry`` (the
+    command that runs the CLI, e.g. an installed ``topology-agent`` script), ``env`` and ``cwd``."""
+
+    def __init__(self, kubelet: KubeletEmulator, workdir: Path, *args: str, topology: str | None = "embedded:z16-lpar",
                  pod_resources: Path | None = None, stderr_pipe: bool = False,
-                 preexec: Callable[[], None] | None = None, python: list[str] | None = None) -> None:
+                 preexec: Callable[[], None] | None = None, python: list[str] | None = None,
+                 entry: Sequence[str] | None = None, env: Mapping[str, str] | None = None, cwd: Path | None = None,
+                 rescan_interval: str | None = "0", metrics_address: str | None = "127.0.0.1") -> None:
         self.kubelet = kubelet
         self.log_path = workdir / f"agent-{time.monotonic_ns()}.log"
         self._log_file: IO[str] | None = None if stderr_pipe else open(self.log_path, "w")  # noqa: SIM115
-        command = [*(python or [sys.executable]), "-m", "agent", "serve", "--topology-file", topology,
+        self.metrics_port = free_port()
+        command = [*(entry or [*(python or [sys.executable]), "-m", "agent"]), "serve",
+                   *(["--topology-file", topology] if topology is not None else []),
                    "--kubelet-dir", str(kubelet.device_plugin_dir),
                    "--pod-resources-socket", str(pod_resources or kubelet.pod_resources_socket),
-                   "--log-format", "json", "--metrics-port", str(free_port()), "--metrics-address", "127.0.0.1",
-                   "--rescan-interval", "0", *args]
+                   "--log-format", "json", "--metrics-port", str(self.metrics_port),
+                   *(["--metrics-address", metrics_address] if metrics_address is not None else []),
+                   *(["--rescan-interval", rescan_interval] if rescan_interval is not None else []), *args]
+        self.command = command
+        self.started_at = time.perf_counter()
         self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE if stderr_pipe else self._log_file, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=preexec)
+                                     env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
+                                     preexec_fn=preexec, cwd=cwd)
         self._port: int | None = None
 
     # --- its log --------------------------------------------------------------------------
@@ -117,10 +130,14 @@ class AgentProcess:
 
     # --- the process ----------------------------------------------------------------------
     def rss_kib(self) -> int:
+        return self.status_kib("VmRSS")
+
+    def status_kib(self, key: str) -> int:
+        """A ``kB`` line of ``/proc/<pid>/status``: VmRSS, VmHWM, RssAnon, ..."""
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1])
-        raise AssertionError("no VmRSS")
+        raise AssertionError(f"no {key}")
 
     def cpu_seconds(self) -> float:
         """User plus system CPU time of every thread so far."""
