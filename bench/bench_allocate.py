@@ -98,8 +98,7 @@ def request_bytes(ids: Sequence[str]) -> bytes:
 
 def answer_bytes(groups: dict[str, Group], ids: Sequence[str]) -> bytes:
     """What the agent must answer: the product's plan, rendered as the agent renders it."""
-    wire = render(plan_allocation([groups[i] for i in ids], AllocationSettings()))
-    return api_pb2.AllocateResponse(container_responses=[wire]).SerializeToString()
+    return render(plan_allocation([groups[i] for i in ids], AllocationSettings()))  # one container's answer
 
 
 def check_agent(socket: Path, table: dict[bytes, bytes], requests: Sequence[bytes]) -> None:

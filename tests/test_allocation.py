@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -9,7 +10,7 @@ import pytest
 
 from agent.policy.allocation import BINDING_ENV_KEYS, ENV_KEYS, AllocationSettings, plan_allocation
 from agent.policy.grouping import Group, GroupingSettings, group_topology
-from agent.topology.cpulist import parse_cpulist
+from agent.topology.cpulist import format_cpulist, parse_cpulist
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
 from agent.topology.sysfs import read_sysfs
@@ -174,3 +175,18 @@ def test_annotations_carry_cpus_and_memory_nodes_under_our_domain() -> None:
 def test_bad_allocation_settings(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="--"):
         AllocationSettings(**kwargs).validated()
+
+
+@pytest.mark.parametrize("cpus", [((8, 9, 10, 11), (0, 1, 2, 3)),  # the first book in topology order numbered last
+                                  ((0, 1, 4, 5), (2, 3, 6, 7)),  # interleaved numbers
+                                  ((0, 1, 2, 3), (4, 5, 6, 7))])  # adjacent: one range
+def test_the_cpu_set_is_right_whatever_the_numbering_across_groups(cpus: tuple[tuple[int, ...], ...]) -> None:
+    book = group_topology(load_embedded("z16-lpar")).groups[0]
+    groups = [dataclasses.replace(book, id=f"drawer0-book{i}", key=(0, i), cpus=c, cores=(c[:2], c[2:]))
+              for i, c in enumerate(cpus)]
+    plan = plan_allocation(groups)
+    union = sorted(c for g in cpus for c in g)
+    assert plan.cpus == tuple(union)
+    assert parse_cpulist(plan.envs["TOPOLOGY_CPUS"]) == union
+    assert plan.envs["TOPOLOGY_CPUS"] == format_cpulist(union)
+    assert plan.envs["VLLM_CPU_OMP_THREADS_BIND"] == "|".join(str(c[1]) for c in cpus)  # rank order = topology order

@@ -116,6 +116,23 @@ def test_the_answer_cache_is_bounded() -> None:
     assert tuple(requests[-1]) in table._answers and tuple(requests[0]) not in table._answers  # oldest evicted
 
 
+def test_a_set_in_another_order_reuses_its_answer() -> None:
+    rendered: list[object] = []
+
+    def counting_render(plan: Any) -> Wire:
+        rendered.append(plan)
+        return render(plan)
+
+    grouping = group_topology(load_embedded("z16-400"), SETTINGS)
+    devices = NodeDevices(grouping, SETTINGS, AllocationSettings(), counting_render, clock=Clock())
+    table = devices.table(BOOK)
+    ids = sorted(table.groups)[:3]
+    answers = [table.admit([list(order)])[0] for order in itertools.permutations(ids)]
+    assert len(rendered) == 1  # planned and rendered once, for six orders kubelet may send
+    assert all(a is answers[0] for a in answers)
+    assert answers[0].plan.groups == tuple(ids)  # topology order, whatever the request's
+
+
 # --- a warm Allocate, as kubelet sends it, traced -------------------------------------------------
 
 class Context:

@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 
 from agent.errors import PolicyError
 from agent.policy.grouping import GroupingSettings, group_topology, min_cores_for
+from agent.policy.naming import resource_name_error
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Cpu, Machine, Topology
+from topology_devkit.kubelet_emulator.names import is_extended_resource_name
 
 LPAR = Machine(arch="s390x", machine_type="3931", environment="lpar", topology_facility=True,
                dispatching="horizontal", smt_threads=2)
@@ -224,3 +226,15 @@ def test_groups_far_smaller_than_their_peers_are_not_advertised_and_the_reason_n
 def test_the_automatic_minimum_is_half_the_median_group(sizes: list[int], expected: int) -> None:
     assert min_cores_for(sizes, None)[0] == expected
     assert min_cores_for(sizes, 0)[0] == 0
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.one_of(
+    st.text(alphabet="aZ09-._/", max_size=12),
+    st.builds(lambda p, n: f"{p}/{n}", st.text(alphabet="az09-.", max_size=10),
+              st.text(alphabet="aZ09-._", max_size=10)),
+    st.sampled_from(["topology/book", "requests.x/book", "kubernetes.io/book", "a.kubernetes.io/b", "x" * 250 + "/b",
+                     "a/" + "b" * 63, "a/" + "b" * 64, "-a/b", "a-/b", "a..b/c", "A/b", "a/b-", "a/_b"])))
+def test_resource_names_are_judged_as_kubelet_judges_them(name: str) -> None:
+    """The agent's check (sets, no regular expressions) against the emulator's copy of kubelet's patterns."""
+    assert (resource_name_error(name) is None) == is_extended_resource_name(name), name

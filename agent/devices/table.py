@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from agent.errors import Refusal
-from agent.policy.allocation import AllocationSettings, ContainerPlan, plan_allocation
+from agent.policy.allocation import AllocationSettings, ContainerPlan, group_part, plan_parts
 from agent.policy.grouping import Group, Grouping, GroupingSettings
 from agent.policy.health import DeviceKey, DeviceState, device_states, machine_health, overlap_map
 from agent.policy.ledger import AllocationLedger, ListedDevice
@@ -95,6 +95,7 @@ class DeviceTable(Generic[W]):
         self._node = node
         self.resource = resource
         self.groups: dict[str, Group] = {g.id: g for g in groups}
+        self._parts = {i: group_part(g, node.allocation) for i, g in self.groups.items()}  # per group, once
         self.numa_topology = numa_topology  # set Device.topology (only when the node has several NUMA nodes)
         self._answers: dict[tuple[str, ...], Answer[W]] = {}  # insertion order: the oldest is evicted first
         self._cond = threading.Condition()
@@ -124,14 +125,23 @@ class DeviceTable(Generic[W]):
         return answers
 
     def _answer(self, ids: Sequence[str]) -> Answer[W]:
-        """Validate, plan and render a container request seen for the first time (pure work, no lock)."""
+        """Validate, plan and render a container request seen for the first time (pure work, no lock).
+
+        The answer depends on the set of ids alone (a plan is in topology order), and kubelet sends a
+        set in any order (``UnsortedList``): an order not seen before reuses the set's answer."""
         check_ids(ids, self.groups, self.resource)
-        plan = plan_allocation((self.groups[i] for i in ids), self._node.allocation)
-        answer = Answer(plan, self._node.render(plan))
+        parts = sorted((self._parts[i] for i in ids), key=lambda p: p.sort_key)
+        canonical = tuple(p.group.id for p in parts)
+        answer = self._answers.get(canonical)
+        if answer is None:
+            plan = plan_parts(parts, self._node.allocation)
+            answer = Answer(plan, self._node.render(plan))
         with self._node.lock:
-            if len(self._answers) >= MAX_ANSWERS:
-                del self._answers[next(iter(self._answers))]
-            self._answers[tuple(ids)] = answer
+            for key in {canonical, tuple(ids)}:
+                if key not in self._answers:
+                    if len(self._answers) >= MAX_ANSWERS:
+                        del self._answers[next(iter(self._answers))]
+                    self._answers[key] = answer
         return answer
 
     # --- GetPreferredAllocation -------------------------------------------------------------------

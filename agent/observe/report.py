@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from agent.policy.grouping import Grouping
 from agent.topology.cpulist import format_cpulist
 from agent.topology.model import Machine, Topology
 from agent.topology.snapshot import to_dict
 
+TYPE_CHECKING = False  # not typing's: discover starts without importing typing
 if TYPE_CHECKING:
+    from typing import Any
+
     from agent.policy.allocation import AllocationSettings
 
 

@@ -107,44 +107,103 @@ def omp_places(cpus: Iterable[int]) -> str:
     return ",".join(f"{{{c}}}" for c in cpus)
 
 
+def cpu_ranges(cpus: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    """Ascending CPU numbers as maximal (first, last) ranges."""
+    ranges: list[tuple[int, int]] = []
+    for c in sorted(set(cpus)):
+        if ranges and ranges[-1][1] == c - 1:
+            ranges[-1] = (ranges[-1][0], c)
+        else:
+            ranges.append((c, c))
+    return tuple(ranges)
+
+
+def format_ranges(ranges: Iterable[tuple[int, int]]) -> str:
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPart:
+    """What one group puts into every plan that holds it, worked out once per group: a plan is
+    then joins of these (the first Allocate of a new id set costs a few microseconds)."""
+
+    group: Group
+    sort_key: tuple[tuple[int, ...], str]  # topology order
+    ranges: tuple[tuple[int, int], ...]  # its CPUs as ranges
+    rank: tuple[int, ...]  # its OpenMP threads
+    rank_cpulist: str
+    rank_places: str
+
+
+def group_part(group: Group, settings: AllocationSettings) -> GroupPart:
+    rank = omp_threads(group, settings)
+    return GroupPart(group=group, sort_key=(group.order, group.id), ranges=cpu_ranges(group.cpus), rank=rank,
+                     rank_cpulist=format_cpulist(rank), rank_places=omp_places(rank))
+
+
+def _union_ranges(parts: list[GroupPart]) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+    """The CPU ranges and CPUs of groups in topology order; groups that do not follow one another
+    in CPU numbers (possible, not usual) take the slow way."""
+    merged: list[tuple[int, int]] = []
+    for part in parts:
+        for lo, hi in part.ranges:
+            if not merged:
+                merged.append((lo, hi))
+            elif lo == merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], hi)
+            elif lo > merged[-1][1]:
+                merged.append((lo, hi))
+            else:  # out of order or overlapping
+                cpus = sorted({c for p in parts for c in p.group.cpus})
+                return cpu_ranges(cpus), tuple(cpus)
+    return tuple(merged), tuple(c for p in parts for c in p.group.cpus)
+
+
 def plan_allocation(groups: Iterable[Group], settings: AllocationSettings | None = None) -> ContainerPlan:
     """The plan for a container holding ``groups`` (any order; the result is in topology order)."""
     settings = (settings or AllocationSettings()).validated()
-    ordered = topology_order(groups)
+    return plan_parts([group_part(g, settings) for g in groups], settings)
+
+
+def plan_parts(parts: Iterable[GroupPart], settings: AllocationSettings) -> ContainerPlan:
+    """:func:`plan_allocation` from groups' parts (``settings`` already validated, the parts made with them)."""
+    ordered = sorted(parts, key=lambda p: p.sort_key)
     if not ordered:
         raise ValueError("an allocation needs at least one group")
-    cpus = sorted({c for g in ordered for c in g.cpus})
-    nodes = sorted({n for g in ordered for n in g.memory_nodes})
-    ranks = tuple(omp_threads(g, settings) for g in ordered)
-    rank_cores = tuple(len(g.cores) for g in ordered)
-    places = [c for rank in ranks for c in rank]
-    cpulist = format_cpulist(cpus)
+    ranges, cpus = _union_ranges(ordered)
+    nodes = sorted({n for p in ordered for n in p.group.memory_nodes})
+    ranks = tuple(p.rank for p in ordered)
+    rank_cores = tuple(len(p.group.cores) for p in ordered)
+    threads = str(sum(len(rank) for rank in ranks))
+    places = ",".join(p.rank_places for p in ordered)
+    cpulist = format_ranges(ranges)
     node_list = ",".join(map(str, nodes))
-    ids = tuple(g.id for g in ordered)
+    ids = tuple(p.group.id for p in ordered)
+    id_list = ",".join(ids)
     envs = {
         ENV_CPUS: cpulist,
-        ENV_GROUPS: ",".join(ids),
+        ENV_GROUPS: id_list,
         ENV_MEMORY_NODES: node_list,
-        ENV_VLLM_BIND: "|".join(format_cpulist(rank) for rank in ranks),
+        ENV_VLLM_BIND: "|".join(p.rank_cpulist for p in ordered),
         ENV_TOPOLOGY_RANKS: str(len(ranks)),
-        ENV_OMP_NUM_THREADS: str(len(places)),  # binds nothing; keeps a runtime from a thread per node CPU
-        ENV_TOPOLOGY_OMP_NUM_THREADS: str(len(places)),
-        ENV_TOPOLOGY_OMP_PLACES: omp_places(places),
-        ENV_TOPOLOGY_OMP_PLACES_BY_GROUP: "|".join(omp_places(rank) for rank in ranks),
+        ENV_OMP_NUM_THREADS: threads,  # binds nothing; keeps a runtime from a thread per node CPU
+        ENV_TOPOLOGY_OMP_NUM_THREADS: threads,
+        ENV_TOPOLOGY_OMP_PLACES: places,
+        ENV_TOPOLOGY_OMP_PLACES_BY_GROUP: "|".join(p.rank_places for p in ordered),
     }
     if settings.openmp_env:
-        envs[ENV_OMP_PLACES] = omp_places(places)
+        envs[ENV_OMP_PLACES] = places
         envs[ENV_OMP_PROC_BIND] = "close"
     domain = settings.annotation_domain
     annotations = {
         f"{domain}/cpus": cpulist,
         f"{domain}/memory-nodes": node_list,
-        f"{domain}/groups": ",".join(ids),
-        f"{domain}/resource": ordered[0].resource,
+        f"{domain}/groups": id_list,
+        f"{domain}/resource": ordered[0].group.resource,
         f"{domain}/rank-cores": ",".join(map(str, rank_cores)),
     }
     warning = rank_imbalance(ids, rank_cores)
     if warning is not None:
         annotations[f"{domain}/warning"] = warning
-    return ContainerPlan(groups=ids, cpus=tuple(cpus), ranks=ranks, rank_cores=rank_cores, envs=envs,
+    return ContainerPlan(groups=ids, cpus=cpus, ranks=ranks, rank_cores=rank_cores, envs=envs,
                          annotations=annotations, imbalance=warning)

@@ -7,11 +7,14 @@ instead of a host root. ``to_dict``/``from_dict`` are pure; ``load``/``dump`` do
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any, cast
 
 from agent.errors import TopologyReadError
 from agent.topology.model import DISPATCHING_MODES, ENVIRONMENTS, POLARIZATIONS, Cpu, Machine, Topology
+
+TYPE_CHECKING = False  # not typing's: discover starts without importing typing
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
 
 SNAPSHOT_VERSION = 1
 
@@ -61,7 +64,8 @@ def _want(cond: bool, what: str) -> None:
 def _opt_int(value: Any, what: str) -> int | None:
     ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
     _want(ok, f"{what} must be an integer or null")
-    return cast("int | None", value)
+    checked: int | None = value
+    return checked
 
 
 def _bool(value: Any, what: str) -> bool:
@@ -172,6 +176,8 @@ def loads(text: str, source: str = "<snapshot>") -> Topology:
 
 
 def load(path: str | Path) -> Topology:
+    from pathlib import Path
+
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -183,4 +189,6 @@ def load(path: str | Path) -> Topology:
 
 
 def dump(topology: Topology, path: str | Path) -> None:
+    from pathlib import Path
+
     Path(path).write_text(dumps(topology), encoding="utf-8")

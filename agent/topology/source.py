@@ -4,16 +4,21 @@ directory of per-node snapshots (the chart's fake-topology mode), or an embedded
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from agent.errors import TopologyReadError
 from agent.topology.model import Topology
+
+TYPE_CHECKING = False  # not typing's; pathlib only where a path is worked on (see agent/cli.py)
+if TYPE_CHECKING:
+    from pathlib import Path
 
 EMBEDDED_PREFIX = "embedded:"
 
 
 def snapshot_path(path: str | Path, node_name: str | None = None) -> Path:
     """A snapshot file; for a directory, ``<node name>.json`` in it, else ``default.json``."""
+    from pathlib import Path
+
     p = Path(path)
     if not p.is_dir():
         return p
@@ -72,10 +77,10 @@ def load_topology(host_root: str | Path = "/", topology_file: str | None = None,
     if source == "lscpu":
         from agent.topology.lscpu import read_lscpu
 
-        root = Path(host_root)
-        if not root.is_dir():
+        root = os.path.normpath(os.fspath(host_root))
+        if not os.path.isdir(root):
             raise TopologyReadError(f"{root}: host root does not exist or is not a directory")
-        return read_lscpu(sysroot=None if root.resolve() == Path("/") else str(root))
+        return read_lscpu(sysroot=None if os.path.realpath(root) == "/" else root)
     if source != "sysfs":
         raise TopologyReadError(f"unknown topology source {source!r} (choose sysfs or lscpu)")
     from agent.topology.sysfs import read_sysfs

@@ -9,14 +9,16 @@ symmetric), so a periodic rescan of a 400-CPU node stays cheap. Interpretation i
 from __future__ import annotations
 
 import os
-import platform
 import re
-from pathlib import Path
 
 from agent.errors import CpuListError, TopologyReadError
 from agent.topology.cpulist import parse_cpulist, parse_cpumask
 from agent.topology.derive import RawCpu, build_topology, environment_from_sysinfo, parse_sysinfo
 from agent.topology.model import Machine, Topology, normalize_polarization
+
+TYPE_CHECKING = False  # not typing's (see agent/cli.py)
+if TYPE_CHECKING:
+    from pathlib import Path
 
 _CPU_DIR = re.compile(r"cpu(\d+)")
 _NODE_DIR = re.compile(r"node(\d+)")
@@ -173,11 +175,11 @@ def _read_nodes(node_dir: str) -> tuple[dict[int, int], list[int], bool]:
     return cpu_nodes, memory or nodes, True
 
 
-def _arch(root: Path, cpuinfo: str | None, sysinfo: str | None) -> str:
+def _arch(root: str, cpuinfo: str | None, sysinfo: str | None) -> str:
     if sysinfo is not None or (cpuinfo is not None and "IBM/S390" in cpuinfo):
         return "s390x"
-    if root.resolve() == Path("/"):
-        return platform.machine() or "unknown"
+    if os.path.realpath(root) == "/":
+        return os.uname().machine or "unknown"
     return "unknown"
 
 
@@ -190,9 +192,9 @@ def read_sysfs(root: str | Path = "/", proc_root: str | Path | None = None, deta
     ``proc_root`` overrides where ``sysinfo`` and ``cpuinfo`` are read (a container that mounts
     the host's /sys elsewhere can read its own /proc: those files are not namespaced).
     """
-    root_path = Path(root)
-    proc = Path(proc_root) if proc_root is not None else root_path / "proc"
-    if not root_path.is_dir():
+    root_path = os.path.normpath(os.fspath(root))  # os.path, not pathlib: 3.7 ms less for every discover
+    proc = os.path.normpath(os.fspath(proc_root)) if proc_root is not None else f"{root_path}/proc"
+    if not os.path.isdir(root_path):
         raise TopologyReadError(f"{root_path}: host root does not exist or is not a directory")
     cpu_dir = f"{root_path}/sys/devices/system/cpu"
     if not os.path.isdir(cpu_dir):
@@ -246,5 +248,5 @@ def _machine_from_cpuinfo(cpuinfo: str | None) -> str | None:
 def sysfs_fingerprint(root: str | Path = "/") -> tuple[str | None, ...]:
     """A cheap summary that changes when CPUs go online or offline, come or go, or the
     dispatching mode changes: three small files instead of a full read of every CPU."""
-    cpu_dir = f"{Path(root)}/sys/devices/system/cpu"
+    cpu_dir = f"{os.path.normpath(os.fspath(root))}/sys/devices/system/cpu"
     return tuple(_read(f"{cpu_dir}/{name}") for name in ("online", "present", "dispatching"))
