@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 ALLOCATE = "/v1beta1.DevicePlugin/Allocate"
+PREFERRED = "/v1beta1.DevicePlugin/GetPreferredAllocation"
 
 
 @dataclass
@@ -45,6 +46,9 @@ class DriveSpec:
     method: str = ALLOCATE
     timeout: float = 30.0
     compare: str = "allocate"  # "allocate": parse both as AllocateResponse; "bytes": the bytes; "none": no check
+    # request -> a GetPreferredAllocation request the same task sends first, untimed (kubelet asks for a
+    # preference before it allocates; the echo answers it with an empty response)
+    before: dict[bytes, bytes] = field(default_factory=dict)
 
 
 @dataclass
@@ -64,8 +68,12 @@ def serve_echo(socket: str, table_file: str, workers: int) -> int:
     def allocate(request: bytes, context: object) -> bytes:
         return table[request]
 
+    def preferred(request: bytes, context: object) -> bytes:
+        return b""  # an empty PreferredAllocationResponse
+
     handler = grpc.method_handlers_generic_handler(
-        "v1beta1.DevicePlugin", {"Allocate": grpc.unary_unary_rpc_method_handler(allocate)})
+        "v1beta1.DevicePlugin", {"Allocate": grpc.unary_unary_rpc_method_handler(allocate),
+                                 "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(preferred)})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="echo"),
                          options=[("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((handler,))
@@ -93,9 +101,12 @@ def _same(compare: str) -> Same:
     return lambda a, b: a == b or parse(a) == parse(b)
 
 
-async def _run_block(call: Callable[[bytes], Awaitable[bytes]], requests: Sequence[bytes], concurrency: int
+async def _run_block(call: Callable[[bytes], Awaitable[bytes]], requests: Sequence[bytes], concurrency: int,
+                     before: Callable[[bytes], Awaitable[bytes]] | None = None,
+                     before_requests: dict[bytes, bytes] | None = None
                      ) -> tuple[list[float], list[tuple[bytes, bytes]]]:
-    """Every request once, ``concurrency`` in flight; (latencies, (request, answer) pairs)."""
+    """Every request once, ``concurrency`` in flight; (latencies, (request, answer) pairs). A request
+    with a ``before_requests`` entry is preceded by that call to ``before`` (untimed)."""
     work = iter(requests)
     latencies: list[float] = []
     answers: list[tuple[bytes, bytes]] = []
@@ -103,6 +114,8 @@ async def _run_block(call: Callable[[bytes], Awaitable[bytes]], requests: Sequen
 
     async def worker() -> None:
         for request in work:  # the workers share the iterator: each call takes the next request
+            if before is not None and before_requests and request in before_requests:
+                await before(before_requests[request])
             started = clock()
             answer = await call(request)
             latencies.append(clock() - started)
@@ -117,15 +130,17 @@ async def _drive(spec: DriveSpec) -> DriveResult:
 
     channels = [grpc.aio.insecure_channel(t) for t in spec.targets]
     try:
-        calls = []
+        calls: list[Callable[[bytes], Awaitable[bytes]]] = []
+        befores: list[Callable[[bytes], Awaitable[bytes]]] = []
         for channel in channels:
-            stub = channel.unary_unary(spec.method)
+            for method, out in ((spec.method, calls), (PREFERRED, befores)):
+                stub = channel.unary_unary(method)
 
-            async def call(request: bytes, stub: Any = stub) -> bytes:
-                answer: bytes = await stub(request, timeout=spec.timeout)
-                return answer
+                async def call(request: bytes, stub: Any = stub) -> bytes:
+                    answer: bytes = await stub(request, timeout=spec.timeout)
+                    return answer
 
-            calls.append(call)
+                out.append(call)
         result = DriveResult(([], []))
         wrong = [0, 0]
         same = _same(spec.compare)
@@ -137,10 +152,11 @@ async def _drive(spec: DriveSpec) -> DriveResult:
                 result.example = (bad[0][0], bad[0][1], spec.expected.get(bad[0][0], b""))
 
         for side in (0, 1):
-            check(side, (await _run_block(calls[side], spec.warmup, spec.concurrency))[1])
+            check(side, (await _run_block(calls[side], spec.warmup, spec.concurrency, befores[side], spec.before))[1])
         for b, requests in enumerate(spec.blocks):
             for side in ((0, 1) if b % 2 == 0 else (1, 0)):  # A B, B A, A B, ...
-                latencies, answers = await _run_block(calls[side], requests, spec.concurrency)
+                latencies, answers = await _run_block(calls[side], requests, spec.concurrency, befores[side],
+                                                      spec.before)
                 result.latencies[side].append(latencies)
                 check(side, answers)  # after the block: not timed
         result.wrong = (wrong[0], wrong[1])

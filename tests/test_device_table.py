@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -116,21 +117,49 @@ def test_the_answer_cache_is_bounded() -> None:
     assert tuple(requests[-1]) in table._answers and tuple(requests[0]) not in table._answers  # oldest evicted
 
 
-def test_a_set_in_another_order_reuses_its_answer() -> None:
-    rendered: list[object] = []
+def counting_node(topology: str = "z16-400") -> tuple[NodeDevices[Wire], list[tuple[str, ...]]]:
+    rendered: list[tuple[str, ...]] = []
 
     def counting_render(plan: Any) -> Wire:
-        rendered.append(plan)
+        rendered.append(plan.groups)
         return render(plan)
 
-    grouping = group_topology(load_embedded("z16-400"), SETTINGS)
-    devices = NodeDevices(grouping, SETTINGS, AllocationSettings(), counting_render, clock=Clock())
+    grouping = group_topology(load_embedded(topology), SETTINGS)
+    return NodeDevices(grouping, SETTINGS, AllocationSettings(), counting_render, clock=Clock()), rendered
+
+
+def test_a_set_in_another_order_reuses_its_answer() -> None:
+    devices, rendered = counting_node()
     table = devices.table(BOOK)
     ids = sorted(table.groups)[:3]
     answers = [table.admit([list(order)])[0] for order in itertools.permutations(ids)]
     assert len(rendered) == 1  # planned and rendered once, for six orders kubelet may send
     assert all(a is answers[0] for a in answers)
     assert answers[0].plan.groups == tuple(ids)  # topology order, whatever the request's
+
+
+def test_the_set_get_preferred_allocation_chose_is_allocated_without_planning() -> None:
+    devices, rendered = counting_node()
+    table = devices.table(BOOK)
+    chosen = table.preferred(sorted(table.groups), [], 4)
+    assert rendered == [tuple(chosen)]  # planned and rendered while kubelet waited for the preference
+    answer = table.admit([list(reversed(chosen))])[0]  # kubelet sends the set in its own order
+    assert rendered == [tuple(chosen)] and answer.plan.groups == tuple(chosen)
+
+
+def test_one_group_answers_are_ready_once_the_publisher_runs() -> None:
+    devices, rendered = counting_node()
+    devices.start_publisher()
+    try:
+        deadline = time.monotonic() + 10
+        while len(rendered) < sum(len(t.groups) for t in devices.tables) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        devices.stop_publisher()
+    assert sorted(rendered) == sorted((g,) for t in devices.tables for g in t.groups)
+    table = devices.table(BOOK)
+    table.admit([[next(iter(table.groups))]])
+    assert len(rendered) == sum(len(t.groups) for t in devices.tables)  # the Allocate rendered nothing
 
 
 # --- a warm Allocate, as kubelet sends it, traced -------------------------------------------------

@@ -146,7 +146,17 @@ class DeviceTable(Generic[W]):
 
     # --- GetPreferredAllocation -------------------------------------------------------------------
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
-        return preferred_allocation(self.groups, available, must_include, size)
+        """GetPreferredAllocation's choice, its Allocate answer made ready: kubelet allocates what it
+        was offered, so the planning happens here rather than in the Allocate right after."""
+        chosen = preferred_allocation(self.groups, available, must_include, size)
+        if chosen:
+            self.prepare(chosen)
+        return chosen
+
+    def prepare(self, ids: Sequence[str]) -> None:
+        """Plan and render the answer for ``ids`` unless it is cached (any order of the set)."""
+        if tuple(ids) not in self._answers:
+            self._answer(ids)
 
     # --- ListAndWatch -----------------------------------------------------------------------
     def snapshot(self) -> DeviceHealth:
@@ -332,6 +342,11 @@ class NodeDevices(Generic[W]):
             self._dirty.set()
 
     def _publish_loop(self) -> None:
+        for table in self.tables:  # every one-group answer ready before kubelet asks (most pods hold one)
+            for device in table.groups:
+                if self._stopping.is_set():
+                    return
+                table.prepare([device])
         while True:
             dirty = self._dirty.wait(self.TEND_EVERY)
             self._dirty.clear()
