@@ -267,8 +267,8 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
                             "of no held group (--reserved-cpus always among them), widened again when a group is "
                             "freed (default: off) [env TOPOLOGY_AGENT_SHARED_POOL=true|false]")
     _add(group, "--cpuset-interval", "2", metavar="SECONDS",
-         help="seconds between looks at the runtime for new or restarted containers (every 0.1 s for 15 s after "
-              "devices change hands)")
+         help="seconds between looks at the runtime for new or restarted containers while a device is held (every "
+              "0.1 s for 15 s after devices change hands; every 30 s while none is held)")
     group = parser.add_argument_group("node labels and metrics")
     group.add_argument("--node-labels", action=argparse.BooleanOptionalAction, default=None,
                        help="label the Node (needs NODE_NAME and RBAC get/patch on nodes) (default: on) "

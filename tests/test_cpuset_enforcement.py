@@ -8,14 +8,24 @@ The node is this machine's own CPUs as one book of two one-core sockets, so a so
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import pytest
 
+from agent.app.enforcement import IDLE_INTERVAL, CpusetEnforcement
+from agent.cri.client import CriClient
+from agent.devices.table import NodeDevices
+from agent.plugin.servicer import render
+from agent.policy.allocation import AllocationSettings
+from agent.policy.cpuset import CpusetPlan, Update
+from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology import snapshot
 from agent.topology.cpulist import format_cpulist, parse_cpulist
+from agent.topology.embedded import load_embedded
 from agent.topology.model import Cpu, Machine, Topology
-from tests.conftest import SOCKET
+from tests.conftest import BOOK, SOCKET
 from tests.plugin_harness import short_tmpdir
 from topology_devkit.agent_process import AgentProcess, wait_until
 from topology_devkit.containerd import Containerd
@@ -144,3 +154,19 @@ def test_enforcement_is_refused_while_kubelet_runs_the_static_cpu_manager(ctd: C
             ctd.remove_pod(pod)
         finally:
             agent.stop()
+
+
+def test_the_loop_looks_slowly_only_while_nothing_is_held_and_nothing_needed_an_update() -> None:
+    settings = GroupingSettings(levels=("book",))
+    devices = NodeDevices(group_topology(load_embedded("z16-lpar"), settings), settings, AllocationSettings(), render)
+    loop = CpusetEnforcement(cast(CriClient, None), devices, {}, "topology.s390x.ibm.com", online=frozenset,
+                             reserved=frozenset(), shared_pool=True, cpu_manager_policy=lambda: None, interval=2.0)
+    quiet = CpusetPlan(updates=(), pool=(), topology_containers=0, pinned=0, pool_empty=False)
+    widen = Update(container="c1", identity=("ns", "pod", "c"), cpus="0-3", mems="", kind="widen")
+    assert loop.next_delay(quiet) == IDLE_INTERVAL  # an idle node: nothing to pin, no pool to keep
+    assert loop.next_delay(replace(quiet, updates=(widen,))) == 2.0  # the last group was just freed
+    assert loop.next_delay(None) == 2.0  # refused: the CPU manager policy is looked at again soon
+    devices.table(BOOK).admit([["drawer0-book0"]])
+    assert loop.next_delay(quiet) == 2.0  # a held device: its container may be recreated any time
+    loop.changed()
+    assert loop.next_delay(quiet) == loop.fast_interval

@@ -28,6 +28,7 @@ from agent.topology.cpulist import format_cpulist, parse_cpulist
 log = logging.getLogger("topology-agent.cpuset")
 
 RECHECK = 60.0  # seconds after which a container's cpuset is read from the runtime again
+IDLE_INTERVAL = 30.0  # seconds between looks while no device is held and nothing needed updating
 
 
 @dataclass
@@ -107,11 +108,13 @@ class CpusetEnforcement:
         delay = self.interval
         while not self._stop.is_set():
             try:
-                self.step()
+                plan = self.step()
                 if self._failing is not None:
                     log.info("cpuset enforcement works again")
                 self._failing = None
-                delay = self.fast_interval if time.monotonic() < self._fast_until else self.interval
+                delay = self.next_delay(plan)
+                if delay >= IDLE_INTERVAL:
+                    self.client.close()  # no connection kept open between idle looks (the next one dials)
             except (CriError, AgentError) as exc:
                 self.counters.failures += 1
                 if str(exc) != self._failing:
@@ -124,6 +127,16 @@ class CpusetEnforcement:
                 delay = self.interval
             self._wake.wait(delay)
             self._wake.clear()
+
+    def next_delay(self, plan: CpusetPlan | None) -> float:
+        """Often for a while after devices changed hands; at the interval while any device is held (a
+        restarted container must be pinned again); slowly on a node where nothing is held and nothing
+        needed an update (nothing to pin, no pool to keep: devices changing hands wake the loop)."""
+        if time.monotonic() < self._fast_until:
+            return self.fast_interval
+        if plan is not None and not plan.updates and not self.devices.held_keys():
+            return max(self.interval, IDLE_INTERVAL)
+        return self.interval
 
     def step(self) -> CpusetPlan | None:
         """One look at the runtime and the updates it needs (None when refused)."""
