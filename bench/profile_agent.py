@@ -82,10 +82,13 @@ def context_switches(pid: int) -> int:
     return total
 
 
-def report_threads(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], seconds: float) -> None:
+def report_threads(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], seconds: float,
+                   names: dict[int, str] | None = None) -> None:
+    """CPU per thread name; ``names`` (tid -> Python's thread name, from py-spy) splits the Python threads."""
     by_name: dict[str, float] = collections.defaultdict(float)
     count: dict[str, int] = collections.defaultdict(int)
     for tid, (name, cpu) in after.items():
+        name = (names or {}).get(tid, name)
         by_name[name] += cpu - before.get(tid, (name, 0.0))[1]
         count[name] += 1
     print(f"\nCPU per thread over {seconds:.0f} s (threads that ended in the window are not counted):")
@@ -134,6 +137,7 @@ class Samplers:
             self.procs.append(("strace", subprocess.Popen(["strace", "-c", "-f", "-o", str(out), "-p", str(pid)],
                                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out))
         time.sleep(0.5)  # attached
+        self.names = thread_names(pid, py_spy)
         self.before = thread_cpu(pid)
         self.pid = pid
         self.started = time.monotonic()
@@ -155,7 +159,7 @@ class Samplers:
             elif out.is_file():
                 print("\nstrace -c -f:")
                 print(out.read_text())
-        report_threads(self.before, after, seconds)
+        report_threads(self.before, after, seconds, self.names)
 
 
 def profile_allocate(args: argparse.Namespace, tmp: Path, tree: Path) -> None:

@@ -105,6 +105,7 @@ class Agent:
         fast = self.config.pod_resources_interval
         if self.devices.held_keys() or time.monotonic() - self._last_change < IDLE_AFTER:
             return fast
+        self.pod_resources.close()  # no connection kept open between slow Lists (the next one dials)
         return max(fast, SLOW_POD_RESOURCES)
 
     def _devices_changed(self) -> None:
