@@ -70,6 +70,13 @@ def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
     return out
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds of the whole process so far (ended threads included)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
 def context_switches(pid: int) -> int:
     """Voluntary and involuntary context switches of every live thread so far."""
     total = 0
@@ -285,8 +292,19 @@ def profile_idle(args: argparse.Namespace, tmp: Path, tree: Path) -> None:
                 wakeups(agent.proc.pid, args.seconds, args.py_spy, tmp)
                 return
             samplers = Samplers(agent.proc.pid, args.py_spy, args.native, args.gil, args.strace, tmp)
-            time.sleep(args.seconds)
+            start, seen = process_cpu(agent.proc.pid), dict(thread_cpu(agent.proc.pid))
+            first = dict(seen)
+            deadline = time.monotonic() + args.seconds
+            while time.monotonic() < deadline:  # threads that come and go are seen too (every 0.2 s)
+                time.sleep(0.2)
+                seen.update(thread_cpu(agent.proc.pid))
+            total = process_cpu(agent.proc.pid) - start
             samplers.finish()
+            born = {tid: v for tid, v in seen.items() if tid not in first}
+            print(f"\nprocess CPU over {args.seconds:.0f} s: {100 * total / args.seconds:.3f} % of a core; "
+                  f"threads started in the window: {len(born)} "
+                  f"({', '.join(sorted({name for name, _ in born.values()})) or 'none'}), "
+                  f"their CPU as last seen {sum(cpu for _, cpu in born.values()):.2f} s")
         finally:
             if prober is not None:
                 prober.stop()
