@@ -68,7 +68,7 @@ from agent.policy.grouping import Group, Grouping, GroupingSettings, group_topol
 from agent.policy.preference import preferred_allocation
 from bench.common import BenchError as CommonBenchError
 from bench.common import Row as CommonRow
-from bench.common import at_most, bench_main
+from bench.common import at_most, bench_main, stop_process
 from topology_devkit.synthetic import SHAPES, LparShape, build_topology
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -214,16 +214,6 @@ def spawn(*args: str) -> subprocess.Popen[bytes]:
         proc.kill()
         raise BenchError(f"server {' '.join(args)} did not start")
     return proc
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 # --------------------------------------------------------------------------- measuring
