@@ -57,16 +57,16 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
-    """tid -> (OS thread name, CPU seconds so far)."""
+    """tid -> (OS thread name, CPU seconds so far): the scheduler's nanoseconds on a CPU (schedstat),
+    not 10 ms ticks, so that an idle thread's share resolves."""
     out: dict[int, tuple[str, float]] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             name = (task / "comm").read_text().strip()
-            text = (task / "stat").read_text()
-        except OSError:
+            on_cpu_ns = int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
             continue
-        fields = text[text.rindex(")") + 2:].split()
-        out[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / TICK)
+        out[int(task.name)] = (name, on_cpu_ns / 1e9)
     return out
 
 
@@ -100,7 +100,7 @@ def report_threads(before: dict[int, tuple[str, float]], after: dict[int, tuple[
         count[name] += 1
     print(f"\nCPU per thread over {seconds:.0f} s (threads that ended in the window are not counted):")
     for name, cpu in sorted(by_name.items(), key=lambda kv: -kv[1]):
-        print(f"  {name:<24} x{count[name]:<3} {cpu:7.2f} s  {100 * cpu / seconds:6.3f} % of a core")
+        print(f"  {name:<24} x{count[name]:<3} {cpu:8.3f} s  {100 * cpu / seconds:6.3f} % of a core")
 
 
 def summarize_collapsed(path: Path, top: int = 25) -> None:

@@ -76,6 +76,11 @@ class PluginManager:
             self._thread.join(timeout=5)
         self._stop_servers()
 
+    @property
+    def watching(self) -> bool:
+        """Whether kubelet's directory is watched (changes wake the manager) rather than polled."""
+        return self._watch.active
+
     def wait_registered(self, timeout: float) -> bool:
         return self.registered.wait(timeout)
 
@@ -127,6 +132,7 @@ class PluginManager:
         """Wait until woken or ``seconds`` pass; True when stopping."""
         self._wake.wait(seconds)
         self._wake.clear()
+        self._keep_watching()
         return self._stop.is_set()
 
     def _kubelet_inode_now(self) -> tuple[int, int, int] | None:
@@ -167,6 +173,22 @@ class PluginManager:
             self.last_registered[resource] = time.monotonic()
             log.info("registered %s with kubelet (endpoint %s)", resource, server.endpoint,
                      extra={"resource": resource})
+
+    def _poll_wait(self) -> float:
+        """The safety poll's interval, but no later than just after the stream grace ends: a
+        resource kubelet never opened a stream for is noticed on time without a fast poll."""
+        until_grace = self._registered_at + self.timing.stream_grace - time.monotonic()
+        return min(self._interval, until_grace + 0.01) if until_grace >= 0 else self._interval
+
+    def _keep_watching(self) -> None:
+        """After kubelet's directory itself went away (its watch ends with it): poll fast, and watch
+        again once the directory is back (serving again recreates it)."""
+        if not self._watch.lost.is_set():
+            return
+        self._watch.stop()
+        self._interval = self.timing.poll
+        if self.kubelet_dir.is_dir() and self._watch.start():
+            self._interval = self.timing.idle_poll
 
     def _restart_reason(self) -> str | None:
         for resource, server in self.servers.items():
@@ -246,7 +268,7 @@ class PluginManager:
                 if reconnect:
                     self._connect()
                     reconnect = False
-                if self._sleep(self._interval):
+                if self._sleep(self._poll_wait()):
                     return
                 reason = self._restart_reason()
                 if reason is None:

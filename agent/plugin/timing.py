@@ -8,7 +8,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class Timing:
     poll: float = 0.05  # how often kubelet's directory is looked at without inotify
-    idle_poll: float = 1.0  # the safety poll when inotify wakes the agent on every change
+    idle_poll: float = 5.0  # the safety poll when inotify wakes the agent on every change
     stream_grace: float = 5.0  # a registered resource with no open ListAndWatch for this long re-registers
     backoff_min: float = 0.05
     backoff_max: float = 2.0
