@@ -71,9 +71,9 @@ class PluginManager:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        self._watch.stop()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self._watch.stop()  # after the thread: it may be re-arming the watch until then
         self._stop_servers()
 
     @property
@@ -183,7 +183,7 @@ class PluginManager:
     def _keep_watching(self) -> None:
         """After kubelet's directory itself went away (its watch ends with it): poll fast, and watch
         again once the directory is back (serving again recreates it)."""
-        if not self._watch.lost.is_set():
+        if not self._watch.lost.is_set() or self._stop.is_set():
             return
         self._watch.stop()
         self._interval = self.timing.poll
