@@ -23,7 +23,6 @@ skipped (pod-resources slows down only after a minute).
 
 from __future__ import annotations
 
-import os
 import pickle
 import shutil
 import subprocess
@@ -39,7 +38,7 @@ from agent.topology.embedded import load_embedded
 from bench.bench_allocate import spawn_echo
 from bench.common import INFO, BenchError, Row, at_most, bench_main, skipped, stop_process
 from bench.production import NODE_NAME, Prober, Production
-from topology_devkit.agent_process import AgentProcess, wait_until
+from topology_devkit.agent_process import AgentProcess, cpu_seconds, status_kib, wait_until
 from topology_devkit.kubelet_emulator import KubeletEmulator
 from topology_devkit.sysfs_writer import write_sysfs_tree
 
@@ -52,22 +51,6 @@ STEADY_SECONDS = 120.0  # 10 ms CPU ticks: +-0.02 % of a core over the window
 STEADY_PARTS = 4
 TARGET_CPU_SHARE = 0.002  # of one core
 TARGET_RSS_MIB = 64.0
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2:].split()  # from field 3 on; the command may hold spaces
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def status_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
-
-
 @dataclass
 class Window:
     seconds: float
@@ -135,7 +118,7 @@ def run(quick: bool) -> list[Row]:
             agent = prod.agent(kubelet, tree)
             idle = subprocess.Popen([str(prod.install.python), "-c", "import time; time.sleep(600)"],
                                     stdin=subprocess.DEVNULL, cwd=tmp, env=prod.install.run_env())
-            echo = spawn_echo(prod.install.python, tmp / "echo.sock", tmp / "nothing.pickle")
+            echo = spawn_echo(prod.install, tmp / "echo.sock", tmp / "nothing.pickle")
             prober: Prober | None = None
             try:
                 try:

@@ -6,11 +6,12 @@ runs it, the image-like install's included):
   ``/v1beta1.DevicePlugin/Allocate`` with the bytes TABLE (a pickled dict: request bytes -> response bytes)
   holds for the request. It prints ``ready`` and serves until SIGTERM.
 * ``drive SPEC OUT``: the load client. SPEC (a pickled dict of :class:`DriveSpec`'s fields) names two
-  targets (A, B) and the calls; blocks of calls alternate A B B A A B ...; within a block, ``concurrency``
-  asyncio tasks share one ``grpc.aio`` channel per target (kubelet keeps one connection per plugin) and
-  take the block's requests in turn, each task timing its own calls. (The asyncio client costs the
-  2-core machine 80-200 us of CPU per call, a thread per client 190-350 us: the cheaper the client, the
-  less it dilutes the servers' difference.) After each block (not timed) every answer is
+  targets (A, B), or one (A alone), and the calls; blocks of calls alternate A B B A A B ...; within a
+  block, ``concurrency`` asyncio tasks share one ``grpc.aio`` channel per target (kubelet keeps one
+  connection per plugin) and take the block's requests in turn, each task timing its own calls. (The
+  asyncio client costs the 2-core machine 80-200 us of CPU per call, a thread per client 190-350 us: the
+  cheaper the client, the less it dilutes the servers' difference.) After each block (not timed) every
+  answer is
   compared with the expected one: as messages (``AllocateResponse``, from the generated stubs: map fields
   serialize in no fixed order), or as bytes. OUT gets a pickled dict of :class:`DriveResult`'s fields.
 
@@ -38,7 +39,7 @@ PREFERRED = "/v1beta1.DevicePlugin/GetPreferredAllocation"
 
 @dataclass
 class DriveSpec:
-    targets: tuple[str, str]  # grpc targets of side A and side B, e.g. unix:///path
+    targets: tuple[str, ...]  # grpc targets of side A and side B, e.g. unix:///path (side A alone: one target)
     warmup: list[bytes]  # requests sent to each side first, untimed (the same list to both)
     blocks: list[list[bytes]]  # per block the requests, sent to both sides in that block
     expected: dict[bytes, bytes]  # request -> the answer both sides must give
@@ -56,7 +57,6 @@ class DriveResult:
     latencies: tuple[list[list[float]], list[list[float]]]  # per side, per block, seconds
     wrong: tuple[int, int] = (0, 0)  # answers that differed from the expected bytes, per side
     example: tuple[bytes, bytes, bytes] | None = None  # (request, got, expected) of a wrong answer, side A
-    errors: list[str] = field(default_factory=list)
 
 
 def serve_echo(socket: str, table_file: str, workers: int) -> int:
@@ -151,10 +151,11 @@ async def _drive(spec: DriveSpec) -> DriveResult:
             if bad and side == 0 and result.example is None:
                 result.example = (bad[0][0], bad[0][1], spec.expected.get(bad[0][0], b""))
 
-        for side in (0, 1):
+        sides = range(len(calls))
+        for side in sides:
             check(side, (await _run_block(calls[side], spec.warmup, spec.concurrency, befores[side], spec.before))[1])
         for b, requests in enumerate(spec.blocks):
-            for side in ((0, 1) if b % 2 == 0 else (1, 0)):  # A B, B A, A B, ...
+            for side in [s for s in ((0, 1) if b % 2 == 0 else (1, 0)) if s in sides]:  # A B, B A, A B, ...
                 latencies, answers = await _run_block(calls[side], requests, spec.concurrency, befores[side],
                                                       spec.before)
                 result.latencies[side].append(latencies)

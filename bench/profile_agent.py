@@ -5,15 +5,17 @@ agent as ``bench/production.py`` does on the ``z16-400`` tree, puts one load on 
 samples it with ``py-spy record`` (when given: ``--py-spy PATH``; ``pip install py-spy`` in any venv) and
 counts its system calls with ``strace -c -f`` (``--strace``), then prints:
 
-* CPU seconds per thread over the window (``/proc/<pid>/task/*/stat``), by the thread's OS name;
+* CPU seconds per thread over the window (``/proc/<pid>/task/*/schedstat``, nanoseconds), by the
+  thread's OS name (Python's name where py-spy is given);
 * py-spy's samples by function: self (the frame on top) and inclusive (anywhere on the stack), Python
   frames only unless ``--native``;
 * strace's table (calls and errors per system call).
 
 Loads: ``allocate`` (a load client as in ``bench_allocate.py``: ``--kind repeated|first-time``,
-``--clients N``), ``idle`` (nothing; the probes of the chart), ``discover`` (``topology-agent discover
---format json`` in a loop, profiled per process with ``py-spy record --subprocesses`` is not used: the
-command is run under ``python -X importtime`` and ``cProfile`` instead).
+``--clients N``; the agent alone, no echo), ``cpu-per-call`` (the agent, then the echo, each alone under
+the same client), ``idle`` (nothing; the probes of the chart), ``discover`` (``topology-agent discover
+--format json`` run once each under ``python -X importtime``, ``cProfile`` and ``strace -c``, against
+``lscpu -J`` under ``strace -c``).
 
     .venv/bin/python bench/profile_agent.py allocate --kind first-time --clients 4 --seconds 10 --py-spy PATH
     .venv/bin/python bench/profile_agent.py idle --seconds 120 --strace
@@ -28,7 +30,6 @@ import argparse
 import collections
 import io
 import itertools
-import os
 import pickle
 import pstats
 import random
@@ -47,13 +48,20 @@ from agent.plugin.server import socket_name
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology.embedded import load_embedded
 from agent.topology.sysfs import read_sysfs
-from bench.bench_allocate import LOAD, RESOURCE, answer_bytes, device_sets, request_bytes, spawn_echo
-from bench.common import quiet_emulator, stop_process
+from bench.bench_allocate import (
+    LOAD,
+    REPEATED_SETS,
+    RESOURCE,
+    answer_bytes,
+    device_sets,
+    first_time_sets,
+    request_bytes,
+    spawn_echo,
+)
+from bench.common import median, quiet_emulator, stop_process
 from bench.production import Prober, Production, image_install
 from topology_devkit.kubelet_emulator import KubeletEmulator
 from topology_devkit.sysfs_writer import write_sysfs_tree
-
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
@@ -68,13 +76,6 @@ def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
             continue
         out[int(task.name)] = (name, on_cpu_ns / 1e9)
     return out
-
-
-def process_cpu(pid: int) -> float:
-    """CPU seconds of the whole process so far (ended threads included)."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def context_switches(pid: int) -> int:
@@ -170,13 +171,14 @@ class Samplers:
 
 
 def profile_allocate(args: argparse.Namespace, tmp: Path, tree: Path) -> None:
-    """The agent alone under the load client (no echo: the client's side B is never called)."""
+    """The agent alone under the load client (one target: side A only)."""
     grouping = group_topology(read_sysfs(tree, tree / "proc", details=False), GroupingSettings())
     groups = grouping.by_id(RESOURCE)
+    sets = device_sets(list(groups.values()))
     if args.kind == "repeated":
-        requests = [request_bytes(ids) for ids in device_sets(list(groups.values()))[:24]] * 2000
-    elif args.kind == "first-time":  # the bench's: 4,136 balanced sets, a few seconds of load
-        requests = [request_bytes(ids) for ids in device_sets(list(groups.values()))[24:]]
+        requests = [request_bytes(ids) for ids in sets[:REPEATED_SETS]] * 2000
+    elif args.kind == "first-time":  # the bench's: about 300 balanced sets, each new to the agent
+        requests = [request_bytes(ids) for ids in first_time_sets(sets, REPEATED_SETS)]
     else:  # every ordered list of 1 to 4 books, balanced or not (unbalanced ones log a warning each)
         ids = sorted(groups)
         sets = [p for k in range(1, 5) for p in itertools.permutations(ids, k)]
@@ -187,7 +189,7 @@ def profile_allocate(args: argparse.Namespace, tmp: Path, tree: Path) -> None:
         try:
             kubelet.wait_registered(RESOURCE, 30)
             target = f"unix://{kubelet.device_plugin_dir / socket_name(RESOURCE)}"
-            spec = {"targets": (target, target), "warmup": [], "blocks": [requests[:args.calls]], "expected": {},
+            spec = {"targets": (target,), "warmup": [], "blocks": [requests[:args.calls]], "expected": {},
                     "concurrency": args.clients, "compare": "none"}
             (tmp / "spec.pickle").write_bytes(pickle.dumps(spec))
             samplers = Samplers(agent.proc.pid, args.py_spy, args.native, args.gil, args.strace, tmp)
@@ -200,7 +202,7 @@ def profile_allocate(args: argparse.Namespace, tmp: Path, tree: Path) -> None:
             samplers.finish()
             if (tmp / "out.pickle").is_file():
                 latencies = pickle.loads((tmp / "out.pickle").read_bytes())["latencies"][0][0]
-                print(f"\n{len(latencies)} calls, p50 {1e6 * sorted(latencies)[len(latencies) // 2]:.0f} us")
+                print(f"\n{len(latencies)} calls, p50 {1e6 * median(latencies):.0f} us")
         finally:
             agent.stop()
 
@@ -213,19 +215,19 @@ def cpu_per_call(args: argparse.Namespace, tmp: Path, tree: Path) -> None:
     sets = device_sets(list(groups.values()))
     table = {request_bytes(ids): answer_bytes(groups, ids) for ids in sets}
     (tmp / "answers.pickle").write_bytes(pickle.dumps(table))
-    repeated = [request_bytes(ids) for ids in sets[:24]]
-    fresh = [request_bytes(ids) for ids in sets[24:]]
+    repeated = [request_bytes(ids) for ids in sets[:REPEATED_SETS]]
+    fresh = [request_bytes(ids) for ids in first_time_sets(sets, REPEATED_SETS)]
     with Production(tmp) as prod, KubeletEmulator(tmp / "k") as kubelet:
         agent = prod.agent(kubelet, tree)
         echo = None
         try:
             kubelet.wait_registered(RESOURCE, 30)
-            echo = spawn_echo(prod.install.python, tmp / "echo.sock", tmp / "answers.pickle")
+            echo = spawn_echo(prod.install, tmp / "echo.sock", tmp / "answers.pickle")
             targets = {"agent": (f"unix://{kubelet.device_plugin_dir / socket_name(RESOURCE)}", agent.proc.pid),
                        "echo": (f"unix://{tmp / 'echo.sock'}", echo.pid)}
             for kind, requests in (("repeated", (repeated * 200)[:4000]), ("first-time", fresh[:4000])):
                 for name, (target, pid) in targets.items():
-                    spec = {"targets": (target, target), "warmup": [], "blocks": [requests], "expected": table,
+                    spec = {"targets": (target,), "warmup": [], "blocks": [requests], "expected": table,
                             "concurrency": args.clients, "compare": "none"}
                     (tmp / "spec.pickle").write_bytes(pickle.dumps(spec))
                     before = sum(cpu for _, cpu in thread_cpu(pid).values())
@@ -234,10 +236,10 @@ def cpu_per_call(args: argparse.Namespace, tmp: Path, tree: Path) -> None:
                                     str(tmp / "out.pickle")], check=True)
                     used = sum(cpu for _, cpu in thread_cpu(pid).values()) - before
                     switches = context_switches(pid) - switches
-                    lat = sorted(pickle.loads((tmp / "out.pickle").read_bytes())["latencies"][0][0])
+                    lat = pickle.loads((tmp / "out.pickle").read_bytes())["latencies"][0][0]
                     print(f"{kind:<10} {name:<5} x{args.clients}: {1e6 * used / len(requests):6.0f} us CPU per call, "
                           f"{switches / len(requests):5.1f} context switches per call, p50 "
-                          f"{1e6 * lat[len(lat) // 2]:6.0f} us ({len(requests)} calls)", flush=True)
+                          f"{1e6 * median(lat):6.0f} us ({len(requests)} calls)", flush=True)
         finally:
             agent.stop()
             if echo is not None:
@@ -292,13 +294,13 @@ def profile_idle(args: argparse.Namespace, tmp: Path, tree: Path) -> None:
                 wakeups(agent.proc.pid, args.seconds, args.py_spy, tmp)
                 return
             samplers = Samplers(agent.proc.pid, args.py_spy, args.native, args.gil, args.strace, tmp)
-            start, seen = process_cpu(agent.proc.pid), dict(thread_cpu(agent.proc.pid))
+            start, seen = agent.cpu_seconds(), dict(thread_cpu(agent.proc.pid))
             first = dict(seen)
             deadline = time.monotonic() + args.seconds
             while time.monotonic() < deadline:  # threads that come and go are seen too (every 0.2 s)
                 time.sleep(0.2)
                 seen.update(thread_cpu(agent.proc.pid))
-            total = process_cpu(agent.proc.pid) - start
+            total = agent.cpu_seconds() - start
             samplers.finish()
             born = {tid: v for tid, v in seen.items() if tid not in first}
             print(f"\nprocess CPU over {args.seconds:.0f} s: {100 * total / args.seconds:.3f} % of a core; "

@@ -133,17 +133,10 @@ class AgentProcess:
         return self.status_kib("VmRSS")
 
     def status_kib(self, key: str) -> int:
-        """A ``kB`` line of ``/proc/<pid>/status``: VmRSS, VmHWM, RssAnon, ..."""
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-        raise AssertionError(f"no {key}")
+        return status_kib(self.proc.pid, key)
 
     def cpu_seconds(self) -> float:
-        """User plus system CPU time of every thread so far."""
-        text = Path(f"/proc/{self.proc.pid}/stat").read_text()
-        fields = text[text.rindex(")") + 2:].split()  # from field 3 on; the command may hold spaces
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.proc.pid)
 
     def threads(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -178,3 +171,18 @@ class AgentProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def status_kib(pid: int, key: str) -> int:
+    """A ``kB`` line of ``/proc/<pid>/status``: VmRSS, VmHWM, RssAnon, ..."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {key}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of every thread of ``pid`` so far, ended ones included (10 ms ticks)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2:].split()  # from field 3 on; the command may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
