@@ -4,11 +4,16 @@ keeps its files per resource prefix, rewritten when wiped."""
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
 import pytest
 
+from agent.devices import persist
+from agent.devices.persist import StateFiles
+from agent.policy.grouping import GroupingSettings, group_topology
+from agent.topology.embedded import load_embedded
 from tests.conftest import BOOK
 from tests.plugin_harness import short_tmpdir
 from topology_devkit.agent_process import AgentProcess, wait_until
@@ -111,3 +116,27 @@ def test_two_resource_prefixes_keep_separate_files() -> None:
         finally:
             a.stop()
             b.stop()
+
+
+def test_a_save_that_fails_leaves_no_temporary_file_and_is_not_retried_every_few_seconds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    settings = GroupingSettings()
+    grouping = group_topology(load_embedded("z16-lpar"), settings)
+    files = StateFiles(tmp_path, settings)
+
+    def disk_full(src: object, dst: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(persist.os, "replace", disk_full)
+    files.save_groups(grouping)
+    directory = files.groups_path.parent
+    assert list(directory.iterdir()) == []  # neither the file nor a temporary one
+    assert "cannot save the advertised groups" in caplog.text
+    caplog.clear()
+    files.tend()
+    assert caplog.text == ""  # nothing to rewrite: the groups never were saved
+    monkeypatch.undo()
+    files.save_groups(grouping)
+    files.groups_path.unlink()  # wiped by someone else: written again
+    files.tend()
+    assert files.groups_path.is_file() and "are gone: writing them again" in caplog.text

@@ -5,6 +5,7 @@ advertised and the holds pod-resources has not confirmed. Reads are bounded and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -64,9 +65,10 @@ class StateFiles:
             return None
 
     def save_groups(self, grouping: Grouping) -> None:
-        """Write atomically; a failure is a warning (the groups are then chosen afresh next time)."""
-        self._grouping = grouping
-        self._write(self.groups_path, grouping_to_dict(grouping, self.settings), "the advertised groups")
+        """Write atomically; a failure is a warning (the groups are then chosen afresh next time, and
+        :meth:`tend` does not retry what could not be written)."""
+        saved = self._write(self.groups_path, grouping_to_dict(grouping, self.settings), "the advertised groups")
+        self._grouping = grouping if saved else None
 
     # --- holds ----------------------------------------------------------------------------------
     def load_holds(self, known: Iterable[DeviceKey]) -> set[DeviceKey]:
@@ -108,12 +110,21 @@ class StateFiles:
             log.warning("not trusting the %s %s: not JSON (%s)", what, path, reason, extra={"reason": reason})
             return None
 
-    def _write(self, path: Path, data: dict[str, Any], what: str) -> None:
+    def _write(self, path: Path, data: dict[str, Any], what: str) -> bool:
+        """Write atomically (a temporary file renamed over ``path``); False, with a warning, on failure,
+        and no temporary file left behind."""
+        tmp_name = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False,
                                              encoding="utf-8") as tmp:
+                tmp_name = tmp.name
                 json.dump(data, tmp)
-            os.replace(tmp.name, path)
+            os.replace(tmp_name, path)
+            return True
         except OSError as exc:
             log.warning("cannot save %s to %s: %s", what, path, exc.strerror or exc, extra={"reason": str(exc)})
+            if tmp_name is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp_name)
+            return False
