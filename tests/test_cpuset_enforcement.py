@@ -15,8 +15,9 @@ from typing import cast
 import pytest
 
 from agent.app.enforcement import IDLE_INTERVAL, CpusetEnforcement
-from agent.cri.client import CriClient
+from agent.cri.client import ContainerInfo, ContainerStatusInfo, CriClient
 from agent.devices.table import NodeDevices
+from agent.errors import CriError
 from agent.plugin.servicer import render
 from agent.policy.allocation import AllocationSettings
 from agent.policy.cpuset import CpusetPlan, Update
@@ -170,3 +171,41 @@ def test_the_loop_looks_slowly_only_while_nothing_is_held_and_nothing_needed_an_
     assert loop.next_delay(quiet) == 2.0  # a held device: its container may be recreated any time
     loop.changed()
     assert loop.next_delay(quiet) == loop.fast_interval
+
+
+class EndingRuntime:
+    """A runtime where one listed container has ended by the time its status is asked for."""
+
+    def __init__(self) -> None:
+        self.updates: list[tuple[str, str]] = []
+
+    def list_containers(self, running_only: bool = True) -> list[ContainerInfo]:
+        return [ContainerInfo(id=c, pod_sandbox_id=f"s-{c}", name=c, attempt=0, state="CONTAINER_RUNNING",
+                              created_at=0, labels={"io.kubernetes.pod.name": c,
+                                                    "io.kubernetes.pod.namespace": "ns",
+                                                    "io.kubernetes.container.name": c})
+                for c in ("alive", "ended")]
+
+    def container_status(self, container: str) -> ContainerStatusInfo:
+        if container == "ended":
+            raise CriError(f"ContainerStatus {container}: NOT_FOUND", "NOT_FOUND")
+        return ContainerStatusInfo(id=container, pod_sandbox_id=f"s-{container}", name=container, attempt=0,
+                                   state="CONTAINER_RUNNING", created_at=0, cpuset_cpus="0-3")
+
+    def update_cpuset(self, container: str, cpus: str, mems: str = "") -> None:
+        self.updates.append((container, cpus))
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_container_that_ends_between_the_list_and_its_status_is_skipped_not_a_failed_step() -> None:
+    settings = GroupingSettings(levels=("book",))
+    devices = NodeDevices(group_topology(load_embedded("z16-lpar"), settings), settings, AllocationSettings(), render)
+    runtime = EndingRuntime()
+    loop = CpusetEnforcement(cast(CriClient, runtime), devices, {}, "topology.s390x.ibm.com",
+                             online=lambda: frozenset(range(8)), reserved=frozenset(), shared_pool=True,
+                             cpu_manager_policy=lambda: None, interval=2.0)
+    plan = loop.step()
+    assert plan is not None and plan.topology_containers == 0
+    assert runtime.updates == [("alive", "0-7")]  # widened to the pool; the ended one left alone

@@ -153,8 +153,8 @@ class CpusetEnforcement:
             log.info("cpuset enforcement resumes: kubelet's CPU manager policy is %s", policy or "unknown")
         self.counters.refused = None
         listed = self.client.list_containers(running_only=True)
-        containers = [self._running(c) for c in listed]
-        alive = {c.id for c in listed}
+        containers = [c for c in map(self._running, listed) if c is not None]
+        alive = {c.id for c in containers}
         for gone in set(self._cache) - alive:
             del self._cache[gone]
         self._first_pinned &= alive
@@ -165,6 +165,7 @@ class CpusetEnforcement:
                         "keep their CPUs until a group is freed")
         self.counters.pool_empty = plan.pool_empty
         self.counters.pool = format_cpulist(plan.pool)
+        pinned = plan.pinned
         for update in plan.updates:
             try:
                 self.client.update_cpuset(update.container, update.cpus, update.mems)
@@ -175,6 +176,7 @@ class CpusetEnforcement:
                     continue
                 raise
             self._count(update.kind, "ok")
+            pinned += update.kind == "topology"
             cpus = frozenset(parse_cpulist(update.cpus))
             old = self._cache.get(update.container)
             self._cache[update.container] = (cpus, update.mems or (old[1] if old else ""), time.monotonic())
@@ -187,14 +189,20 @@ class CpusetEnforcement:
                 if self.observe_pinned is not None and update.created_at:
                     self.observe_pinned(max(0.0, time.time() - update.created_at))
         self.counters.topology_containers = plan.topology_containers
-        self.counters.pinned = plan.pinned + sum(1 for u in plan.updates if u.kind == "topology")
+        self.counters.pinned = pinned
         self._record_enforced(containers)
         return plan
 
-    def _running(self, info: ContainerInfo) -> RunningContainer:
+    def _running(self, info: ContainerInfo) -> RunningContainer | None:
+        """The container as the planner sees it; None when it ended since it was listed."""
         cached = self._cache.get(info.id)
         if cached is None or time.monotonic() - cached[2] > RECHECK:
-            status = self.client.container_status(info.id)
+            try:
+                status = self.client.container_status(info.id)
+            except CriError as exc:
+                if exc.code == "NOT_FOUND":
+                    return None
+                raise
             cached = (frozenset(parse_cpulist(status.cpuset_cpus)), status.cpuset_mems, time.monotonic())
             self._cache[info.id] = cached
         groups = info.annotations.get(f"{self.domain}/groups", "")
