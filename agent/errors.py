@@ -56,6 +56,10 @@ class RegistrationError(AgentError):
     """kubelet refused the registration or could not be reached."""
 
 
+class RegistrationAbandoned(RegistrationError):
+    """A Register given up because kubelet restarted meanwhile (or the agent stops): register again at once."""
+
+
 class PodResourcesError(AgentError):
     """The pod-resources socket is missing or kubelet did not answer."""
 

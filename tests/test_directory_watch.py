@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import struct
+import time
 
 from agent.plugin.dirwatch import IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_IGNORED, closed
 from agent.plugin.timing import Timing
@@ -43,6 +44,10 @@ def test_kubelet_restarts_wake_the_agent_without_the_safety_poll() -> None:
 def test_a_broken_stream_wakes_the_agent_without_the_safety_poll() -> None:
     with running_node(levels=("book",), timing=SLOW_POLL) as node:
         k = node.kubelet
+        manager = node.agent.manager
+        # Past the stream grace after registering: no timer of the grace wakes the agent any more.
+        k.wait_for(lambda: time.monotonic() - manager.last_registered[BOOK] > 2 * SLOW_POLL.stream_grace,
+                   timeout=10, what="the stream grace over")
         k.break_stream(BOOK)
         k.wait_for(lambda: k.registrations(BOOK) == 2 and k.allocatable(BOOK) > 0, timeout=10,
                    what="registered again after the stream broke, with a 60 s safety poll")

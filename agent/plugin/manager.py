@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent.devices.table import DeviceTable
-from agent.errors import RegistrationError, SocketPathError, StartupError
+from agent.errors import RegistrationAbandoned, RegistrationError, SocketPathError, StartupError
 from agent.plugin.dirwatch import DirectoryWatch
 from agent.plugin.registration import KUBELET_SOCKET, PendingRegistration
 from agent.plugin.server import PluginServer
@@ -114,6 +114,7 @@ class PluginManager:
         try:
             for table in self.tables:
                 server = PluginServer(table, self.kubelet_dir, self.observer)
+                server.servicer.streams.on_none_open = self._wake.set  # kubelet never reopens: look at once
                 server.start()
                 self.servers[table.resource] = server
         except BaseException:
@@ -144,7 +145,8 @@ class PluginManager:
         return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
     def _kubelet_moved_on(self, inode: tuple[int, int, int] | None) -> str | None:
-        """Why a registration under way is stale: kubelet restarted since it began."""
+        """Why a registration (under way or done) is stale: kubelet restarted since ``inode`` was
+        its socket, or deleted ours."""
         now = self._kubelet_inode_now()
         if now is not None and now != inode:
             return "kubelet.sock was recreated"
@@ -167,7 +169,7 @@ class PluginManager:
                 stale = self._kubelet_moved_on(inode) if not pending.done() else None
                 if stale is not None or self._stop.is_set():
                     pending.abandon()
-                    raise RegistrationError(f"registration of {resource} abandoned: {stale or 'stopping'}")
+                    raise RegistrationAbandoned(f"registration of {resource} abandoned: {stale or 'stopping'}")
             pending.result()
             self.registrations[resource] += 1
             self.last_registered[resource] = time.monotonic()
@@ -191,17 +193,12 @@ class PluginManager:
             self._interval = self.timing.idle_poll
 
     def _restart_reason(self) -> str | None:
-        for resource, server in self.servers.items():
-            if not server.socket_present():
-                return f"socket {server.path.name} of {resource} was deleted"
-        inode = self._kubelet_inode_now()
-        if inode is not None and inode != self._kubelet_inode:
-            return "kubelet.sock was recreated"
+        moved_on = self._kubelet_moved_on(self._kubelet_inode)
+        if moved_on is not None:
+            return moved_on
         if time.monotonic() - self._registered_at > self.timing.stream_grace:
             for resource, server in self.servers.items():
-                streams = server.servicer.streams
-                if streams.open == 0 and (streams.started == 0 or
-                                          server.servicer.streams.ended.is_set()):
+                if server.servicer.streams.open == 0:
                     return f"no ListAndWatch stream open for {resource}"
         return None
 
@@ -243,7 +240,7 @@ class PluginManager:
                 # Everything here is transient once serving: kubelet restarting (again), a socket path
                 # taken by a leftover directory or another instance, descriptors exhausted. Retry.
                 self.registration_failures += 1
-                if "abandoned" in str(exc):
+                if isinstance(exc, RegistrationAbandoned):
                     log.info("%s: serving and registering again", exc, extra={"reason": str(exc)})
                     continue
                 log.warning("registration failed, retrying in %.2fs: %s", delay, exc, extra={"reason": str(exc)})

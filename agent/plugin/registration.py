@@ -7,7 +7,7 @@ from pathlib import Path
 import grpc
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from agent.errors import RegistrationError
+from agent.errors import RegistrationAbandoned, RegistrationError
 from agent.plugin.servicer import plugin_options
 
 API_VERSION = "v1beta1"
@@ -38,7 +38,7 @@ class PendingRegistration:
         try:
             self.future.result(timeout=0)
         except grpc.FutureCancelledError:
-            raise RegistrationError(f"registration of {self.resource} abandoned") from None
+            raise RegistrationAbandoned(f"registration of {self.resource} abandoned") from None
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, grpc.Call) else None
             details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
@@ -53,21 +53,3 @@ class PendingRegistration:
 
     def close(self) -> None:
         self._channel.close()
-
-
-def register(kubelet_socket: Path, endpoint: str, resource: str, timeout: float = 10.0) -> None:
-    """Register ``resource`` served at ``endpoint`` (a file name in kubelet's directory).
-
-    kubelet >= 1.25 dials back and calls GetDevicePluginOptions before it answers, so the
-    plugin's server must already be serving with free threads.
-    """
-    request = api_pb2.RegisterRequest(version=API_VERSION, endpoint=endpoint, resource_name=resource,
-                                      options=plugin_options())
-    with grpc.insecure_channel(f"unix://{kubelet_socket}", options=FRESH_CONNECTION) as channel:
-        try:
-            api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=timeout, wait_for_ready=False)
-        except grpc.RpcError as exc:
-            code = exc.code() if isinstance(exc, grpc.Call) else None
-            details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-            raise RegistrationError(f"kubelet at {kubelet_socket} refused {resource}: "
-                                    f"{code.name if code else 'error'}: {details}") from None

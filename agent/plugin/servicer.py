@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import grpc
@@ -108,7 +108,7 @@ MAX_STREAMS = 4  # open ListAndWatch streams per resource; each holds a server t
 
 
 class StreamTracker:
-    """Counts open ListAndWatch streams, remembers when the last one ended, and keeps them few.
+    """Counts open ListAndWatch streams and keeps them few.
 
     Each stream holds one of the server's threads for as long as it is open, and Allocate needs
     free ones: beyond MAX_STREAMS the oldest stream is ended, except the first one opened after
@@ -119,9 +119,7 @@ class StreamTracker:
         self._lock = threading.Lock()
         self.limit = limit
         self.open = 0
-        self.started = 0
-        self.evicted = 0
-        self.ended = threading.Event()
+        self.on_none_open: Callable[[], object] | None = None  # called when the last open stream ends
         self._streams: list[tuple[threading.Event, bool]] = []  # (cancel, kubelet's), oldest first
         self._registered = False  # a registration happened and its stream has not opened yet
 
@@ -133,22 +131,20 @@ class StreamTracker:
         """Count a new stream; returns the streams to end to stay within the limit."""
         with self._lock:
             self.open += 1
-            self.started += 1
-            self.ended.clear()
             kubelets, self._registered = self._registered, False
             self._streams.append((cancel, kubelets))
             excess = len(self._streams) - self.limit
             victims = [c for c, protected in self._streams if not protected][:max(excess, 0)]
             self._streams = [(c, p) for c, p in self._streams if c not in victims]
-            self.evicted += len(victims)
             return victims
 
     def closed(self, cancel: threading.Event) -> None:
         with self._lock:
             self.open -= 1
             self._streams = [(c, p) for c, p in self._streams if c is not cancel]
-            if self.open == 0:
-                self.ended.set()
+            none_open = self.open == 0
+        if none_open and self.on_none_open is not None:
+            self.on_none_open()
 
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
