@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from agent.devices import persist
 from agent.devices.persist import StateFiles
+from agent.errors import SavedStateError
 from agent.policy.grouping import GroupingSettings, group_topology
+from agent.policy.saved import grouping_from_dict, grouping_to_dict
 from agent.topology.embedded import load_embedded
 from tests.conftest import BOOK
 from tests.plugin_harness import short_tmpdir
@@ -127,7 +129,7 @@ def test_a_save_that_fails_leaves_no_temporary_file_and_is_not_retried_every_few
     def disk_full(src: object, dst: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(persist.os, "replace", disk_full)
+    monkeypatch.setattr(os, "replace", disk_full)
     files.save_groups(grouping)
     directory = files.groups_path.parent
     assert list(directory.iterdir()) == []  # neither the file nor a temporary one
@@ -140,3 +142,15 @@ def test_a_save_that_fails_leaves_no_temporary_file_and_is_not_retried_every_few
     files.groups_path.unlink()  # wiped by someone else: written again
     files.tend()
     assert files.groups_path.is_file() and "are gone: writing them again" in caplog.text
+
+
+@pytest.mark.parametrize(("levels", "said"), [(["bogus"], "'bogus' is not one of"),
+                                              (["socket"], "groups at level book that levels does not list")])
+def test_saved_levels_are_checked_like_every_other_value(levels: list[str], said: str) -> None:
+    settings = GroupingSettings(levels=("book",))
+    topology = load_embedded("z16-lpar")
+    data = grouping_to_dict(group_topology(topology, settings), settings)
+    assert grouping_from_dict(data, settings, [c.cpu for c in topology.cpus]) is not None  # as written: trusted
+    data["levels"] = levels
+    with pytest.raises(SavedStateError, match=said):
+        grouping_from_dict(data, settings, [c.cpu for c in topology.cpus])

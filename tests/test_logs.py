@@ -44,3 +44,15 @@ def test_text_lines_append_the_keys(capsys: pytest.CaptureFixture[str]) -> None:
 def test_unknown_level_is_an_error() -> None:
     with pytest.raises(ValueError, match="unknown log level"):
         setup_logging("loud")
+
+
+def test_a_record_whose_message_does_not_fit_its_arguments_costs_one_line_not_the_log(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    setup_logging("info", "json")
+    log = logging.getLogger("topology-agent")
+    log.warning("bad %d", "x")  # a bug elsewhere must not end the writer
+    log.warning("after")
+    shutdown_logging()
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [line["msg"] for line in lines][1] == "after"
+    assert "unformattable log message 'bad %d'" in lines[0]["msg"]

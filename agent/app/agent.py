@@ -252,8 +252,9 @@ def run_until_signalled(agent: Agent) -> int:
         if agent.rescan_loop.running:
             agent.full_rescan_requested = True
             agent.rescan_loop.wake()
-        else:  # periodic rescans are off: read once, off the signal handler
-            threading.Thread(target=agent.rescan, kwargs={"full": True}, name="sighup-rescan", daemon=True).start()
+        else:  # periodic rescans are off: read once, off the signal handler, as a periodic step would
+            agent.full_rescan_requested = True
+            threading.Thread(target=agent.rescan_loop.run_once, name="sighup-rescan", daemon=True).start()
 
     previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
     previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, rescan_now)

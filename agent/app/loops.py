@@ -64,12 +64,10 @@ class PeriodicLoop:
                 return
             try:
                 ok = self.run_once()
+                delay = (self.pace() if self.pace is not None else self.interval) if ok else \
+                    min(max(delay * 2, self.interval), self.max_backoff)
             except Exception:  # never let the loop die: log and keep going
                 log.exception("%s failed unexpectedly", self.name)
-                ok = False
-            if ok:
-                delay = self.pace() if self.pace is not None else self.interval
-            else:
                 delay = min(max(delay * 2, self.interval), self.max_backoff)
             self.current_delay = delay
 

@@ -342,11 +342,14 @@ class NodeDevices(Generic[W]):
             self._dirty.set()
 
     def _publish_loop(self) -> None:
-        for table in self.tables:  # every one-group answer ready before kubelet asks (most pods hold one)
-            for device in table.groups:
-                if self._stopping.is_set():
-                    return
-                table.prepare([device])
+        try:  # every one-group answer ready before kubelet asks (most pods hold one)
+            for table in self.tables:
+                for device in table.groups:
+                    if self._stopping.is_set():
+                        return
+                    table.prepare([device])
+        except Exception:  # an Allocate plans it then; publishing must go on
+            log.exception("preparing the one-group answers failed")
         while True:
             dirty = self._dirty.wait(self.TEND_EVERY)
             self._dirty.clear()

@@ -111,7 +111,7 @@ class _BatchWriter:
                 except queue.Empty:
                     break
             stop = None in batch
-            lines = [self.handler.format(r) for r in batch if r is not None]
+            lines = [self._format(r) for r in batch if r is not None]
             dropped = DROPPED.take_unreported()
             if dropped:
                 lines.append(self.handler.format(logging.LogRecord(
@@ -126,6 +126,16 @@ class _BatchWriter:
                     pass  # stderr gone: nothing sensible to do with a log line
             if stop:
                 return
+
+    def _format(self, record: logging.LogRecord) -> str:
+        """A record as one line; one whose message does not fit its arguments becomes a line saying
+        so (as logging's own handleError would), never the end of this thread and of every later line."""
+        try:
+            return self.handler.format(record)
+        except Exception as exc:  # a bad record must not silence the log
+            return self.handler.format(logging.LogRecord(
+                record.name, record.levelno, record.pathname, record.lineno,
+                "unformattable log message %r with arguments %r (%s)", (record.msg, record.args, exc), None))
 
     def stop(self) -> None:
         if self._thread.is_alive():

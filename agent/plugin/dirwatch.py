@@ -64,8 +64,11 @@ class DirectoryWatch:
         return True
 
     def _run(self) -> None:
+        poller = select.poll()  # not select(): descriptors past 1023 (a busy agent has many) are fine
+        poller.register(self._fd, select.POLLIN)
+        poller.register(self._stop_r, select.POLLIN)
         while True:
-            ready, _, _ = select.select([self._fd, self._stop_r], [], [])
+            ready = {fd for fd, _ in poller.poll()}
             if self._stop_r in ready:
                 return
             try:

@@ -132,6 +132,12 @@ def grouping_from_dict(data: Any, settings: GroupingSettings, present_cpus: Iter
     if len(set(ids)) != len(ids):
         raise SavedStateError("a device id appears twice")
     levels = tuple(_str(lv, "levels") for lv in _list(data.get("levels"), "levels"))
+    unknown = [lv for lv in levels if lv not in LEVELS]
+    if unknown:
+        raise SavedStateError(f"levels {unknown[0]!r:.40} is not one of {', '.join(LEVELS)}")
+    stray = sorted({g.level for g in groups} - set(levels))
+    if stray:
+        raise SavedStateError(f"groups at level {stray[0]} that levels does not list")
     reason = original_reason(_str(data.get("level_reason"), "level_reason"))
     return Grouping(groups=groups, skipped=(), levels=levels, level_reason=f"{KEPT} ({reason})",
                     fidelity=_str(data.get("fidelity"), "fidelity"))
