@@ -261,7 +261,8 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
               "the container runtime's CRI socket, as kubelet's CPU manager does (refused while kubelet runs the "
               "static CPU manager policy)")
     _add(group, "--cri-socket", "", metavar="PATH",
-         help=f"the runtime's CRI socket (default: the first that exists of {', '.join(CRI_SOCKETS)})")
+         help=f"the runtime's CRI socket (default: the first that exists at start of {', '.join(CRI_SOCKETS)}; "
+              "if none does, the first, dialed until it answers)")
     group.add_argument("--shared-pool", action=argparse.BooleanOptionalAction, default=None,
                        help="with --cpuset-enforcement cri: confine every other container on the node to the CPUs "
                             "of no held group (--reserved-cpus always among them), widened again when a group is "
@@ -328,12 +329,10 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
 
 
 def cri_socket(text: str) -> Path | None:
-    """The CRI socket given, else the first usual one that exists (None: none yet; the loop keeps looking)."""
+    """The CRI socket given (None: the composition root picks the usual one, only when enforcing)."""
     from pathlib import Path
 
-    if text:
-        return Path(text)
-    return next((Path(p) for p in CRI_SOCKETS if Path(p).exists()), None)
+    return Path(text) if text else None
 
 
 def _positive_seconds(flag: str, value: str) -> float:

@@ -155,5 +155,5 @@ def test_the_discovery_log_names_the_machine_once(caplog: pytest.LogCaptureFixtu
     with running_node(levels=("book",)):
         pass
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("discovered")]
-    assert "z16 (3931) s390x" in line and "topology facility yes" in line
+    assert "machine: z16 (3931)" in line and "topology facility yes" in line
     assert "True" not in line and "None" not in line

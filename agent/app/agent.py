@@ -19,12 +19,12 @@ from agent.node.reporter import NodeReporter
 from agent.observe.http import HttpEndpoint, make_app
 from agent.observe.logs import dropped_records
 from agent.observe.metrics import AgentMetrics
+from agent.observe.report import machine_line
 from agent.observe.status import AgentStatus, EnforcementStatus, ResourceStatus
 from agent.plugin.manager import PluginManager
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire
 from agent.policy.grouping import Grouping
-from agent.topology.cpulist import parse_cpulist
 from agent.topology.model import Topology
 
 log = logging.getLogger("topology-agent")
@@ -33,14 +33,13 @@ SLOW_POD_RESOURCES = 30.0  # seconds between pod-resources Lists while nothing i
 IDLE_AFTER = 60.0  # seconds after the last change of hands before pod-resources slows down
 
 
+def exclusivity_confirmed(config: AgentConfig, devices: NodeDevices[Wire]) -> bool:
+    """The holders are known from pod-resources (or pod-resources is off: nothing to confirm)."""
+    return config.pod_resources_interval <= 0 or devices.exclusivity_confirmed()
+
+
 def log_discovery(topology: Topology, grouping: Grouping) -> None:
-    m = topology.machine
-    facility = {True: "yes", False: "no", None: "n/a"}[m.topology_facility]
-    what = m.arch
-    if m.machine_type:
-        what = f"{m.generation or 'type'} ({m.machine_type}) {m.arch}" if m.generation else f"type {m.machine_type}"
-    log.info("discovered %d CPUs: %s, environment %s, topology facility %s, SMT %d, memory nodes %s",
-             len(topology.cpus), what, m.environment, facility, m.smt_threads, ",".join(map(str, m.memory_nodes)))
+    log.info("discovered %d CPUs, %s", len(topology.cpus), machine_line(topology.machine))
     log.info("levels %s: %s", ",".join(grouping.levels) or "none", grouping.level_reason)
     for g in grouping.groups:
         log.info("advertising %s %s: cpus %s", g.resource, g.id, g.cpulist,
@@ -67,9 +66,9 @@ class Agent:
 
     def __init__(self, *, topology: Topology, config: AgentConfig, grouping: Grouping, devices: NodeDevices[Wire],
                  manager: PluginManager, pod_resources: PodResourcesClient, reporter: NodeReporter,
-                 metrics: AgentMetrics, http: HttpEndpoint | None, loader: Callable[[], Topology] | None = None,
-                 fingerprint: Callable[[], object] | None = None, first_fingerprint: object = None,
-                 latest: LatestTopology | None = None, enforcement: CpusetEnforcement | None = None) -> None:
+                 metrics: AgentMetrics, http: HttpEndpoint | None, latest: LatestTopology,
+                 loader: Callable[[], Topology] | None = None, fingerprint: Callable[[], object] | None = None,
+                 first_fingerprint: object = None, enforcement: CpusetEnforcement | None = None) -> None:
         self.topology = topology
         self.config = config
         self.grouping = grouping
@@ -80,7 +79,7 @@ class Agent:
         self.metrics = metrics
         self.http = http
         self.loader = loader
-        self.latest = latest or LatestTopology(topology)
+        self.latest = latest
         self.enforcement = enforcement
         self.fingerprint = fingerprint
         self._last_fingerprint = first_fingerprint
@@ -152,8 +151,7 @@ class Agent:
         return self.readiness()[0]
 
     def exclusivity_confirmed(self) -> bool:
-        """The holders are known from pod-resources (or pod-resources is off: nothing to confirm)."""
-        return self.config.pod_resources_interval <= 0 or self.devices.exclusivity_confirmed()
+        return exclusivity_confirmed(self.config, self.devices)
 
     def readiness(self) -> tuple[bool, str]:
         """Ready: every advertised resource is registered and kubelet watches it, and pod-resources
@@ -203,17 +201,16 @@ class Agent:
         if self.enforcement is None:
             return None
         c = self.enforcement.counters
-        return EnforcementStatus(refused=c.refused is not None, failing=self.enforcement.readiness_note() is not None
-                                 and c.refused is None, topology_containers=c.topology_containers, pinned=c.pinned,
-                                 updates=dict(c.updates), pool_cpus=len(parse_cpulist(c.pool)) if c.pool else 0,
-                                 pool_empty=c.pool_empty, steps=c.steps)
+        return EnforcementStatus(refused=c.refused is not None, failing=self.enforcement.failing and c.refused is None,
+                                 topology_containers=c.topology_containers, pinned=c.pinned,
+                                 updates=dict(c.updates), pool_cpus=c.pool_cpus, pool_empty=c.pool_empty,
+                                 steps=c.steps)
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
         log_discovery(self.topology, self.grouping)
-        if self.config.node_labels:  # labels say what the node is even when it advertises nothing
-            self.label_loop.start()
-            self.label_loop.wake()
+        self.label_loop.start()  # labels say what the node is even when it advertises nothing (off: no thread)
+        self.label_loop.wake()
         if not self.devices.tables:
             log.warning("nothing to advertise on this node; staying up without registering")
         else:

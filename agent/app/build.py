@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.app.agent import Agent, LatestTopology
+from agent.app.agent import Agent, LatestTopology, exclusivity_confirmed
 from agent.app.config import AgentConfig
 from agent.app.enforcement import CpusetEnforcement
 from agent.app.paths import CRI_SOCKETS
@@ -103,7 +103,7 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
     reporter = NodeReporter(topology, grouping, node_name=config.node_name, labels_enabled=config.node_labels,
                             cpu_manager_state=config.cpu_manager_state, kubelet_config=config.kubelet_config,
                             labeler_factory=labeler_factory,
-                            exclusivity=lambda: config.pod_resources_interval <= 0 or devices.exclusivity_confirmed())
+                            exclusivity=lambda: exclusivity_confirmed(config, devices))
     reporter.check_cpu_manager()
     if devices.tables:
         # Know what is in use, and what is whole, before serving: a restarted agent must not hand
@@ -115,7 +115,7 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
     latest = LatestTopology(topology)
     enforcement = None
     if config.cpuset_enforcement == "cri" and devices.tables:
-        socket = config.cri_socket or Path(CRI_SOCKETS[0])
+        socket = config.cri_socket or next((Path(p) for p in CRI_SOCKETS if Path(p).exists()), Path(CRI_SOCKETS[0]))
         enforcement = CpusetEnforcement(
             CriClient(socket), devices, {(g.resource, g.id): g for g in grouping.groups},
             config.allocation.annotation_domain, online=latest.online, reserved=config.grouping.reserved_cpus,

@@ -30,6 +30,6 @@ class AgentConfig:
     metrics_address: str = ""  # every address of both families (IPv6 socket accepting IPv4 too)
     allocations_pod_names: bool = False  # /allocations names the holders' namespace/pod/container
     cpuset_enforcement: str = "none"  # "cri": pin topology containers' cpusets through the container runtime
-    cri_socket: Path | None = None  # the runtime's CRI socket (None: the first usual one that exists)
+    cri_socket: Path | None = None  # the runtime's CRI socket (None: the first usual one that exists at start)
     shared_pool: bool = False  # with enforcement: confine every other container to the CPUs no held group has
     cpuset_interval: float = 2.0  # seconds between looks at the runtime (fast for a while after an Allocate)

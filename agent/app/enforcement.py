@@ -35,10 +35,9 @@ IDLE_INTERVAL = 30.0  # seconds between looks while no device is held and nothin
 class EnforcementCounters:
     updates: dict[tuple[str, str], int]  # (kind, result) -> count
     steps: int = 0
-    failures: int = 0
     pinned: int = 0  # topology containers on their groups' CPUs at the last step
     topology_containers: int = 0
-    pool: str = ""
+    pool_cpus: int = 0  # CPUs in the shared pool at the last step
     pool_empty: bool = False
     refused: str | None = None  # why enforcement is refused (kubelet's static CPU manager), or None
 
@@ -96,6 +95,11 @@ class CpusetEnforcement:
         with self._lock:
             return {k: list(v) for k, v in self._enforced.items()}
 
+    @property
+    def failing(self) -> bool:
+        """The last step failed (the runtime did not answer, or refused a call)."""
+        return self._failing is not None
+
     def readiness_note(self) -> str | None:
         if self.counters.refused:
             return f"cpuset enforcement refused: {self.counters.refused}"
@@ -115,8 +119,7 @@ class CpusetEnforcement:
                 delay = self.next_delay(plan)
                 if delay >= IDLE_INTERVAL:
                     self.client.close()  # no connection kept open between idle looks (the next one dials)
-            except (CriError, AgentError) as exc:
-                self.counters.failures += 1
+            except AgentError as exc:  # CriError among them
                 if str(exc) != self._failing:
                     log.warning("cpuset enforcement failing, retrying with backoff (devices are still served): %s",
                                 exc, extra={"reason": str(exc)})
@@ -164,7 +167,7 @@ class CpusetEnforcement:
             log.warning("the shared pool would be empty (every online CPU is in a held group): other containers "
                         "keep their CPUs until a group is freed")
         self.counters.pool_empty = plan.pool_empty
-        self.counters.pool = format_cpulist(plan.pool)
+        self.counters.pool_cpus = len(plan.pool)
         pinned = plan.pinned
         for update in plan.updates:
             try:

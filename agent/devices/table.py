@@ -3,8 +3,8 @@ and the Allocate answers. No I/O and no gRPC; one lock for the node's state.
 
 :class:`DeviceTable` is what the gRPC servicer needs of one resource, in one place:
 :meth:`~DeviceTable.snapshot` and :meth:`~DeviceTable.wait_for_change` for ListAndWatch,
-:meth:`~DeviceTable.admit` for Allocate (validate the ids, check overlap, record the holders and
-return the ready answer, under one lock, or raise :class:`~agent.errors.Refusal`) and
+:meth:`~DeviceTable.admit` for Allocate (validate the ids and take the ready answer, then check
+overlap and record the holders under the node's one lock, or raise :class:`~agent.errors.Refusal`) and
 :meth:`~DeviceTable.preferred` for GetPreferredAllocation. :class:`NodeDevices` owns the tables
 and everything they share: the holders (pod-resources plus our own Allocates), the machine's
 health from rescans, and the published states, recomputed off the Allocate path.
@@ -125,7 +125,8 @@ class DeviceTable(Generic[W]):
         return answers
 
     def _answer(self, ids: Sequence[str]) -> Answer[W]:
-        """Validate, plan and render a container request seen for the first time (pure work, no lock).
+        """Validate, plan and render a container request seen for the first time (the work outside the
+        node's lock; only storing the answer takes it).
 
         The answer depends on the set of ids alone (a plan is in topology order), and kubelet sends a
         set in any order (``UnsortedList``): an order not seen before reuses the set's answer."""

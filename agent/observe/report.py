@@ -46,7 +46,8 @@ def grouping_dict(topology: Topology, grouping: Grouping) -> dict[str, Any]:
     }
 
 
-def _machine_line(m: Machine) -> str:
+def machine_line(m: Machine) -> str:
+    """One line saying what the machine is (the log at start, ``discover`` and ``explain``)."""
     what = m.generation or (f"type {m.machine_type}" if m.machine_type else m.arch)
     if m.machine_type and m.generation:
         what = f"{m.generation} ({m.machine_type})"
@@ -64,7 +65,7 @@ def table(topology: Topology, grouping: Grouping) -> str:
         for g in grouping.groups
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = [_machine_line(topology.machine),
+    lines = [machine_line(topology.machine),
              f"levels: {','.join(grouping.levels) or 'none'} ({grouping.level_reason})", ""]
     if grouping.groups:
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
@@ -84,7 +85,7 @@ def explain(topology: Topology, grouping: Grouping, settings: AllocationSettings
     from agent.policy.allocation import plan_allocation
 
     by_number = topology.by_number()
-    lines = [_machine_line(topology.machine),
+    lines = [machine_line(topology.machine),
              f"levels: {','.join(grouping.levels) or 'none'} ({grouping.level_reason})"]
     if grouping.groups:
         lines.append("vLLM: a container holding N groups gets N CPU lists in VLLM_CPU_OMP_THREADS_BIND (and "
