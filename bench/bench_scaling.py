@@ -91,7 +91,7 @@ class Node:
         for g in grouping.groups:
             render(plan_allocation([g], allocation))
         resource = grouping.groups[0].resource
-        table = dict(grouping.by_id(resource))  # a new mapping: the preference index is built again
+        table = dict(grouping.by_id(resource))  # the preference index is made in the call, as at start
         ids = list(table)
         preferred_allocation(table, ids, [], max(1, len(ids) // 2))
 

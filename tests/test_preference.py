@@ -224,15 +224,16 @@ def test_a_large_request_does_bounded_work(monkeypatch: pytest.MonkeyPatch, size
                       (preference._Search, "_solve")):
         monkeypatch.setattr(cls, name, _counting(calls, "lookups" if name != "_solve" else "windows",
                                                  getattr(cls, name)))
-    got = preferred_allocation(table, list(table), ["drawer30-book121"], size)
+    index = preference.PreferenceIndex(table)
+    assert calls["features"] == len(table)  # once per group, not once per scored combination
+    calls.clear()
+    got = preferred_allocation(table, list(table), ["drawer30-book121"], size, index)
     assert len(got) == size and got[0] == "drawer30-book121"
     assert calls["combinations"] == 0
-    assert calls["features"] == len(table)  # once per group, not once per scored combination
+    assert calls["features"] == 0  # the index kept: no feature worked out again
     assert 1 <= calls["windows"] <= 2  # books of 12 and 13 cores: at most two size windows
     assert calls["lookups"] <= calls["windows"] * 40  # per window, at most one lookup per drawer
-    calls.clear()
-    assert preferred_allocation(table, list(table), ["drawer30-book121"], size) == got
-    assert calls["features"] == 0  # the same table: its features are reused
+    assert preferred_allocation(table, list(table), ["drawer30-book121"], size) == got  # index made in the call
 
 
 def test_a_changed_table_is_read_again() -> None:

@@ -24,7 +24,7 @@ from agent.policy.allocation import AllocationSettings, ContainerPlan, group_par
 from agent.policy.grouping import Group, Grouping, GroupingSettings
 from agent.policy.health import DeviceKey, DeviceState, device_states, machine_health, overlap_map
 from agent.policy.ledger import AllocationLedger, ListedDevice
-from agent.policy.preference import preferred_allocation
+from agent.policy.preference import PreferenceIndex, preferred_allocation
 from agent.topology.model import Topology
 
 log = logging.getLogger("topology-agent.devices")
@@ -96,6 +96,7 @@ class DeviceTable(Generic[W]):
         self.resource = resource
         self.groups: dict[str, Group] = {g.id: g for g in groups}
         self._parts = {i: group_part(g, node.allocation) for i, g in self.groups.items()}  # per group, once
+        self._preference = PreferenceIndex(self.groups)  # the groups' features, once
         self.numa_topology = numa_topology  # set Device.topology (only when the node has several NUMA nodes)
         self._answers: dict[tuple[str, ...], Answer[W]] = {}  # insertion order: the oldest is evicted first
         self._cond = threading.Condition()
@@ -149,7 +150,7 @@ class DeviceTable(Generic[W]):
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         """GetPreferredAllocation's choice, its Allocate answer made ready: kubelet allocates what it
         was offered, so the planning happens here rather than in the Allocate right after."""
-        chosen = preferred_allocation(self.groups, available, must_include, size)
+        chosen = preferred_allocation(self.groups, available, must_include, size, self._preference)
         if chosen:
             self.prepare(chosen)
         return chosen

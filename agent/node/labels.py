@@ -150,8 +150,8 @@ def _shrink(summary: dict[str, Any]) -> str:
     text = _dumps(summary)
     if len(text.encode()) <= MAX_ANNOTATION_BYTES:
         return text
-    return _dumps({key: summary[key] for key in ("version", "machine", "fidelity", "levels", "groupCounts")}
-                  | {"truncated": True})
+    return _dumps({key: summary[key] for key in ("version", "machine", "fidelity", "levels", "groupCounts",
+                                                 "exclusivity") if key in summary} | {"truncated": True})
 
 
 def node_annotations(topology: Topology, grouping: Grouping, exclusivity: str | None = None) -> dict[str, str]:
@@ -160,6 +160,8 @@ def node_annotations(topology: Topology, grouping: Grouping, exclusivity: str | 
     Keys: ``version``, ``machine`` (arch, type, generation, environment, topologyFacility,
     dispatching, smtThreads, memoryNodes), ``fidelity``, ``levels``, ``levelReason``, ``groups``
     (resource, id, cpus as a kernel cpulist, memoryNode), ``skipped`` (cpus, reason) and
-    ``warnings``. Always below :data:`MAX_ANNOTATION_BYTES` (``truncated: true`` when it was cut).
+    ``warnings``, and ``exclusivity`` (``confirmed`` / ``unconfirmed``: whether pod-resources vouches for
+    the holders) when given. Always below :data:`MAX_ANNOTATION_BYTES` (``truncated: true`` when it was
+    cut; the exclusivity is never cut).
     """
     return {TOPOLOGY_ANNOTATION: _shrink(_summary(topology, grouping, exclusivity))}

@@ -36,7 +36,7 @@ def _file_identity(path: Path | None) -> object:
 
 
 def default_labeler(node_name: str) -> NodeLabeler:
-    from agent.node.kube import NodeLabeler  # the kubernetes client is heavy: load it off the start path
+    from agent.node.kube import NodeLabeler  # http.client and ssl: only when labels are on
 
     return NodeLabeler.from_environment(node_name)
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from agent.policy.grouping import Group
-from agent.topology.cpulist import format_cpulist
+from agent.topology.cpulist import cpu_ranges, format_cpulist, format_ranges
 
 DEFAULT_ANNOTATION_DOMAIN = "topology.s390x.ibm.com"
 
@@ -98,28 +98,9 @@ def omp_threads(group: Group, settings: AllocationSettings) -> tuple[int, ...]:
     return tuple(sorted(chosen))
 
 
-def topology_order(groups: Iterable[Group]) -> list[Group]:
-    return sorted(groups, key=lambda g: (g.order, g.id))
-
-
 def omp_places(cpus: Iterable[int]) -> str:
     """An explicit OMP_PLACES value, one place per CPU: ``{1},{3},{5}``."""
     return ",".join(f"{{{c}}}" for c in cpus)
-
-
-def cpu_ranges(cpus: Iterable[int]) -> tuple[tuple[int, int], ...]:
-    """Ascending CPU numbers as maximal (first, last) ranges."""
-    ranges: list[tuple[int, int]] = []
-    for c in sorted(set(cpus)):
-        if ranges and ranges[-1][1] == c - 1:
-            ranges[-1] = (ranges[-1][0], c)
-        else:
-            ranges.append((c, c))
-    return tuple(ranges)
-
-
-def format_ranges(ranges: Iterable[tuple[int, int]]) -> str:
-    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,13 +57,12 @@ ties of (4) such tables have), and above that the walk's answer is optimal under
 
 from __future__ import annotations
 
-import threading
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from itertools import combinations, groupby
 from math import comb
-from operator import add, is_
+from operator import add
 from typing import cast
 
 from agent.errors import PreferenceError
@@ -80,8 +79,10 @@ def preferred_allocation(
     available: Sequence[str],
     must_include: Sequence[str],
     size: int,
+    index: PreferenceIndex | None = None,
 ) -> list[str]:
-    """``size`` ids from ``available`` (known ids only) that contain ``must_include``."""
+    """``size`` ids from ``available`` (known ids only) that contain ``must_include``. ``index`` is
+    ``table``'s :class:`PreferenceIndex` when the caller keeps one (made here otherwise)."""
     must = list(dict.fromkeys(must_include))
     unknown = [i for i in must if i not in table]
     if unknown:
@@ -91,7 +92,8 @@ def preferred_allocation(
     wanted = dict.fromkeys(available)
     for i in must:
         wanted.pop(i, None)
-    index = _table_index(table)
+    if index is None:
+        index = PreferenceIndex(table)
     rows = sorted([r for r in map(index.rank.get, wanted) if r is not None])
     need = size - len(must)
     if need > len(rows):
@@ -101,48 +103,24 @@ def preferred_allocation(
     return must + [g.id for g in _Search(index, rows, [table[i] for i in must], need).run()]
 
 
-class _TableIndex:
-    """A table's groups in topology order (ties by id) with their features, computed once per table."""
+class PreferenceIndex:
+    """A table's groups in topology order (ties by id) with their features: made once per table by whoever
+    keeps the table (the device table does), not per request."""
 
     def __init__(self, table: Mapping[str, Group]) -> None:
-        self.table = table
-        self.ids = list(table)
-        self.values = list(table.values())
-        keys = [g.key for g in self.values]
+        ids = list(table)
+        values = list(table.values())
+        keys = [g.key for g in values]
         self.unknown = any(None in k for k in keys)  # without unknown ids, the topology order is the key itself
-        orders = [g.order for g in self.values] if self.unknown else cast("list[tuple[int, ...]]", keys)
-        ranked = sorted(range(len(keys)), key=lambda i: (orders[i], self.values[i].id))
-        self.rank = {self.ids[i]: r for r, i in enumerate(ranked)}
-        self.groups = [self.values[i] for i in ranked]
+        orders = [g.order for g in values] if self.unknown else cast("list[tuple[int, ...]]", keys)
+        ranked = sorted(range(len(keys)), key=lambda i: (orders[i], values[i].id))
+        self.rank = {ids[i]: r for r, i in enumerate(ranked)}
+        self.groups = [values[i] for i in ranked]
         self.orders = [orders[i] for i in ranked]
         self.sizes = [len(g.cores) for g in self.groups]
         self.low = [_has_low(g) for g in self.groups]
         self.parents: dict[tuple[int | None, ...], int] = {}
         self.parent = [self.parents.setdefault(g.key[:-1], len(self.parents)) for g in self.groups]
-
-    def current(self, table: Mapping[str, Group]) -> bool:
-        """Is ``table`` still the table indexed: the same object, ids and groups, in the same order?"""
-        return (table is self.table and len(table) == len(self.ids) and all(map(is_, table, self.ids))
-                and all(map(is_, table.values(), self.values)))
-
-
-_INDEXES: dict[int, _TableIndex] = {}  # by id(table); each holds its table, so the id is not reused
-_INDEXES_KEPT = 8  # the agent has one table per resource
-_INDEXES_LOCK = threading.Lock()
-
-
-def _table_index(table: Mapping[str, Group]) -> _TableIndex:
-    """The index of ``table``: reused while the table is unchanged (checked on every call, O(N))."""
-    index = _INDEXES.get(id(table))
-    if index is not None and index.current(table):
-        return index
-    index = _TableIndex(table)
-    with _INDEXES_LOCK:
-        _INDEXES.pop(id(table), None)
-        while len(_INDEXES) >= _INDEXES_KEPT:
-            _INDEXES.pop(next(iter(_INDEXES)))
-        _INDEXES[id(table)] = index
-    return index
 
 
 def _has_low(g: Group) -> bool:
@@ -229,7 +207,7 @@ class _MixedTables:
 class _Search:
     """One call's search over the free groups (rows of the table index), in topology order."""
 
-    def __init__(self, index: _TableIndex, rows: list[int], fixed: list[Group], need: int) -> None:
+    def __init__(self, index: PreferenceIndex, rows: list[int], fixed: list[Group], need: int) -> None:
         self.need = need
         self.fixed = fixed
         self.groups = [index.groups[r] for r in rows]

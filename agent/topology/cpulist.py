@@ -35,18 +35,25 @@ def parse_cpulist(text: str) -> list[int]:
     return sorted(cpus)
 
 
+def cpu_ranges(cpus: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    """Ascending CPU numbers as maximal (first, last) ranges."""
+    ranges: list[tuple[int, int]] = []
+    for c in sorted(set(cpus)):
+        if ranges and ranges[-1][1] == c - 1:
+            ranges[-1] = (ranges[-1][0], c)
+        else:
+            ranges.append((c, c))
+    return tuple(ranges)
+
+
+def format_ranges(ranges: Iterable[tuple[int, int]]) -> str:
+    """(first, last) ranges as a kernel CPU list."""
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
+
+
 def format_cpulist(cpus: Iterable[int]) -> str:
     """Format CPU numbers the way the kernel does: ascending ranges, ``0-23,48-71``."""
-    ordered = sorted(set(cpus))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
+    return format_ranges(cpu_ranges(cpus))
 
 
 def parse_cpumask(text: str) -> list[int]:

@@ -129,8 +129,8 @@ def _kernel_id(path: str) -> int | None:
 def _read_cpu(cpu_dir: str, cpu: int, online_set: set[int] | None, containers: _Containers,
               details: bool = True) -> RawCpu:
     """One CPU's files, as few as the model needs: the global online list stands for each CPU's
-    ``online``, ``configure`` only matters for an offline CPU (standby CPUs are offline), and the
-    topology directory is known to exist by what reading it finds."""
+    ``online``, ``configure`` only matters for an offline CPU (standby CPUs are offline), and an online
+    CPU's topology directory is known to exist by what reading it finds."""
     base = f"{cpu_dir}/cpu{cpu}"
     if online_set is not None:
         online = cpu in online_set
@@ -142,8 +142,11 @@ def _read_cpu(cpu_dir: str, cpu: int, online_set: set[int] | None, containers: _
     topo = f"{base}/topology"
     ids: dict[str, int | None] = {}
     masks: dict[str, frozenset[int] | None] = {}
-    for level in _LEVEL_FILES:
-        masks[level], ids[level] = containers.read(topo, cpu, level)
+    # An online CPU has its topology directory; an offline one (standby CPUs, many on some LPARs)
+    # usually has none: one stat then saves a dozen failed opens.
+    if online or os.path.isdir(topo):
+        for level in _LEVEL_FILES:
+            masks[level], ids[level] = containers.read(topo, cpu, level)
     has_topology = any(m is not None for m in masks.values()) or any(i is not None for i in ids.values())
     if not has_topology:
         ids, masks = {}, {}
