@@ -51,6 +51,18 @@ def missing(what: str, how: str) -> NoReturn:
 RUNTIME_HANDLERS = ("runc", "crun")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _remove_short_tmpdirs() -> Iterator[None]:
+    """The directories tests made under /tmp with short_tmpdir (agent logs, sockets) go with the session."""
+    import shutil
+
+    from tests.plugin_harness import MADE
+
+    yield
+    for path in MADE:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def ctd(request: pytest.FixtureRequest) -> Iterator[Containerd]:
     """A private real containerd for the tests of one module (missing: skipped here, failed in CI)."""

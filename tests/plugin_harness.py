@@ -24,9 +24,14 @@ from topology_devkit.kubelet_emulator import KubeletEmulator
 FAST = Timing(poll=0.02, stream_grace=1.0, backoff_min=0.02, backoff_max=0.2, register_timeout=5.0)
 
 
+MADE: list[Path] = []  # every short_tmpdir of this session: removed when it ends (tests/conftest.py)
+
+
 def short_tmpdir() -> Path:
     """Unix socket paths must stay under 107 bytes: pytest's tmp_path can be longer."""
-    return Path(tempfile.mkdtemp(prefix="tpa-", dir="/tmp"))
+    path = Path(tempfile.mkdtemp(prefix="tpa-", dir="/tmp"))
+    MADE.append(path)
+    return path
 
 
 @dataclass

@@ -95,6 +95,8 @@ def test_the_shared_pool_confines_the_rest_and_widens_when_the_group_is_freed(ct
         web = ctd.run_pod("web", container="c")  # holds nothing
         agent = start_agent(k, root, ctd, topology, "--shared-pool")
         try:
+            wait_until(lambda: agent.metric("topology_agent_cpuset_enforcement_steps_total") >= 1, 10,
+                       "the agent looked at the runtime")
             assert ctd.cpus_allowed_list(web.container_id) == both  # no group held: the pool is everything
             cpus, annotations = admit(k, "llm")
             llm = ctd.run_pod("llm", container="c", annotations=annotations)

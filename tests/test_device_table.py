@@ -207,6 +207,5 @@ def test_a_warm_allocate_touches_four_files_and_takes_the_node_lock_once(
     answer = api_pb2.AllocateResponse.FromString(answers[0])  # Allocate answers ready bytes
     assert answer.container_responses[0].envs["TOPOLOGY_GROUPS"] == "drawer0-book1,drawer0-book2"
     assert files <= {"agent/plugin/servicer.py", "agent/devices/table.py", "agent/policy/ledger.py",
-                     "agent/observe/metrics.py"}, files
-    assert len(files) <= 4
+                     "agent/observe/metrics.py"}, files  # at most these four
     assert lock.taken == 1

@@ -12,7 +12,7 @@ import pytest
 from agent._proto.deviceplugin.v1beta1 import api_pb2
 from tests.conftest import BOOK
 from tests.plugin_harness import running_node, short_tmpdir
-from topology_devkit.agent_process import AgentProcess
+from topology_devkit.agent_process import AgentProcess, wait_until
 from topology_devkit.kubelet_emulator import KubeletEmulator
 
 MAX_DETAILS = 2048
@@ -54,9 +54,7 @@ def test_a_preferred_allocation_with_absurd_ids_gets_a_short_invalid_argument(ag
 def test_no_log_line_echoes_a_whole_request(agent: AgentProcess) -> None:
     with pytest.raises(grpc.RpcError):
         agent.allocate(BOOK, ["z" * 1_000_000])
-    deadline = time.monotonic() + 5
-    while not agent.logged("Allocate refused") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: agent.logged("Allocate refused"), 5, "the refusal logged")
     longest = max(len(line) for line in agent.log_path.read_text().splitlines())
     assert longest < MAX_LOG_LINE
 
