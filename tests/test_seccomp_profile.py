@@ -16,6 +16,7 @@ import pytest
 from agent.cli import main
 from agent.errors import UsageError
 from agent.node import seccomp
+from tests.conftest import missing
 
 NUMA_CALLS = ("get_mempolicy", "set_mempolicy", "mbind", "migrate_pages", "move_pages")
 GOARCHES = ("s390x", "amd64", "arm64")
@@ -145,16 +146,21 @@ def compile_with_libseccomp(p: dict[str, Any], native: str) -> int:
         lib.seccomp_release(ctx)
 
 
-@pytest.mark.skipif(LIBSECCOMP is None, reason="libseccomp (Debian libseccomp2) is not installed")
+def need_libseccomp() -> None:
+    if LIBSECCOMP is None:
+        missing("libseccomp", "apt-get install libseccomp2 (.ci/run installs it)")
+
+
 @pytest.mark.parametrize("goarch", GOARCHES)
 def test_libseccomp_compiles_each_profile_for_its_node(goarch: str) -> None:
+    need_libseccomp()
     instructions = compile_with_libseccomp(load(goarch), NATIVE_ARCH[goarch])
     assert 0 < instructions < 4096  # the kernel's BPF_MAXINSNS
 
 
-@pytest.mark.skipif(LIBSECCOMP is None, reason="libseccomp (Debian libseccomp2) is not installed")
 def test_libseccomp_refuses_one_file_for_every_architecture() -> None:
     """Why there is one file per architecture: the check above can fail."""
+    need_libseccomp()
     mixed = {**load("s390x"), "architectures": ["SCMP_ARCH_S390X", "SCMP_ARCH_X86_64"]}
     with pytest.raises(AssertionError, match="seccomp_arch_add"):
         compile_with_libseccomp(mixed, "s390x")
