@@ -43,7 +43,7 @@ lint: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python proto/generate.py
 
-## Every bench (bench/README.md), then one table with target and verdict per row: about 15 min; QUICK=1 about 3 min.
+## Every bench (bench/README.md), then one table with target and verdict per row: about 9 min; QUICK=1 about 2 min.
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py $(if $(QUICK),--quick)
 

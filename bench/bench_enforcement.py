@@ -1,9 +1,10 @@
 """CPU-set enforcement (``serve --cpuset-enforcement cri``) against a real containerd: how soon a
 topology container is pinned after it is created, and what enforcement costs an idle node.
 
-Setup: the devkit's private containerd (runc), the kubelet emulator, and the agent as a process with
-its default intervals (``--cpuset-interval 2``, ``--pod-resources-interval 2``) on a node of this
-machine's CPUs as one book of two one-core sockets.
+Setup: the devkit's private containerd (runc), the kubelet emulator, and the agent as a process with the
+devkit's test defaults (``AgentProcess``: rescans off, a snapshot as its topology) and the enforcement's
+default intervals (``--cpuset-interval 2``, ``--pod-resources-interval 2``) on a node of this machine's
+CPUs as one book of two one-core sockets.
 
 * (a) **created -> pinned, new pods**: a pod asks for a socket (Allocate), its container is created
   with the Allocate annotations as kubelet does, and the time from the container's CRI ``created_at``
@@ -22,7 +23,6 @@ machine's CPUs as one book of two one-core sockets.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agent.topology import snapshot
 from agent.topology.cpulist import parse_cpulist
 from agent.topology.model import Cpu, Machine, Topology
-from bench.common import INFO, Row, at_most, bench_main, skipped
+from bench.common import INFO, Row, at_most, bench_main, median, percentile, skipped
 from topology_devkit.agent_process import AgentProcess, wait_until
 from topology_devkit.containerd import Containerd, ContainerdUnavailable, status_cpus_allowed
 from topology_devkit.kubelet_emulator import Container, KubeletEmulator
@@ -70,11 +70,6 @@ def created_at(ctd: Containerd, container_id: str) -> int:
 
     answer = ctd.runtime.ContainerStatus(cri.ContainerStatusRequest(container_id=container_id), timeout=5)
     return int(answer.status.created_at)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def latencies(ctd: Containerd, root: Path, topology: Path, pods: int) -> tuple[list[float], list[float]]:
@@ -156,14 +151,14 @@ def run(quick: bool, pods: int = 20, seconds: float = 60.0) -> list[Row]:
         on, off = idle_cost(ctd, root, topology, seconds)
     finally:
         ctd.close()
-    p95 = percentile(new, 0.95)
+    p95 = percentile(new, 95)
     resolution = 2 * 0.01 / seconds  # one 10 ms tick on each agent's reading
     return [
-        Row(BENCH, names[0], f"p50 {statistics.median(new) * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms ({len(new)} pods)",
+        Row(BENCH, names[0], f"p50 {median(new) * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms ({len(new)} pods)",
             p95, targets[0], at_most(p95, TARGET_P95), raw={"new_ms": [round(x * 1000, 1) for x in new]}),
-        Row(BENCH, names[1], f"p50 {statistics.median(restarted) * 1000:.0f} ms, "
-            f"p95 {percentile(restarted, 0.95) * 1000:.0f} ms ({len(restarted)} restarts)",
-            percentile(restarted, 0.95), targets[1], INFO,
+        Row(BENCH, names[1], f"p50 {median(restarted) * 1000:.0f} ms, "
+            f"p95 {percentile(restarted, 95) * 1000:.0f} ms ({len(restarted)} restarts)",
+            percentile(restarted, 95), targets[1], INFO,
             raw={"restarted_ms": [round(x * 1000, 1) for x in restarted]}),
         Row(BENCH, names[2], f"{(on - off) * 100:+.3f} % of a core ({on * 100:.3f} enforcing vs {off * 100:.3f} not, "
             f"{seconds:.0f} s side by side)", on - off, targets[2],

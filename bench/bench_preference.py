@@ -66,21 +66,15 @@ from agent.plugin.servicer import render
 from agent.policy.allocation import AllocationSettings
 from agent.policy.grouping import Group, Grouping, GroupingSettings, group_topology
 from agent.policy.preference import PreferenceIndex, preferred_allocation
-from bench.common import BenchError as CommonBenchError
+from bench.common import ROOT, BenchError, at_most, bench_main, fmt_time, stop_process
 from bench.common import Row as CommonRow
-from bench.common import at_most, bench_main, stop_process
 from topology_devkit.synthetic import SHAPES, LparShape, build_topology
 
-ROOT = Path(__file__).resolve().parent.parent
 BENCH = "preference"
 RESOURCE = "topology/book"
 METHOD = "/v1beta1.DevicePlugin/GetPreferredAllocation"
 TARGET_RATIO = 2.0
 SETTINGS = GroupingSettings(levels=("book",))
-
-
-class BenchError(Exception):
-    """The thing under test is broken (a wrong answer, a server that does not start): exit 1."""
 
 
 # --------------------------------------------------------------------------- device tables
@@ -211,7 +205,7 @@ def spawn(*args: str) -> subprocess.Popen[bytes]:
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     if proc.stdout.readline().strip() != b"ready":
-        proc.kill()
+        stop_process(proc)
         raise BenchError(f"server {' '.join(args)} did not start")
     return proc
 
@@ -219,7 +213,7 @@ def spawn(*args: str) -> subprocess.Popen[bytes]:
 # --------------------------------------------------------------------------- measuring
 
 @dataclass
-class Row:
+class SizeRow:
     table: str
     groups: int
     size: int
@@ -279,7 +273,7 @@ def sizes_for(n: int) -> list[int]:
 
 
 def measure_round(name: str, directory: Path, groups: dict[str, Group], ids: list[str],
-                  requests: dict[int, api_pb2.PreferredAllocationRequest], rows: dict[int, Row],
+                  requests: dict[int, api_pb2.PreferredAllocationRequest], rows: dict[int, SizeRow],
                   calls: int, block: int, warmup: int) -> None:
     """One round: fresh agent and echo processes, every request size timed on both, ABBA."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -333,12 +327,12 @@ def measure_round(name: str, directory: Path, groups: dict[str, Group], ids: lis
             stop_process(echo)
 
 
-def measure_table(name: str, tmp: Path, rounds: int, calls: int, block: int, warmup: int, reps: int) -> list[Row]:
+def measure_table(name: str, tmp: Path, rounds: int, calls: int, block: int, warmup: int, reps: int) -> list[SizeRow]:
     groups = grouping_of(name).by_id(RESOURCE)
     ids = list(groups)
     random.Random(len(ids)).shuffle(ids)  # kubelet lists the available ids in no particular order
     requests = {size: request_for(ids, size) for size in sizes_for(len(ids))}
-    rows = {size: Row(name, len(ids), size, [], [], [], [], [], []) for size in requests}
+    rows = {size: SizeRow(name, len(ids), size, [], [], [], [], [], []) for size in requests}
     for r in range(rounds):  # fresh processes each round: where the scheduler puts them varies
         measure_round(name, tmp / f"{name.replace(' ', '-')}-{r}", groups, ids, requests, rows, calls, block, warmup)
     for size, row in rows.items():
@@ -348,11 +342,7 @@ def measure_table(name: str, tmp: Path, rounds: int, calls: int, block: int, war
 
 # --------------------------------------------------------------------------- report
 
-def _time(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f} us"
-
-
-def report(rows: Sequence[Row], rounds: int, calls: int, block: int, reps: int) -> None:
+def report(rows: Sequence[SizeRow], rounds: int, calls: int, block: int, reps: int) -> None:
     print(f"GetPreferredAllocation benchmark: agent (PluginServer/DevicePluginServicer over a DeviceTable) and a "
           f"bare echo, each its own process on a Unix socket; {rounds} rounds of fresh processes, {calls} calls "
           f"per side per row and round in ABBA blocks of {block} (ratio: of all calls' medians; rounds: each "
@@ -366,13 +356,13 @@ def report(rows: Sequence[Row], rounds: int, calls: int, block: int, reps: int) 
         a50, e50 = statistics.median(r.agent), statistics.median(r.echo)
         ratio = a50 / e50
         spread = f"{min(r.round_ratios):.2f}-{max(r.round_ratios):.2f}"
-        print(f"{r.table:<13} {r.groups:>4} {r.size:>4}  {_time(statistics.median(r.before)):>9} "
-              f"{_time(statistics.median(r.cold)):>8} {_time(statistics.median(r.after)):>8}  {_time(a50):>9} "
-              f"{_time(e50):>9} {_time(min(r.agent)):>9} {_time(min(r.echo)):>9}  {ratio:>5.2f} {spread:>9}  "
+        print(f"{r.table:<13} {r.groups:>4} {r.size:>4}  {fmt_time(statistics.median(r.before)):>9} "
+              f"{fmt_time(statistics.median(r.cold)):>8} {fmt_time(statistics.median(r.after)):>8}  {fmt_time(a50):>9} "
+              f"{fmt_time(e50):>9} {fmt_time(min(r.agent)):>9} {fmt_time(min(r.echo)):>9}  {ratio:>5.2f} {spread:>9}  "
               f"{'<= ' + str(TARGET_RATIO):>6}  {'met' if ratio <= TARGET_RATIO else 'NOT met'}")
 
 
-def rows_for(rows: Sequence[Row]) -> list[CommonRow]:
+def rows_for(rows: Sequence[SizeRow]) -> list[CommonRow]:
     """One row of the one table per device table: its worst request size."""
     out: list[CommonRow] = []
     for name in dict.fromkeys(r.table for r in rows):
@@ -397,12 +387,10 @@ def run(quick: bool, rounds: int = 3, calls: int = 400, block: int = 50, warmup:
     if quick:
         rounds, calls, block, warmup, reps = 1, 60, 15, 10, 1
     tmp = Path(tempfile.mkdtemp(prefix="bpa-", dir="/tmp"))  # short: Unix socket paths < 108 bytes
-    rows: list[Row] = []
+    rows: list[SizeRow] = []
     try:
         for name in tables:
             rows += measure_table(name, tmp, rounds, calls, block, warmup, reps)
-    except BenchError as exc:
-        raise CommonBenchError(str(exc)) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     report(rows, rounds, calls, block, reps)

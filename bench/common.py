@@ -150,11 +150,6 @@ def run_timed(command: Sequence[str], **kwargs: Any) -> float:
     return took
 
 
-def abba(blocks: int) -> list[tuple[int, int]]:
-    """Side order per block for two sides: (0, 1), (1, 0), (0, 1), ...: the sides run A B B A A B ..."""
-    return [(0, 1) if b % 2 == 0 else (1, 0) for b in range(blocks)]
-
-
 # --------------------------------------------------------------------------- the table
 
 COLUMNS = ("bench", "row", "measured", "target", "verdict")

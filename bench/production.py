@@ -27,7 +27,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import http.client
 import json
@@ -40,7 +39,7 @@ import sysconfig
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -173,7 +172,7 @@ class ApiRequest:
 class FakeApiServer:
     """GET and JSON merge-PATCH of one Node over HTTPS, with a bearer token; every request recorded."""
 
-    def __init__(self, directory: Path, cert: Path, key: Path, node: str = NODE_NAME) -> None:
+    def __init__(self, cert: Path, key: Path, node: str = NODE_NAME) -> None:
         self.token = hashlib.sha256(os.urandom(16)).hexdigest()
         self.node: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": {
             "name": node, "labels": {"kubernetes.io/arch": "s390x", "kubernetes.io/hostname": node,
@@ -351,7 +350,7 @@ class Production:
                 self.labels_note = f"NO node labels: {certificate}"
             else:
                 cert, key = certificate
-                self.api = FakeApiServer(workdir, cert, key)
+                self.api = FakeApiServer(cert, key)
                 secrets = workdir / "serviceaccount"
                 secrets.mkdir(exist_ok=True)
                 (secrets / "token").write_text(self.api.token)
@@ -405,11 +404,3 @@ class Production:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-@contextlib.contextmanager
-def production(workdir: Path, *, labels: bool = True) -> Iterator[Production]:
-    prod = Production(workdir, labels=labels)
-    try:
-        yield prod
-    finally:
-        prod.close()
