@@ -300,6 +300,11 @@ async def test_in_a_pod_the_service_account_token_is_read_for_every_request(
     assert await _sync(labeler, {**LABELS, f"{P}books": "7"}, {}) is True
     tokens = [r.headers["Authorization"] for r in _requests(kmock)]
     assert tokens[:2] == ["Bearer first"] * 2 and tokens[2:] == ["Bearer rotated"] * 2
+    (tmp_path / "token").unlink()  # the token gone: said as such, not as an unreachable API server
+    labeler.invalidate()
+    assert await _sync(labeler, {**LABELS, f"{P}books": "8"}, {}) is False
+    assert labeler.last_error is not None and "cannot read the service account token" in labeler.last_error
+    assert "unreachable" not in labeler.last_error
 
 
 def test_in_cluster_needs_the_service_environment_and_a_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -177,12 +177,16 @@ class CriClient:
         try:
             return getattr(self._stub(), method)(request, timeout=self.timeout)
         except grpc.RpcError as exc:
-            self._reset()
             code = exc.code().name if isinstance(exc, grpc.Call) else "UNKNOWN"
+            if code in TRANSPORT_CODES:  # the connection may be bad: dial afresh next time
+                self._reset()
             details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
             if code == "DEADLINE_EXCEEDED":
                 details = f"no answer within {self.timeout:g} s"
             raise CriError(f"CRI {method} at {self.socket}: {code}: {_one_line(details)}", code) from None
+
+
+TRANSPORT_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN", "INTERNAL"})
 
 
 def _state_name(state: int) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.errors import KubeApiError
+from agent.errors import KubeApiError, NodeLabelerError
 from agent.node.kubeapi import MERGE_PATCH, NodeApi, node_api_from_environment
 from agent.node.labels import KEY_PREFIX
 
@@ -156,4 +156,6 @@ class NodeLabeler:
             return f"{what}: API server timed out after {self.request_timeout:g}s: {exc}"
         if isinstance(exc, OSError):
             return f"{what}: API server unreachable: {exc.strerror or exc}"
+        if isinstance(exc, NodeLabelerError):
+            return f"{what}: {exc}"
         return f"{what}: {type(exc).__name__}: {exc}"

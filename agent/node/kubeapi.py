@@ -92,7 +92,12 @@ class LeanNodeApi:
         if body is not None:
             headers["Content-Type"] = MERGE_PATCH
         if self.token_file is not None:
-            headers["Authorization"] = f"Bearer {self.token_file.read_text().strip()}"
+            try:
+                token = self.token_file.read_text().strip()
+            except OSError as exc:  # not the API server's fault: say what is wrong
+                raise NodeLabelerError(f"cannot read the service account token {self.token_file}: "
+                                       f"{exc.strerror or exc}") from None
+            headers["Authorization"] = f"Bearer {token}"
         for attempt in range(self.retries + 1):
             conn: http.client.HTTPConnection
             if self._context is not None:

@@ -52,7 +52,7 @@ class Reply:
 
 
 Respond = Callable[[str], Reply]  # path -> reply (GET; HEAD sends the same headers without the body)
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
            500: "Internal Server Error", 503: "Service Unavailable"}
 
 
@@ -142,8 +142,10 @@ class HttpEndpoint:
     def stop(self) -> None:
         loop = self._loop
         if loop is not None and self._thread is not None:
-            loop.call_soon_threadsafe(loop.stop)
+            with contextlib.suppress(RuntimeError):  # the loop already ended (it failed to start, or stopped)
+                loop.call_soon_threadsafe(loop.stop)
             self._thread.join(timeout=5)
+            self._thread = None
         for sock in self._sockets:
             with contextlib.suppress(OSError):
                 sock.close()

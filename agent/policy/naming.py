@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from agent.errors import PolicyError
+
 MAX_DEVICE_ID = 63
 
 # kubelet's patterns, checked with sets rather than compiled regular expressions (1.4 ms of every start):
@@ -45,11 +47,11 @@ def resource_name_error(name: str) -> str | None:
 
 
 def resource_name(prefix: str, level: str) -> str:
-    """``<prefix>/<level>``; ValueError when kubelet would reject it."""
+    """``<prefix>/<level>``; PolicyError (a ValueError) when kubelet would reject it."""
     name = f"{prefix}/{level}"
     error = resource_name_error(name)
     if error is not None:
-        raise ValueError(f"invalid --resource-prefix {prefix!r}: {error}")
+        raise PolicyError(f"invalid --resource-prefix {prefix!r}: {error}")
     return name
 
 
