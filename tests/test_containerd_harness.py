@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import missing
 from topology_devkit import containerd as harness
-from topology_devkit.containerd import Containerd, ContainerdUnavailable, alive, build_image, wait_until
+from topology_devkit.containerd import Containerd, ContainerdUnavailable, alive, build_image, poll_until
 
 
 def test_the_image_is_a_reproducible_oci_layout_of_busybox(tmp_path: Path) -> None:
@@ -70,7 +70,7 @@ def test_the_reason_it_cannot_run_is_one_line(monkeypatch: pytest.MonkeyPatch) -
 def test_a_zombie_is_dead() -> None:
     child = subprocess.Popen(["true"])
     try:
-        assert wait_until(lambda: Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z",
+        assert poll_until(lambda: Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z",
                           10.0), "the child never exited"
         assert not alive(child.pid)  # not reaped yet: /proc still has it, in state Z
         assert alive(os.getpid())

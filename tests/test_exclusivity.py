@@ -28,22 +28,18 @@ from topology_devkit.kubelet_emulator import AdmissionError, Container, KubeletE
 from topology_devkit.sysfs_writer import write_sysfs_tree
 
 
-def unhealthy(kubelet: KubeletEmulator, resource: str) -> set[str]:
-    return {d for d, h in kubelet.devices(resource).items() if h != "Healthy"}
-
-
 def test_a_book_pod_blocks_its_sockets_until_deleted() -> None:
     with running_node() as node:
         k = node.kubelet
         pod = k.admit_pod("default", "book", [Container("c", {BOOK: 1})])
         (book,) = pod.devices("c", BOOK)
         inside = {s for s in k.devices(SOCKET) if s.startswith(book + "-")}
-        k.wait_for(lambda: unhealthy(k, SOCKET) == inside, what="sockets of the held book blocked")
+        k.wait_for(lambda: k.unhealthy_devices(SOCKET) == inside, what="sockets of the held book blocked")
         assert k.allocatable(SOCKET) == 16 - len(inside) and k.capacity(SOCKET) == 16
-        assert unhealthy(k, BOOK) == set()  # the held book itself is never marked
+        assert k.unhealthy_devices(BOOK) == set()  # the held book itself is never marked
         k.wait_for(lambda: node.agent.devices.holders().get((BOOK, book)) == ["default/book/c"], what="listed")
         k.delete_pod("default", "book")
-        k.wait_for(lambda: unhealthy(k, SOCKET) == set(), what="sockets healthy after the pod is gone")
+        k.wait_for(lambda: k.unhealthy_devices(SOCKET) == set(), what="sockets healthy after the pod is gone")
 
 
 def test_a_socket_pod_blocks_its_book_and_allocate_rechecks() -> None:
@@ -52,7 +48,7 @@ def test_a_socket_pod_blocks_its_book_and_allocate_rechecks() -> None:
         pod = k.admit_pod("default", "sock", [Container("c", {SOCKET: 1})])
         (socket_id,) = pod.devices("c", SOCKET)
         book = socket_id.rsplit("-", 1)[0]
-        k.wait_for(lambda: unhealthy(k, BOOK) == {book}, what="the socket's book blocked")
+        k.wait_for(lambda: k.unhealthy_devices(BOOK) == {book}, what="the socket's book blocked")
         k.wait_for(lambda: node.agent.devices.holders().get((SOCKET, socket_id)) == ["default/sock/c"], what="listed")
         # A conflict that slips through (kubelet acting on an older snapshot) is refused by Allocate itself.
         with pytest.raises(grpc.RpcError) as err:
@@ -75,12 +71,12 @@ def test_cpu_offline_turns_its_groups_unhealthy_within_one_rescan_and_back() -> 
         rewrite(Topology(machine=base.machine, cpus=tuple(
             dataclasses.replace(c, online=c.cpu != 13) for c in base.cpus)))
         node.agent.rescan()  # one rescan period, driven by the test
-        k.wait_for(lambda: unhealthy(k, BOOK) == {"drawer0-book1"} and
-                   unhealthy(k, SOCKET) == {"drawer0-book1-socket0"}, what="groups of cpu 13 unhealthy")
+        k.wait_for(lambda: k.unhealthy_devices(BOOK) == {"drawer0-book1"} and
+                   k.unhealthy_devices(SOCKET) == {"drawer0-book1-socket0"}, what="groups of cpu 13 unhealthy")
         assert set(k.devices(BOOK)) == {g.id for g in node.agent.grouping.by_resource(BOOK)}  # no id dropped
         rewrite(base)
         node.agent.rescan()
-        k.wait_for(lambda: not unhealthy(k, BOOK) and not unhealthy(k, SOCKET), what="whole again")
+        k.wait_for(lambda: not k.unhealthy_devices(BOOK) and not k.unhealthy_devices(SOCKET), what="whole again")
 
 
 def test_steady_state_makes_pod_resources_calls_only_from_its_loop() -> None:
@@ -116,7 +112,7 @@ def test_agent_killed_and_restarted_publishes_the_blocked_set_before_serving() -
             pod = k.admit_pod("default", "held", [Container("c", {BOOK: 1})])
             (book,) = pod.devices("c", BOOK)
             inside = {s for s in k.devices(SOCKET) if s.startswith(book + "-")}
-            k.wait_for(lambda: unhealthy(k, SOCKET) == inside, timeout=10)
+            k.wait_for(lambda: k.unhealthy_devices(SOCKET) == inside, timeout=10)
         finally:
             first.send_signal(signal.SIGKILL)
             first.wait(timeout=10)
@@ -127,7 +123,7 @@ def test_agent_killed_and_restarted_publishes_the_blocked_set_before_serving() -
             k.wait_for(lambda: k.registrations(SOCKET) >= 2 and k.snapshots(SOCKET) > before, timeout=20)
             # The very first snapshot of the new instance already holds the blocked set.
             assert k.snapshots(SOCKET) == before + 1
-            assert unhealthy(k, SOCKET) == inside
+            assert k.unhealthy_devices(SOCKET) == inside
         finally:
             second.send_signal(signal.SIGTERM)
             second.communicate(timeout=20)
@@ -213,7 +209,7 @@ def test_quick_rescans_read_everything_only_when_the_fingerprint_moves() -> None
             dataclasses.replace(c, online=c.cpu != 40) for c in base.cpus)), root)
         node.agent.rescan()
         assert len(reads) == 2  # the online list changed: read now
-        node.kubelet.wait_for(lambda: unhealthy(node.kubelet, BOOK) == {"drawer0-book3"})
+        node.kubelet.wait_for(lambda: node.kubelet.unhealthy_devices(BOOK) == {"drawer0-book3"})
         node.agent.rescan(full=True)
         assert len(reads) == 3
 

@@ -18,10 +18,6 @@ from topology_devkit.agent_process import AgentProcess, wait_until
 from topology_devkit.kubelet_emulator import KubeletEmulator
 
 
-def unhealthy(kubelet: KubeletEmulator, resource: str) -> set[str]:
-    return {d for d, h in kubelet.devices(resource).items() if h != "Healthy"}
-
-
 def test_without_pod_resources_a_hold_survives_an_agent_restart_and_readiness_says_so() -> None:
     root = short_tmpdir()
     missing = root / "not-yet" / "kubelet.sock"  # pod-resources is not there (yet)
@@ -33,7 +29,7 @@ def test_without_pod_resources_a_hold_survives_an_agent_restart_and_readiness_sa
             k.wait_registered(SOCKET, timeout=30)
             first.allocate(BOOK, ["drawer0-book0"])  # what kubelet would do for a pod
             inside = {"drawer0-book0-socket0", "drawer0-book0-socket1"}
-            wait_until(lambda: unhealthy(k, SOCKET) == inside, 10, "the book's sockets blocked")
+            wait_until(lambda: k.unhealthy_devices(SOCKET) == inside, 10, "the book's sockets blocked")
             status, body = first.get("/readyz")
             assert status == 503 and "exclusivity unconfirmed" in body
             assert first.metric("topology_agent_exclusivity_confirmed") == 0
@@ -48,7 +44,7 @@ def test_without_pod_resources_a_hold_survives_an_agent_restart_and_readiness_sa
                               pod_resources=missing)
         try:
             wait_until(lambda: k.registrations(SOCKET) >= 2 and bool(k.devices(SOCKET)), 30, "re-registered")
-            assert unhealthy(k, SOCKET) == inside  # still blocked by the hold from before the restart
+            assert k.unhealthy_devices(SOCKET) == inside  # still blocked by the hold from before the restart
             with pytest.raises(grpc.RpcError) as refused:
                 second.allocate(SOCKET, ["drawer0-book0-socket0"])
             assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -56,7 +52,7 @@ def test_without_pod_resources_a_hold_survives_an_agent_restart_and_readiness_sa
             missing.parent.mkdir()
             os.symlink(k.pod_resources_socket, missing)
             wait_until(lambda: second.get("/readyz")[0] == 200, 30, "ready once pod-resources answers")
-            wait_until(lambda: not unhealthy(k, SOCKET), 10, "the sockets released")
+            wait_until(lambda: not k.unhealthy_devices(SOCKET), 10, "the sockets released")
             assert second.metric("topology_agent_exclusivity_confirmed") == 1
             assert second.metric("topology_agent_pending_holds") == 0
         finally:

@@ -157,9 +157,10 @@ def test_the_readme_says_how_to_build_pin_and_refresh() -> None:
     start = readme.index("### Building the image\n")
     section = readme[start:readme.index("\n## ", start)]
     assert readme[start:].split("\n## ", 1)[1].startswith("Installing"), "the subsection comes right before Installing"
-    for needle in ("make image REGISTRY=", "docker buildx build --push", "make image REGISTRY=... DRY_RUN=1", "make image-lock",
-                   "make image-base-pin", "docker buildx imagetools inspect python:3.11-slim-bookworm",
-                   "--set image.digest=", "SOURCE_DATE_EPOCH", "rewrite-timestamp=true"):
+    for needle in ("make image REGISTRY=", "docker buildx build --push", "make image REGISTRY=... DRY_RUN=1",
+                   "make image-lock", "make image-base-pin",
+                   "docker buildx imagetools inspect python:3.11-slim-bookworm", "--set image.digest=",
+                   "SOURCE_DATE_EPOCH", "rewrite-timestamp=true"):
         assert needle in section, needle
     makefile = (REPO / "Makefile").read_text()
     for target in ("image:", "image-lock:", "image-base-pin:"):

