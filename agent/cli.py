@@ -37,13 +37,18 @@ if TYPE_CHECKING:
 ENV_PREFIX = "TOPOLOGY_AGENT_"
 
 
+def env_name(flag: str) -> str:
+    """The environment variable a flag also reads: ``--cpuset-interval`` -> ``TOPOLOGY_AGENT_CPUSET_INTERVAL``."""
+    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
 def env_default(flag: str, default: str | None = None) -> str | None:
-    return os.environ.get(ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper(), default)
+    return os.environ.get(env_name(flag), default)
 
 
 def _add(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, default: str | None = None,
          **kwargs: object) -> None:
-    env = ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+    env = env_name(flag)
     help_text = str(kwargs.pop("help", ""))
     shown = f" (default: {default})" if default else ""
     parser.add_argument(flag, default=env_default(flag, default), help=f"{help_text}{shown} [env {env}]",
@@ -217,7 +222,7 @@ def check_choices(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
             continue
         value = getattr(args, action.dest, None)
         if value is not None and value not in action.choices:
-            env = ENV_PREFIX + action.dest.upper()
+            env = env_name(action.dest)
             raise UsageError(f"{action.option_strings[0]} (or {env}): {value!r} is not one of "
                              f"{', '.join(map(str, action.choices))}")
 
@@ -239,7 +244,7 @@ def _bool_env(flag: str, default: bool) -> bool:
         return True
     if value.strip().lower() in ("0", "false", "no", "off"):
         return False
-    raise UsageError(f"{ENV_PREFIX}{flag.lstrip('-').replace('-', '_').upper()}: expected true or false, got {value!r}")
+    raise UsageError(f"{env_name(flag)}: expected true or false, got {value!r}")
 
 
 def add_service_flags(parser: argparse.ArgumentParser) -> None:
