@@ -179,7 +179,8 @@ class CpusetEnforcement:
                     continue
                 raise
             self._count(update.kind, "ok")
-            pinned += update.kind == "topology"
+            if update.kind == "topology":
+                pinned += 1
             cpus = frozenset(parse_cpulist(update.cpus))
             old = self._cache.get(update.container)
             self._cache[update.container] = (cpus, update.mems or (old[1] if old else ""), time.monotonic())

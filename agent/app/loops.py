@@ -62,13 +62,12 @@ class PeriodicLoop:
             self._wake.clear()
             if self._stop.is_set():
                 return
-            try:
-                ok = self.run_once()
-                delay = (self.pace() if self.pace is not None else self.interval) if ok else \
-                    min(max(delay * 2, self.interval), self.max_backoff)
+            backoff = min(max(delay * 2, self.interval), self.max_backoff)
+            try:  # the pace too: nothing may end the loop
+                delay = (self.pace() if self.pace is not None else self.interval) if self.run_once() else backoff
             except Exception:  # never let the loop die: log and keep going
                 log.exception("%s failed unexpectedly", self.name)
-                delay = min(max(delay * 2, self.interval), self.max_backoff)
+                delay = backoff
             self.current_delay = delay
 
     def start(self) -> None:
