@@ -1,10 +1,14 @@
-"""Generate the Python gRPC/protobuf code for the vendored kubelet and CRI APIs.
+"""Generate the Python gRPC/protobuf code for the vendored kubelet, CRI and NRI APIs.
 
 The ``.proto`` files live in this directory (``proto/``); the generated modules land inside the
 ``agent`` package under ``agent/_proto/`` by mapping the virtual include path
 ``agent/_proto`` onto this directory (``-Iagent/_proto=proto``). That makes the generated
 ``*_pb2_grpc.py`` import its messages as ``from agent._proto.deviceplugin.v1beta1 import api_pb2``
 without editing generated files.
+
+NRI's ``api.proto`` (``nri/v1alpha1/``, containerd/nri v0.12.3 as vendored by containerd v2.4.2, copied
+byte for byte) is spoken over ttrpc, not gRPC: only its messages are generated (``agent/nri`` is
+the ttrpc side).
 
 Usage::
 
@@ -32,6 +36,12 @@ PROTO_FILES: tuple[str, ...] = (
 
 GENERATED_SUFFIXES: tuple[str, ...] = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
+# Protos whose services are ttrpc (NRI): messages only, no gRPC stubs.
+MESSAGE_ONLY_FILES: tuple[str, ...] = (
+    "nri/v1alpha1/api.proto",
+)
+MESSAGE_SUFFIXES: tuple[str, ...] = ("_pb2.py", "_pb2.pyi")
+
 
 def expected_outputs(out_root: Path) -> list[Path]:
     """Paths `generate(out_root)` writes, in a stable order."""
@@ -40,6 +50,10 @@ def expected_outputs(out_root: Path) -> list[Path]:
         stem = Path(VIRTUAL_ROOT) / rel
         base = stem.with_suffix("")
         for suffix in GENERATED_SUFFIXES:
+            outputs.append(out_root / base.parent / (base.name + suffix))
+    for rel in MESSAGE_ONLY_FILES:
+        base = (Path(VIRTUAL_ROOT) / rel).with_suffix("")
+        for suffix in MESSAGE_SUFFIXES:
             outputs.append(out_root / base.parent / (base.name + suffix))
     return outputs
 
@@ -58,9 +72,17 @@ def generate(out_root: Path) -> list[Path]:
         f"--grpc_python_out={out_root}",
         *(f"{VIRTUAL_ROOT}/{rel}" for rel in PROTO_FILES),
     ]
-    rc = protoc.main(args)
-    if rc != 0:
-        raise RuntimeError(f"protoc failed with exit code {rc}: {' '.join(args)}")
+    messages_only = [
+        "grpc_tools.protoc",
+        f"-I{VIRTUAL_ROOT}={PROTO_DIR}",
+        f"--python_out={out_root}",
+        f"--pyi_out={out_root}",
+        *(f"{VIRTUAL_ROOT}/{rel}" for rel in MESSAGE_ONLY_FILES),
+    ]
+    for command in (args, messages_only):
+        rc = protoc.main(command)
+        if rc != 0:
+            raise RuntimeError(f"protoc failed with exit code {rc}: {' '.join(command)}")
     outputs = expected_outputs(out_root)
     missing = [p for p in outputs if not p.is_file()]
     if missing:

@@ -19,6 +19,7 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor, FileDescriptor
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2 as dp
+from agent._proto.nri.v1alpha1 import api_pb2 as nri
 from agent._proto.podresources.v1 import api_pb2 as pr
 from agent._proto.runtime.v1 import api_pb2 as cri
 from tests.conftest import REPO
@@ -46,7 +47,7 @@ def test_regeneration_is_byte_identical() -> None:
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         out_root = Path(tmp)
         produced = gen.generate(out_root)
-        assert len(produced) == 9  # three protos, three files each
+        assert len(produced) == 11  # three gRPC protos, three files each; NRI's messages, two files
         for path in produced:
             rel = path.relative_to(out_root)
             committed = REPO / rel
@@ -486,3 +487,94 @@ def test_the_plugin_registers_exactly_the_generated_device_plugin_methods() -> N
             g[name].request_streaming, g[name].response_streaming), name  # type: ignore[attr-defined]
     answer = dp.AllocateResponse(container_responses=[dp.ContainerAllocateResponse(envs={"A": "b"})])
     assert m["Allocate"].response_serializer(answer.SerializeToString()) == answer.SerializeToString()  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------------------
+# NRI (containerd/nri v0.12.3, the version containerd v2.4.2's go.mod requires): vendored byte
+# for byte, so its digest is upstream's file's.
+
+NRI_API_SHA256 = "b0dd9ea3b722e6e4a8d626a5164d4dfc1e72ffd176e7633cff3a70fd061cbc09"
+
+
+def test_nri_proto_is_upstreams_file_byte_for_byte() -> None:
+    import hashlib
+
+    data = (PROTO_DIR / "nri" / "v1alpha1" / "api.proto").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == NRI_API_SHA256
+    assert not (REPO / "agent/_proto/nri/v1alpha1/api_pb2_grpc.py").exists()  # ttrpc: messages only
+
+
+def test_nri_package_and_services() -> None:
+    assert _file(nri).package == "nri.pkg.api.v1alpha1"
+    assert set(_file(nri).services_by_name) >= {"Runtime", "Plugin"}
+    assert _methods(_file(nri), "Runtime") == {
+        "RegisterPlugin": ("nri.pkg.api.v1alpha1.RegisterPluginRequest", "nri.pkg.api.v1alpha1.Empty", False, False),
+        "UpdateContainers": ("nri.pkg.api.v1alpha1.UpdateContainersRequest",
+                             "nri.pkg.api.v1alpha1.UpdateContainersResponse", False, False),
+    }
+    plugin = _methods(_file(nri), "Plugin")
+    for method, request, response in (
+            ("Configure", "ConfigureRequest", "ConfigureResponse"),
+            ("Synchronize", "SynchronizeRequest", "SynchronizeResponse"),
+            ("CreateContainer", "CreateContainerRequest", "CreateContainerResponse"),
+            ("UpdateContainer", "UpdateContainerRequest", "UpdateContainerResponse"),
+            ("StopContainer", "StopContainerRequest", "StopContainerResponse"),
+            ("StateChange", "StateChangeEvent", "Empty"),
+            ("Shutdown", "Empty", "Empty")):
+        assert plugin[method] == (f"nri.pkg.api.v1alpha1.{request}", f"nri.pkg.api.v1alpha1.{response}",
+                                  False, False), method
+
+
+# (message, field, number, label, type): what agent/nri reads and writes, numbered as docs/nri.md §3.
+NRI_FIELDS: list[tuple[str, str, int, str, int]] = [
+    ("RegisterPluginRequest", "plugin_name", 1, SINGLE, _T.TYPE_STRING),
+    ("RegisterPluginRequest", "plugin_idx", 2, SINGLE, _T.TYPE_STRING),
+    ("ConfigureRequest", "runtime_name", 2, SINGLE, _T.TYPE_STRING),
+    ("ConfigureRequest", "runtime_version", 3, SINGLE, _T.TYPE_STRING),
+    ("ConfigureRequest", "registration_timeout", 4, SINGLE, _T.TYPE_INT64),
+    ("ConfigureRequest", "request_timeout", 5, SINGLE, _T.TYPE_INT64),
+    ("ConfigureResponse", "events", 2, SINGLE, _T.TYPE_INT32),
+    ("SynchronizeRequest", "pods", 1, REPEATED, _T.TYPE_MESSAGE),
+    ("SynchronizeRequest", "containers", 2, REPEATED, _T.TYPE_MESSAGE),
+    ("SynchronizeRequest", "more", 3, SINGLE, _T.TYPE_BOOL),
+    ("SynchronizeResponse", "update", 1, REPEATED, _T.TYPE_MESSAGE),
+    ("SynchronizeResponse", "more", 2, SINGLE, _T.TYPE_BOOL),
+    ("CreateContainerRequest", "pod", 1, SINGLE, _T.TYPE_MESSAGE),
+    ("CreateContainerRequest", "container", 2, SINGLE, _T.TYPE_MESSAGE),
+    ("CreateContainerResponse", "adjust", 1, SINGLE, _T.TYPE_MESSAGE),
+    ("CreateContainerResponse", "update", 2, REPEATED, _T.TYPE_MESSAGE),
+    ("UpdateContainerResponse", "update", 1, REPEATED, _T.TYPE_MESSAGE),
+    ("StopContainerResponse", "update", 1, REPEATED, _T.TYPE_MESSAGE),
+    ("PodSandbox", "name", 2, SINGLE, _T.TYPE_STRING),
+    ("PodSandbox", "uid", 3, SINGLE, _T.TYPE_STRING),
+    ("PodSandbox", "namespace", 4, SINGLE, _T.TYPE_STRING),
+    ("Container", "id", 1, SINGLE, _T.TYPE_STRING),
+    ("Container", "pod_sandbox_id", 2, SINGLE, _T.TYPE_STRING),
+    ("Container", "name", 3, SINGLE, _T.TYPE_STRING),
+    ("Container", "state", 4, SINGLE, _T.TYPE_ENUM),
+    ("Container", "annotations", 6, REPEATED, _T.TYPE_MESSAGE),  # map<string,string>
+    ("Container", "linux", 11, SINGLE, _T.TYPE_MESSAGE),
+    ("LinuxContainer", "resources", 3, SINGLE, _T.TYPE_MESSAGE),
+    ("LinuxResources", "cpu", 2, SINGLE, _T.TYPE_MESSAGE),
+    ("LinuxCPU", "cpus", 6, SINGLE, _T.TYPE_STRING),
+    ("LinuxCPU", "mems", 7, SINGLE, _T.TYPE_STRING),
+    ("ContainerAdjustment", "linux", 6, SINGLE, _T.TYPE_MESSAGE),
+    ("LinuxContainerAdjustment", "resources", 2, SINGLE, _T.TYPE_MESSAGE),
+    ("ContainerUpdate", "container_id", 1, SINGLE, _T.TYPE_STRING),
+    ("ContainerUpdate", "linux", 2, SINGLE, _T.TYPE_MESSAGE),
+    ("ContainerUpdate", "ignore_failure", 3, SINGLE, _T.TYPE_BOOL),
+    ("LinuxContainerUpdate", "resources", 1, SINGLE, _T.TYPE_MESSAGE),
+    ("StateChangeEvent", "event", 1, SINGLE, _T.TYPE_ENUM),
+]
+
+
+@pytest.mark.parametrize(("message", "field", "number", "label", "ftype"), NRI_FIELDS)
+def test_nri_field(message: str, field: str, number: int, label: str, ftype: int) -> None:
+    _check_field(nri, message, field, number, label, ftype)
+
+
+def test_nri_events() -> None:
+    events = {v.name: v.number for v in _file(nri).enum_types_by_name["Event"].values}
+    assert {name: events[name] for name in ("CREATE_CONTAINER", "UPDATE_CONTAINER", "STOP_CONTAINER",
+                                            "REMOVE_CONTAINER")} == {
+        "CREATE_CONTAINER": 4, "UPDATE_CONTAINER": 8, "STOP_CONTAINER": 10, "REMOVE_CONTAINER": 11}
