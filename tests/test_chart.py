@@ -605,7 +605,7 @@ def test_admission_policy_shape(render: Render) -> None:
         assert "\n" not in validation["message"]  # the API rejects line breaks in messages
     assert "only one topology/ resource" in multiple["message"]
     assert "split the work into one container per group" in multiple["message"]
-    assert "whole number of CPUs" in cpu["message"] and 'such as "8"' in cpu["message"]
+    assert "whole number of CPUs" in cpu["message"] and 'such as "24"' in cpu["message"]
 
 
 def test_admission_policy_follows_the_resource_prefix(render: Render) -> None:
@@ -765,7 +765,8 @@ def test_cel_rejects_topology_resource_without_integer_cpu(admit: Callable[..., 
         failures = admit(pod(container("llm", memory="1Gi", **requests)))
         assert len(failures) == 1, (cpu, failures)
         assert failures[0].startswith("container(s) llm request a topology/ resource without an integer cpu")
-        assert 'such as "8"' in failures[0]
+        assert 'such as "24"' in failures[0] and "and no cpu limit" in failures[0]
+        assert "limits.cpu" not in failures[0]  # a cpu limit equal to the request would make the pod Guaranteed
 
 
 def test_cel_checks_init_containers_and_names_every_offender(admit: Callable[..., list[str]]) -> None:
