@@ -37,15 +37,12 @@ import argparse
 import contextlib
 import functools
 import hashlib
-import io
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -60,6 +57,7 @@ import grpc
 
 from agent._proto.runtime.v1 import api_pb2 as cri
 from agent._proto.runtime.v1 import api_pb2_grpc as cri_grpc
+from topology_devkit import oci
 
 # handler -> runtime binary: where Debian and Ubuntu put them, else wherever PATH has them
 HANDLERS: dict[str, str] = {name: default if Path(default).is_file() else shutil.which(name) or default
@@ -165,11 +163,6 @@ def poll_until(condition: Callable[[], bool], timeout: float, step: float = 0.01
         time.sleep(step)
 
 
-def goarch() -> str:
-    machine = platform.machine()
-    return {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386"}.get(machine, machine)
-
-
 def status_cpus_allowed(pid: int) -> str:
     """``Cpus_allowed_list`` of /proc/<pid>/status."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -179,7 +172,7 @@ def status_cpus_allowed(pid: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# the image: busybox-static in an OCI layout, built with the standard library
+# the image: busybox-static in an OCI layout, built with the standard library (topology_devkit.oci)
 
 
 def _seccomp_profile(seccomp: str) -> cri.SecurityProfile:
@@ -191,65 +184,10 @@ def _seccomp_profile(seccomp: str) -> cri.SecurityProfile:
     return cri.SecurityProfile(profile_type=cri.SecurityProfile.Localhost, localhost_ref=seccomp)
 
 
-def _tar_info(name: str, kind: bytes, mode: int, size: int = 0, link: str = "") -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.mode, info.size, info.linkname = kind, mode, size, link
-    info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "root", "root"
-    return info
-
-
-def _busybox_layer(busybox: Path) -> bytes:
-    binary = busybox.read_bytes()
-    listing = subprocess.run([str(busybox), "--list"], capture_output=True, text=True, check=True, timeout=10)
-    applets = sorted({a for a in listing.stdout.split() if a and "/" not in a and a != "busybox"})
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for directory in ("bin", "dev", "etc", "proc", "sys", "tmp"):
-            tar.addfile(_tar_info(directory, tarfile.DIRTYPE, 0o1777 if directory == "tmp" else 0o755))
-        tar.addfile(_tar_info("bin/busybox", tarfile.REGTYPE, 0o755, len(binary)), io.BytesIO(binary))
-        for applet in applets:
-            tar.addfile(_tar_info(f"bin/{applet}", tarfile.SYMTYPE, 0o777, link="busybox"))
-    return out.getvalue()
-
-
 def build_image(path: Path, name: str = IMAGE, busybox: Path = Path("/bin/busybox")) -> Path:
     """Write an OCI image layout tarball of busybox-static (``Entrypoint ["/bin/sleep"]``) to ``path``."""
-    blobs: dict[str, bytes] = {}
-
-    def blob(data: bytes) -> dict[str, Any]:
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        blobs[digest] = data
-        return {"digest": digest, "size": len(data)}
-
-    layer = _busybox_layer(busybox)
-    config = {
-        "architecture": goarch(), "os": "linux",
-        "config": {"Entrypoint": ["/bin/sleep"], "Cmd": ["infinity"], "Env": ["PATH=/bin"], "WorkingDir": "/"},
-        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]},
-    }
-    manifest = {
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   **blob(json.dumps(config, sort_keys=True).encode())},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **blob(layer)}],
-    }
-    index = {
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-                       **blob(json.dumps(manifest, sort_keys=True).encode()),
-                       "platform": {"architecture": goarch(), "os": "linux"},
-                       "annotations": {"io.containerd.image.name": name,
-                                       "org.opencontainers.image.ref.name": name.rpartition(":")[2]}}],
-    }
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
-        files = {"oci-layout": json.dumps({"imageLayoutVersion": "1.0.0"}).encode(),
-                 "index.json": json.dumps(index, sort_keys=True).encode()}
-        files |= {f"blobs/sha256/{digest.split(':', 1)[1]}": data for digest, data in blobs.items()}
-        for directory in ("blobs", "blobs/sha256"):
-            tar.addfile(_tar_info(directory, tarfile.DIRTYPE, 0o755))
-        for name_in_tar, data in files.items():
-            tar.addfile(_tar_info(name_in_tar, tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data))
-    return path
+    config = {"Entrypoint": ["/bin/sleep"], "Cmd": ["infinity"], "Env": ["PATH=/bin"], "WorkingDir": "/"}
+    return oci.write_archive(path, name, [oci.busybox_layer(busybox)], config)
 
 
 # ------------------------------------------------------------------------------------------------
