@@ -77,11 +77,26 @@ def test_make_image_without_registry_is_a_one_line_error() -> None:
     assert len(lines) == 1 and "REGISTRY is required" in lines[0], result.stderr
 
 
-def test_make_image_falls_back_to_a_dry_run_without_buildx(tmp_path: Path) -> None:
-    result = make("image", "REGISTRY=r.example", env={"DOCKER": str(tmp_path / "no-docker-here")})
-    assert result.returncode == 0, result.stderr
-    assert "dry run: " in result.stdout and "is not on PATH" in result.stdout
-    assert buildx_command(result.stdout)[0] == str(tmp_path / "no-docker-here")
+def test_make_image_without_buildx_fails_with_the_reason(tmp_path: Path) -> None:
+    for target in ("image", "image-base-pin"):
+        result = make(target, "REGISTRY=r.example", env={"DOCKER": str(tmp_path / "no-docker-here")})
+        assert result.returncode != 0, result.stdout
+        assert "dry run" not in result.stdout and "buildx build" not in result.stdout
+        first = result.stderr.strip().splitlines()[0]
+        assert first.startswith(f"make {target}: ") and "no-docker-here is not on PATH" in first, result.stderr
+        assert "nothing was built or pushed" in first
+
+
+def test_make_image_without_the_buildx_plugin_or_a_builder_fails(tmp_path: Path) -> None:
+    docker = tmp_path / "docker"
+    for script, reason in (("sys.exit(1)", "the docker buildx plugin is not installed"),
+                           ("sys.exit(0 if sys.argv[2] == 'version' else print('ERROR: no builder', file=sys.stderr)"
+                            " or 1)", "no buildx builder is reachable (ERROR: no builder)")):
+        docker.write_text(f"#!{sys.executable}\nimport sys\n{script}\n")
+        docker.chmod(0o755)
+        result = make("image", "REGISTRY=r.example", env={"DOCKER": str(docker)})
+        assert result.returncode != 0 and "dry run" not in result.stdout
+        assert reason in result.stderr.strip().splitlines()[0], result.stderr
 
 
 FAKE_DOCKER = '''#!{python}
@@ -162,6 +177,10 @@ def test_the_readme_says_how_to_build_pin_and_refresh() -> None:
                    "docker buildx imagetools inspect python:3.11-slim-bookworm", "--set image.digest=",
                    "SOURCE_DATE_EPOCH", "rewrite-timestamp=true"):
         assert needle in section, needle
+    recipe = section[section.index("```sh\n"):section.index("\n```", section.index("```sh\n"))].splitlines()
+    commands = [line.split("#")[0].strip() for line in recipe[1:]]
+    assert commands.index("make image-base-pin") < commands.index("make image REGISTRY=registry.example.com/team "
+                                                                   "TAG=0.1.0"), "the base is pinned before the build"
     makefile = (REPO / "Makefile").read_text()
     for target in ("image:", "image-lock:", "image-base-pin:"):
         assert f"\n{target}" in makefile, target

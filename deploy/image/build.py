@@ -9,8 +9,9 @@
         docker buildx imagetools inspect python:3.11-slim-bookworm; checks that the index has linux/amd64 and
         linux/s390x and writes its digest into Dockerfile.s390x's ARG PYTHON_IMAGE.
 
-DRY_RUN=1, or docker/buildx missing or unable to reach a builder, prints the exact commands instead of running them
-(with a line saying why). Environment: DOCKER (the docker executable), PLATFORMS, IMAGE_NAME, SOURCE_URL,
+DRY_RUN=1 prints the exact commands instead of running them. Without docker, its buildx plugin or a reachable
+builder both stop with one line saying which is missing, exit 2: nothing is ever reported as built that was not.
+Environment: DOCKER (the docker executable), PLATFORMS, IMAGE_NAME, SOURCE_URL,
 SOURCE_DATE_EPOCH (default: the last commit's time), REVISION (default: git rev-parse HEAD), DOCKERFILE (default
 Dockerfile.s390x), METADATA_FILE (default build/image-metadata.json), BASE_IMAGE (default python:3.11-slim-bookworm,
 for image-base-pin).
@@ -90,14 +91,13 @@ def execute(argv: list[str], dry: bool, capture: bool = False) -> str:
 
 
 def mode(docker: str) -> bool:
-    """True for a dry run, saying why."""
+    """True for a dry run (DRY_RUN=1); Failure when docker buildx cannot build here."""
     if flag("DRY_RUN"):
         say("dry run (DRY_RUN=1): the commands are printed, not run")
         return True
     why = docker_unavailable(docker)
     if why:
-        say(f"dry run: {why}; the commands are printed, not run")
-        return True
+        raise Failure(f"{why}: nothing was built or pushed (DRY_RUN=1 prints the commands without running them)")
     return False
 
 
