@@ -4,7 +4,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test lint proto bench venv clean kind-test s390x-smoke chart-check image image-lock image-base-pin
+.PHONY: demo test lint proto bench venv clean kind-test s390x-smoke chart-check image image-lock image-base-pin \
+	cluster-build cluster-up cluster-down cluster-restart-kubelet cluster-status e2e
 
 $(STAMP): pyproject.toml devkit/pyproject.toml deploy/image/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed")'
@@ -54,7 +55,30 @@ chart-check: $(STAMP)
 
 ## kind e2e (needs Docker, kind, kubectl): 2 workers, amd64 image, chart in fake-topology mode.
 kind-test: $(STAMP)
-	PYTHON=$(CURDIR)/$(BIN)/python tests/kind/run.sh
+	PYTHON=$(CURDIR)/$(BIN)/python tests/e2e/run.sh
+
+## A real single-node cluster on this machine (README "A real cluster on one machine"; as root). Binaries built from
+## the Go module proxy, pinned in devkit/cluster/go/*/go.sum, cached outside the work tree (CLUSTER_CACHE).
+CLUSTER := $(BIN)/python -m topology_devkit.realcluster
+cluster-build:
+	@t0=$$(date +%s); devkit/cluster/build.sh >/dev/null && echo "cluster-build: done in $$(( $$(date +%s) - t0 )) s"
+
+## Start etcd, the control plane, containerd and the kubelet on loopback; waits for the Node to be Ready.
+cluster-up: $(STAMP) cluster-build
+	$(CLUSTER) up
+
+cluster-down: $(STAMP)
+	$(CLUSTER) down
+
+cluster-restart-kubelet: $(STAMP)
+	$(CLUSTER) restart-kubelet
+
+cluster-status: $(STAMP)
+	$(CLUSTER) status
+
+## cluster-up (when it is not up), the images into containerd, helm upgrade --install, the end-to-end suite.
+e2e: $(STAMP) cluster-build
+	PYTHON=$(CURDIR)/$(BIN)/python devkit/cluster/e2e.sh
 
 ## s390x smoke test in a debootstrap root under qemu-user-static (as root; ~7 min first run, ~1.5 min later).
 s390x-smoke: $(STAMP)

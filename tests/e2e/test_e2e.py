@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from tests.kind.conftest import KindEnv
-from tests.kind.snapshots import Expected, expected
+from tests.e2e.conftest import E2EEnv
+from tests.e2e.snapshots import Expected, expected
 
-pytestmark = pytest.mark.kind
+pytestmark = pytest.mark.e2e
 
 WORKER_LABEL = "topology-e2e/worker"
 ENV_CONTRACT = ("TOPOLOGY_CPUS", "TOPOLOGY_GROUPS", "CPU_VISIBLE_MEMORY_NODES", "VLLM_CPU_OMP_THREADS_BIND",
@@ -48,29 +48,29 @@ def workers(core: Any) -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def expectations(workers: list[Any], kind_env: KindEnv) -> dict[str, Expected]:
-    return {n.metadata.name: expected(kind_env.snapshots, n.metadata.name, kind_env.prefix) for n in workers}
+def expectations(workers: list[Any], e2e_env: E2EEnv) -> dict[str, Expected]:
+    return {n.metadata.name: expected(e2e_env.snapshots, n.metadata.name, e2e_env.prefix) for n in workers}
 
 
 @pytest.fixture(scope="module")
-def book_node(expectations: dict[str, Expected], kind_env: KindEnv) -> tuple[str, Expected]:
+def book_node(expectations: dict[str, Expected], e2e_env: E2EEnv) -> tuple[str, Expected]:
     """The worker with the z16 snapshot (the one advertising books)."""
-    resource = f"{kind_env.prefix}/book"
+    resource = f"{e2e_env.prefix}/book"
     name = max(expectations, key=lambda n: expectations[n].allocatable.get(resource, 0))
     assert expectations[name].allocatable.get(resource, 0) >= 2
     return name, expectations[name]
 
 
 @pytest.fixture(scope="module")
-def daemonset_ready(api: Any, kind_env: KindEnv) -> Any:
+def daemonset_ready(api: Any, e2e_env: E2EEnv) -> Any:
     from kubernetes import client
 
     apps = client.AppsV1Api(api)
 
     def ready() -> Any:
-        for ds in apps.list_namespaced_daemon_set(kind_env.namespace).items:
+        for ds in apps.list_namespaced_daemon_set(e2e_env.namespace).items:
             s: Any = ds.status
-            if ((ds.metadata and ds.metadata.labels) or {}).get("app.kubernetes.io/instance") == kind_env.release \
+            if ((ds.metadata and ds.metadata.labels) or {}).get("app.kubernetes.io/instance") == e2e_env.release \
                     and s.desired_number_scheduled >= 2 and s.number_ready == s.desired_number_scheduled \
                     and s.updated_number_scheduled == s.desired_number_scheduled:
                 return ds
@@ -80,7 +80,7 @@ def daemonset_ready(api: Any, kind_env: KindEnv) -> Any:
 
 
 @pytest.fixture()
-def make_pod(core: Any, pod_namespace: str, kind_env: KindEnv) -> Iterator[Callable[..., str]]:
+def make_pod(core: Any, pod_namespace: str, e2e_env: E2EEnv) -> Iterator[Callable[..., str]]:
     """make_pod(node, {resource: n}, cpu="1") -> pod name; the pod prints its environment and sleeps."""
     from kubernetes import client
 
@@ -100,7 +100,7 @@ def make_pod(core: Any, pod_namespace: str, kind_env: KindEnv) -> Iterator[Calla
                 termination_grace_period_seconds=1,
                 node_selector={"kubernetes.io/hostname": node},
                 containers=[client.V1Container(
-                    name="main", image=kind_env.image, image_pull_policy="Never",
+                    name="main", image=e2e_env.image, image_pull_policy="Never",
                     command=["/bin/sh", "-c", "env; echo ENV-END; exec sleep 3600"],
                     resources=client.V1ResourceRequirements(requests=requests, limits=limits),
                 )],
@@ -143,13 +143,13 @@ def advertised(core: Any, node: str, prefix: str) -> dict[str, str]:
 
 
 def test_allocatable_equals_the_snapshot_groups(core: Any, daemonset_ready: Any,
-                                                expectations: dict[str, Expected], kind_env: KindEnv) -> None:
+                                                expectations: dict[str, Expected], e2e_env: E2EEnv) -> None:
     for node, exp in expectations.items():
         want = {resource: str(count) for resource, count in exp.allocatable.items()}
         assert want, f"{node}: the snapshot advertises nothing"
 
         def matches(node: str = node, want: dict[str, str] = want) -> bool:
-            return advertised(core, node, kind_env.prefix) == want
+            return advertised(core, node, e2e_env.prefix) == want
 
         wait_for(f"{node} to advertise {want}", matches, timeout=60)
 
@@ -163,13 +163,13 @@ def test_node_labels(core: Any, daemonset_ready: Any, expectations: dict[str, Ex
 
 
 def test_a_pod_gets_a_book_with_the_environment_contract(core: Any, daemonset_ready: Any, pod_namespace: str,
-                                                         book_node: tuple[str, Expected], kind_env: KindEnv,
+                                                         book_node: tuple[str, Expected], e2e_env: E2EEnv,
                                                          make_pod: Callable[..., str]) -> None:
     node, exp = book_node
-    env = pod_env(core, pod_namespace, make_pod(node, {f"{kind_env.prefix}/book": 1}))
+    env = pod_env(core, pod_namespace, make_pod(node, {f"{e2e_env.prefix}/book": 1}))
     missing = [k for k in ENV_CONTRACT if k not in env]
     assert not missing, f"Allocate did not set {missing}"
-    assert env["TOPOLOGY_CPUS"] in exp.cpulists(f"{kind_env.prefix}/book")
+    assert env["TOPOLOGY_CPUS"] in exp.cpulists(f"{e2e_env.prefix}/book")
     assert int(env["OMP_NUM_THREADS"]) == places(env["TOPOLOGY_OMP_PLACES"]) > 0
     assert re.fullmatch(r"[0-9]+(,[0-9]+)*", env["CPU_VISIBLE_MEMORY_NODES"])
     assert env["VLLM_CPU_OMP_THREADS_BIND"] and env["TOPOLOGY_RANKS"] == "1"
@@ -177,13 +177,13 @@ def test_a_pod_gets_a_book_with_the_environment_contract(core: Any, daemonset_re
 
 
 def test_a_second_pod_gets_a_different_book(core: Any, daemonset_ready: Any, pod_namespace: str,
-                                            book_node: tuple[str, Expected], kind_env: KindEnv,
+                                            book_node: tuple[str, Expected], e2e_env: E2EEnv,
                                             make_pod: Callable[..., str]) -> None:
     node, exp = book_node
     cpus = core.read_node(node).status.allocatable["cpu"]
     if int(cpus.rstrip("m")) // (1000 if cpus.endswith("m") else 1) < 3:
         pytest.skip(f"kind node {node} has {cpus} allocatable CPUs; two pods with integer cpu requests need 3")
-    book = f"{kind_env.prefix}/book"
+    book = f"{e2e_env.prefix}/book"
     first = pod_env(core, pod_namespace, make_pod(node, {book: 1}))
     second = pod_env(core, pod_namespace, make_pod(node, {book: 1}))
     assert first["TOPOLOGY_CPUS"] != second["TOPOLOGY_CPUS"]
@@ -192,10 +192,10 @@ def test_a_second_pod_gets_a_different_book(core: Any, daemonset_ready: Any, pod
 
 
 def test_more_books_than_exist_stay_pending(core: Any, daemonset_ready: Any, pod_namespace: str,
-                                            book_node: tuple[str, Expected], kind_env: KindEnv,
+                                            book_node: tuple[str, Expected], e2e_env: E2EEnv,
                                             make_pod: Callable[..., str]) -> None:
     node, exp = book_node
-    book = f"{kind_env.prefix}/book"
+    book = f"{e2e_env.prefix}/book"
     name = make_pod(node, {book: exp.allocatable[book] + 1})
 
     def unschedulable() -> Any:
@@ -219,14 +219,14 @@ def _server_minor(api: Any) -> int:
 
 
 def test_admission_policy_rejects_two_topology_resources(api: Any, core: Any, daemonset_ready: Any,
-                                                         book_node: tuple[str, Expected], kind_env: KindEnv,
+                                                         book_node: tuple[str, Expected], e2e_env: E2EEnv,
                                                          make_pod: Callable[..., str]) -> None:
     from kubernetes.client.exceptions import ApiException
 
     if _server_minor(api) < 30:
         pytest.skip("the ValidatingAdmissionPolicy needs Kubernetes >= 1.30 (set KIND_NODE_IMAGE)")
     node, _ = book_node
-    p = kind_env.prefix
+    p = e2e_env.prefix
 
     def rejected(resources: dict[str, int], cpu: str | None) -> str:
         try:  # the policy becomes active a moment after install: retry until it answers
@@ -244,9 +244,9 @@ def test_admission_policy_rejects_two_topology_resources(api: Any, core: Any, da
     assert fraction.startswith("422") and "without an integer cpu request" in fraction
 
 
-def _agent_pod(core: Any, kind_env: KindEnv, node: str) -> Any:
-    pods = core.list_namespaced_pod(kind_env.namespace, field_selector=f"spec.nodeName={node}",
-                                    label_selector=f"app.kubernetes.io/instance={kind_env.release}").items
+def _agent_pod(core: Any, e2e_env: E2EEnv, node: str) -> Any:
+    pods = core.list_namespaced_pod(e2e_env.namespace, field_selector=f"spec.nodeName={node}",
+                                    label_selector=f"app.kubernetes.io/instance={e2e_env.release}").items
     assert len(pods) == 1, [p.metadata.name for p in pods]
     return pods[0]
 
@@ -259,60 +259,60 @@ def _sockets(node: str) -> set[str]:
     return {name for name in out.split() if name != "kubelet.sock"}
 
 
-def _metrics(core: Any, kind_env: KindEnv, agent: Any) -> str:
+def _metrics(core: Any, e2e_env: E2EEnv, agent: Any) -> str:
     """The agent pod's /metrics, through the API server's pod proxy."""
     port = next(p.container_port for p in agent.spec.containers[0].ports if p.name == "metrics")
-    return str(core.connect_get_namespaced_pod_proxy_with_path(f"{agent.metadata.name}:{port}", kind_env.namespace,
+    return str(core.connect_get_namespaced_pod_proxy_with_path(f"{agent.metadata.name}:{port}", e2e_env.namespace,
                                                               "metrics"))
 
 
-def _registrations(core: Any, kind_env: KindEnv, agent: Any) -> dict[str, float]:
+def _registrations(core: Any, e2e_env: E2EEnv, agent: Any) -> dict[str, float]:
     """topology_agent_registrations per resource: successful Register calls to kubelet since the agent started."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    for family in text_string_to_metric_families(_metrics(core, kind_env, agent)):
+    for family in text_string_to_metric_families(_metrics(core, e2e_env, agent)):
         if family.name == "topology_agent_registrations":
             return {s.labels["resource"]: s.value for s in family.samples if s.name.endswith("_total")}
     return {}
 
 
 def test_reregisters_after_its_socket_is_deleted(core: Any, daemonset_ready: Any,
-                                                 expectations: dict[str, Expected], kind_env: KindEnv) -> None:
+                                                 expectations: dict[str, Expected], e2e_env: E2EEnv) -> None:
     """Freshness is judged by the agent's registration counter, not by inode numbers: the agent closes its old
     listeners before binding new ones and ext4 hands the lowest free inode straight back (fs/ext4/ialloc.c,
     find_inode_bit), so a new socket often has the old one's inode and an inode test could wait forever."""
     node = sorted(expectations)[-1]
     before = wait_for(f"the agent's sockets on {node}", lambda: _sockets(node), timeout=30)
-    agent = _agent_pod(core, kind_env, node)
+    agent = _agent_pod(core, e2e_env, node)
     restarts = agent.status.container_statuses[0].restart_count
     counted = wait_for(f"the agent on {node} to count its registrations",
-                       lambda: _registrations(core, kind_env, agent), timeout=30)
+                       lambda: _registrations(core, e2e_env, agent), timeout=30)
     assert set(expectations[node].allocatable) <= set(counted), counted
     subprocess.run(["docker", "exec", node, "rm", "-f", *(f"/var/lib/kubelet/device-plugins/{s}" for s in before)],
                    check=True, timeout=20)
 
     def registered_again() -> dict[str, float]:
-        now = _registrations(core, kind_env, agent)
+        now = _registrations(core, e2e_env, agent)
         again = all(now.get(resource, 0) > count for resource, count in counted.items())
         return now if again and _sockets(node) == before else {}
 
     wait_for(f"the agent on {node} to register every resource again (had {counted})", registered_again, timeout=60)
     want = {r: str(c) for r, c in expectations[node].allocatable.items()}
-    wait_for(f"{node} to advertise {want} again", lambda: advertised(core, node, kind_env.prefix) == want, timeout=60)
-    again = _agent_pod(core, kind_env, node)
+    wait_for(f"{node} to advertise {want} again", lambda: advertised(core, node, e2e_env.prefix) == want, timeout=60)
+    again = _agent_pod(core, e2e_env, node)
     assert again.metadata.uid == agent.metadata.uid
     assert again.status.container_statuses[0].restart_count == restarts, "re-registered by restarting, not by itself"
 
 
-def test_metrics_are_scrapeable(core: Any, daemonset_ready: Any, workers: list[Any], kind_env: KindEnv) -> None:
+def test_metrics_are_scrapeable(core: Any, daemonset_ready: Any, workers: list[Any], e2e_env: E2EEnv) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
     for node in workers:
-        agent = _agent_pod(core, kind_env, node.metadata.name)
+        agent = _agent_pod(core, e2e_env, node.metadata.name)
         port = next(p.container_port for p in agent.spec.containers[0].ports if p.name == "metrics")
         proxy = f"{agent.metadata.name}:{port}"
-        text = _metrics(core, kind_env, agent)
+        text = _metrics(core, e2e_env, agent)
         families = {f.name for f in text_string_to_metric_families(text)}
         assert families, text[:500]
-        assert core.connect_get_namespaced_pod_proxy_with_path(proxy, kind_env.namespace, "readyz")
-        assert core.connect_get_namespaced_pod_proxy_with_path(proxy, kind_env.namespace, "allocations") is not None
+        assert core.connect_get_namespaced_pod_proxy_with_path(proxy, e2e_env.namespace, "readyz")
+        assert core.connect_get_namespaced_pod_proxy_with_path(proxy, e2e_env.namespace, "allocations") is not None

@@ -1,4 +1,4 @@
-"""tests/kind/run.sh (make kind-test) driven end to end against fake docker, kind, kubectl and helm that record
+"""tests/e2e/run.sh (make kind-test) driven end to end against fake docker, kind, kubectl and helm that record
 their calls: what it runs, in which order, and how the image reaches the nodes. Not a ``kind`` test: it needs no
 cluster, so it runs everywhere; its last step is pytest's collection of the kind tests."""
 
@@ -55,7 +55,7 @@ def run_lane(tmp_path: Path, api: str) -> list[dict[str, object]]:
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(log), "FAKE_API": api,
            "HELM": str(bin_dir / "helm"), "PYTHON": sys.executable, "KIND_CLUSTER_NAME": "lane-test",
            "PYTEST_ARGS": "--collect-only -q -p no:randomly"}
-    result = subprocess.run(["bash", str(REPO / "tests" / "kind" / "run.sh")], cwd=REPO, env=env,
+    result = subprocess.run(["bash", str(REPO / "tests" / "e2e" / "run.sh")], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=240, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "kind-test: passed" in result.stdout

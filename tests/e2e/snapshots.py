@@ -1,6 +1,6 @@
 """Topology snapshots for the kind cluster: a z16-shaped node and a z13-shaped node.
 
-``python tests/kind/snapshots.py --cluster NAME --out DIR`` writes ``NAME-worker.json`` (z16, the packaged
+``python tests/e2e/snapshots.py --cluster NAME --out DIR`` writes ``NAME-worker.json`` (z16, the packaged
 agent/data/z16-lpar.json), ``NAME-worker2.json`` (z13) and ``default.json`` (z16) for the chart's
 fakeTopology.snapshots. The z13 snapshot comes from the real z13 LPAR dump in ../shared/fixtures when it is
 there, else from a synthetic z13 shape of the same layout (drawer 4 > book 1 > sockets 2 and 3 with 2 and 6
@@ -39,6 +39,26 @@ Z13_SHAPE = LparShape(
     cores_per_chip=8,
     smt=1,
 )
+
+
+def local_shape(cpus: int) -> LparShape:
+    """The real-cluster lane's node: one book of one core (one thread) per CPU of this machine, so the CPU ids the
+    agent hands out are real CPUs whose cpusets the tests can read (devkit/topology_devkit/realcluster)."""
+    return LparShape(
+        name="e2e-local",
+        machine_type="3931",
+        description=f"{cpus} books of one single-threaded core each, CPUs 0-{cpus - 1} of the machine itself",
+        drawers=(tuple((1,) for _ in range(cpus)),),
+        smt=1,
+    )
+
+
+def write_local_snapshots(out: Path, cpus: int) -> Path:
+    """default.json for the real-cluster lane (every node of it gets the same shape)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "default.json"
+    path.write_text(snapshot.dumps(build_topology(local_shape(cpus))), encoding="utf-8")
+    return path
 
 
 def z13_topology() -> tuple[Topology, str]:
@@ -103,9 +123,16 @@ def expected(snapshot_dir: Path, node_name: str, prefix: str = "topology") -> Ex
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="write the kind cluster's topology snapshots")
-    parser.add_argument("--cluster", required=True, help="kind cluster name (nodes are <name>-worker, -worker2)")
+    parser.add_argument("--cluster", help="kind cluster name (nodes are <name>-worker, -worker2)")
+    parser.add_argument("--local-cpus", type=int, help="the real-cluster lane: one book per CPU of this machine")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.local_cpus:
+        path = write_local_snapshots(args.out, args.local_cpus)
+        print(f"{path}: {expected(args.out, 'default').allocatable}")
+        return 0
+    if not args.cluster:
+        parser.error("--cluster or --local-cpus is needed")
     for name, what in write_snapshots(args.out, args.cluster).items():
         exp = expected(args.out, name.removesuffix(".json"))
         print(f"{args.out / name}: {what}; advertises {exp.allocatable}")

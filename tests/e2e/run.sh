@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # make kind-test: the kind end-to-end lane (needs Docker, kind and kubectl; helm via $HELM, tools/get-helm.sh or PATH).
 #
-#   1. kind create cluster (1 control plane + 2 workers, tests/kind/kind.yaml), unless it already exists
+#   1. kind create cluster (1 control plane + 2 workers, tests/e2e/kind.yaml), unless it already exists
 #   2. docker build --platform linux/amd64 -f Dockerfile.s390x (the same Dockerfile as the s390x image)
 #   3. docker save --platform linux/amd64 to a file, kind load image-archive (not `kind load docker-image`: see below)
 #   4. helm upgrade --install in fake-topology mode: <cluster>-worker advertises a z16-shaped snapshot,
-#      <cluster>-worker2 a z13-shaped one (tests/kind/snapshots.py)
-#   5. REQUIRE_KIND=1 pytest -m kind tests/kind (a skip is a failure here)
+#      <cluster>-worker2 a z13-shaped one (tests/e2e/snapshots.py)
+#   5. REQUIRE_KIND=1 pytest -m e2e tests/e2e (a skip is a failure here)
 #
 # Environment: KIND_CLUSTER_NAME (topology-e2e), KIND_NODE_IMAGE (kind's default; Kubernetes >= 1.30 for the
 # admission policy test), KEEP_CLUSTER=1 to keep a cluster this script created, TOPOLOGY_E2E_IMAGE
@@ -52,7 +52,7 @@ echo "==> kind cluster $CLUSTER"
 if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
   echo "reusing the existing cluster"
 else
-  kind create cluster --name "$CLUSTER" --config tests/kind/kind.yaml ${KIND_NODE_IMAGE:+--image "$KIND_NODE_IMAGE"} \
+  kind create cluster --name "$CLUSTER" --config tests/e2e/kind.yaml ${KIND_NODE_IMAGE:+--image "$KIND_NODE_IMAGE"} \
     --wait 180s
   created=1
 fi
@@ -78,7 +78,7 @@ kind load image-archive "$WORK/image.tar" --name "$CLUSTER"
 rm -f "$WORK/image.tar"
 
 echo "==> snapshots"
-"$PYTHON" tests/kind/snapshots.py --cluster "$CLUSTER" --out "$WORK/snapshots"
+"$PYTHON" tests/e2e/snapshots.py --cluster "$CLUSTER" --out "$WORK/snapshots"
 
 echo "==> helm upgrade --install $RELEASE (fake-topology mode)"
 "$HELM" upgrade --install "$RELEASE" deploy/helm/s390x-topology-agent \
@@ -92,9 +92,9 @@ echo "==> helm upgrade --install $RELEASE (fake-topology mode)"
   --set agent.logFormat=text --set agent.logLevel=debug \
   --wait --timeout 180s
 
-echo "==> pytest -m kind (REQUIRE_KIND=1)"
+echo "==> pytest -m e2e (REQUIRE_E2E=1)"
 export KIND_CLUSTER_NAME=$CLUSTER TOPOLOGY_E2E_NAMESPACE=$NAMESPACE TOPOLOGY_E2E_RELEASE=$RELEASE \
-       TOPOLOGY_E2E_IMAGE=$IMAGE TOPOLOGY_E2E_SNAPSHOTS=$WORK/snapshots REQUIRE_KIND=1
+       TOPOLOGY_E2E_IMAGE=$IMAGE TOPOLOGY_E2E_SNAPSHOTS=$WORK/snapshots REQUIRE_E2E=1
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
-"$PYTHON" -m pytest -m kind tests/kind -v -p no:cacheprovider ${PYTEST_ARGS:-}
+"$PYTHON" -m pytest -m e2e tests/e2e -v -p no:cacheprovider ${PYTEST_ARGS:-}
 echo "kind-test: passed in $((SECONDS - T0)) s"

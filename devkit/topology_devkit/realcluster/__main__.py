@@ -1,0 +1,50 @@
+"""``python -m topology_devkit.realcluster up|down|status|restart-kubelet`` (the Makefile's cluster-* targets)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .cluster import down, dump_json, failure_details, format_status, restart_kubelet, status, up
+from .layout import Layout
+from .procs import ClusterError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="realcluster", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="start the cluster (idempotent) and wait for the Node to be Ready")
+    p_up.add_argument("--cpu-manager-policy", default="none", choices=["none", "static"])
+    p_up.add_argument("--no-images", action="store_true", help="do not build or import the images")
+    sub.add_parser("down", help="stop everything and remove its state (keeps logs)")
+    p_status = sub.add_parser("status", help="each component's pid, version and health")
+    p_status.add_argument("--json", action="store_true")
+    p_restart = sub.add_parser("restart-kubelet", help="stop the kubelet and start it again")
+    p_restart.add_argument("--cpu-manager-policy", choices=["none", "static"])
+    args = parser.parse_args(argv)
+    layout = Layout.from_env()
+    try:
+        if args.command == "up":
+            try:
+                up(layout, args.cpu_manager_policy, images=not args.no_images)
+            except ClusterError:
+                print(failure_details(layout), file=sys.stderr)
+                raise
+        elif args.command == "down":
+            down(layout)
+            print(f"cluster-down: stopped; logs kept in {layout.logs}")
+        elif args.command == "status":
+            rows = status(layout)
+            print(dump_json(rows) if args.json else format_status(rows))
+            return 0 if all(r["health"] == "ok" for r in rows) else 1
+        elif args.command == "restart-kubelet":
+            seconds = restart_kubelet(layout, args.cpu_manager_policy)
+            print(f"cluster-restart-kubelet: kubelet healthy again after {seconds:.1f} s")
+    except ClusterError as err:
+        print(f"{args.command}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

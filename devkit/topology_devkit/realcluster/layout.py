@@ -1,0 +1,99 @@
+"""Where the real-cluster lane keeps everything, and the fixed ports and host paths it uses.
+
+The cluster folder (``CLUSTER_DIR``, default ``<repo>/.cluster``) holds the PKI, the component configs and
+kubeconfigs, the logs, the pid files, etcd's data and containerd's root. kubelet, containerd's state and
+socket and the CNI state use their standard host paths, because that is what the chart mounts by default
+(``kubelet.root: /var/lib/kubelet``, ``criSocket: /run/containerd/containerd.sock``): the lane installs
+the chart with the flags a user would. ``make cluster-down`` removes all of them again.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+
+# Start order of hack/local-up-cluster.sh: etcd, apiserver, controller manager, scheduler; then the node.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd", "kubelet")
+
+ETCD_CLIENT_PORT = 2379
+ETCD_PEER_PORT = 2380
+APISERVER_PORT = 6443
+KCM_PORT = 10257
+SCHEDULER_PORT = 10259
+KUBELET_PORT = 10250
+KUBELET_HEALTHZ_PORT = 10248
+
+SERVICE_CIDR = "10.0.0.0/24"
+FIRST_SERVICE_IP = "10.0.0.1"
+POD_CIDR = "10.88.0.0/16"
+BRIDGE = "e2e0"
+CNI_NETWORK = "topology-e2e"
+
+KUBELET_ROOT = Path("/var/lib/kubelet")
+POD_LOGS = Path("/var/log/pods")
+CONTAINER_LOGS = Path("/var/log/containers")
+CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
+CONTAINERD_STATE = Path("/run/topology-e2e/containerd")
+NRI_SOCKET = Path("/var/run/nri/nri.sock")
+CNI_STATE = Path("/var/lib/cni/networks") / CNI_NETWORK
+
+PAUSE_IMAGE = "localhost/topology-e2e-pause:3.10"
+
+
+def node_name() -> str:
+    """kubelet's default node name: the host name, lowercased (it must resolve to this machine)."""
+    return socket.gethostname().lower()
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+
+    @classmethod
+    def from_env(cls) -> Layout:
+        return cls(Path(os.environ.get("CLUSTER_DIR") or REPO / ".cluster").resolve())
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.root / "etcd"
+
+    @property
+    def containerd_root(self) -> Path:
+        return self.root / "containerd"
+
+    @property
+    def cni_conf(self) -> Path:
+        return self.root / "cni" / "net.d"
+
+    def log(self, component: str) -> Path:
+        return self.logs / f"{component}.log"
+
+    def pidfile(self, component: str) -> Path:
+        return self.run / f"{component}.pid"
+
+    def component_kubeconfig(self, component: str) -> Path:
+        return self.etc / f"{component}.kubeconfig"

@@ -1,0 +1,194 @@
+"""End-to-end gate: the ``e2e``-marked tests run against a real cluster with the chart installed, else skip.
+
+Two lanes provision such a cluster and run the same tests:
+
+* **local** (``make e2e``, devkit/cluster/e2e.sh): upstream kubelet, API server, scheduler, controller manager,
+  etcd and containerd as processes on this machine (devkit/topology_devkit/realcluster), one node whose fake
+  topology maps each book to one real CPU. Node-level steps (a kubelet restart, the node's files, the agent's
+  port) run here.
+* **kind** (``make kind-test``, tests/e2e/run.sh): a two-worker kind cluster; node-level steps go through
+  ``docker exec``.
+
+Any other cluster with the chart installed works too (``TOPOLOGY_E2E_LANE=remote``): the node-level tests skip.
+
+Environment: TOPOLOGY_E2E_KUBECONFIG (a kubeconfig: use that cluster; else the kind cluster KIND_CLUSTER_NAME,
+default topology-e2e), TOPOLOGY_E2E_CONTEXT, TOPOLOGY_E2E_LANE (local, kind or remote; local when a kubeconfig
+is given), TOPOLOGY_E2E_NAMESPACE (topology-system), TOPOLOGY_E2E_RELEASE (topology-agent), TOPOLOGY_E2E_IMAGE
+(the agent's image, s390x-topology-agent:e2e), TOPOLOGY_E2E_WORKLOAD_IMAGE (the test pods' image, default the
+agent's), TOPOLOGY_E2E_SNAPSHOTS (the snapshot dir the lane installed; regenerated for kind when unset).
+REQUIRE_E2E=1 (or REQUIRE_KIND=1) turns every skip reason into a failure: a lane that provisions a cluster
+must not pass by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DEFAULT_CLUSTER = "topology-e2e"
+HOW = ("run `make e2e` (a real cluster on this machine) or `make kind-test` (tests/e2e/run.sh, needs Docker, kind "
+       "and kubectl)")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(argv: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")[:200]
+
+
+def probe(cluster: str) -> str | None:
+    """None when the kind cluster is usable, else why not (in the order a person would fix it)."""
+    if shutil.which("docker") is None:
+        return "no TOPOLOGY_E2E_KUBECONFIG and docker is not on PATH"
+    try:
+        info = _run(["docker", "info", "--format", "{{.ServerVersion}}"])
+    except subprocess.TimeoutExpired:
+        return "Docker engine not reachable (docker info timed out)"
+    if info.returncode != 0:
+        return f"Docker engine not reachable (docker info: {_first_line(info.stderr or info.stdout)})"
+    for tool in ("kind", "kubectl"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not on PATH"
+    clusters = _run(["kind", "get", "clusters"]).stdout.split()
+    if cluster not in clusters:
+        return f"kind cluster {cluster!r} not found (have: {', '.join(clusters) or 'none'})"
+    ready = _run(["kubectl", "--context", f"kind-{cluster}", "get", "--raw", "/readyz"])
+    if ready.returncode != 0:
+        return f"API server of kind-{cluster} not ready: {_first_line(ready.stderr)}"
+    return None
+
+
+def probe_kubeconfig(kubeconfig: Path) -> str | None:
+    if not kubeconfig.is_file():
+        return f"TOPOLOGY_E2E_KUBECONFIG={kubeconfig} does not exist (is the cluster up? make cluster-up)"
+    try:
+        from kubernetes import client, config
+
+        api = config.new_client_from_config(config_file=str(kubeconfig),
+                                            context=os.environ.get("TOPOLOGY_E2E_CONTEXT") or None)
+        client.VersionApi(api).get_code(_request_timeout=10)
+    except Exception as exc:  # noqa: BLE001 (any failure is the reason to report)
+        return f"the API server of {kubeconfig} does not answer: {_first_line(str(exc))}"
+    return None
+
+
+@dataclass(frozen=True)
+class E2EEnv:
+    lane: str  # local | kind | remote
+    kubeconfig: Path | None
+    context: str | None
+    cluster: str
+    namespace: str
+    release: str
+    image: str
+    workload_image: str
+    snapshots: Path
+    prefix: str = "topology"
+
+    def node_shell(self, node: str, script: str, timeout: float = 30) -> str:
+        """Run ``script`` with sh on ``node`` (here, or in the kind node's container) and return its stdout."""
+        if self.lane == "local":
+            argv = ["sh", "-c", script]
+        elif self.lane == "kind":
+            argv = ["docker", "exec", node, "sh", "-c", script]
+        else:
+            pytest.skip(f"the {self.lane} lane has no access to the node's shell")
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True).stdout
+
+    def restart_kubelet(self, node: str) -> None:
+        if self.lane == "local":
+            subprocess.run([sys.executable, "-m", "topology_devkit.realcluster", "restart-kubelet"], check=True,
+                           timeout=180, cwd=REPO, env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'devkit'}"})
+        elif self.lane == "kind":
+            subprocess.run(["docker", "exec", node, "systemctl", "restart", "kubelet"], check=True, timeout=120)
+        else:
+            pytest.skip(f"the {self.lane} lane cannot restart a kubelet")
+
+
+def _require() -> bool:
+    return os.environ.get("REQUIRE_E2E") == "1" or os.environ.get("REQUIRE_KIND") == "1"
+
+
+@pytest.fixture(scope="session")
+def e2e_env(tmp_path_factory: pytest.TempPathFactory) -> E2EEnv:
+    kubeconfig_env = os.environ.get("TOPOLOGY_E2E_KUBECONFIG")
+    cluster = os.environ.get("KIND_CLUSTER_NAME") or DEFAULT_CLUSTER
+    kubeconfig = Path(kubeconfig_env) if kubeconfig_env else None
+    lane = os.environ.get("TOPOLOGY_E2E_LANE") or ("local" if kubeconfig else "kind")
+    why = probe_kubeconfig(kubeconfig) if kubeconfig else probe(cluster)
+    if why:
+        if _require():
+            pytest.fail(f"REQUIRE_E2E=1 but {why}")
+        pytest.skip(f"e2e: {why}; {HOW}")
+    snapshots = os.environ.get("TOPOLOGY_E2E_SNAPSHOTS")
+    if snapshots:
+        snapshot_dir = Path(snapshots)
+    elif lane == "kind":
+        from tests.e2e.snapshots import write_snapshots
+
+        snapshot_dir = tmp_path_factory.mktemp("snapshots")
+        write_snapshots(snapshot_dir, cluster)
+    else:
+        pytest.fail("TOPOLOGY_E2E_SNAPSHOTS must name the snapshot dir the chart was installed with")
+    image = os.environ.get("TOPOLOGY_E2E_IMAGE", "s390x-topology-agent:e2e")
+    return E2EEnv(
+        lane=lane,
+        kubeconfig=kubeconfig,
+        context=os.environ.get("TOPOLOGY_E2E_CONTEXT") or (None if kubeconfig else f"kind-{cluster}"),
+        cluster=cluster,
+        namespace=os.environ.get("TOPOLOGY_E2E_NAMESPACE", "topology-system"),
+        release=os.environ.get("TOPOLOGY_E2E_RELEASE", "topology-agent"),
+        image=image,
+        workload_image=os.environ.get("TOPOLOGY_E2E_WORKLOAD_IMAGE", image),
+        snapshots=snapshot_dir,
+    )
+
+
+@pytest.fixture(scope="session")
+def api(e2e_env: E2EEnv) -> Any:
+    """A kubernetes ApiClient for the lane's cluster."""
+    from kubernetes import config
+
+    return config.new_client_from_config(config_file=str(e2e_env.kubeconfig) if e2e_env.kubeconfig else None,
+                                         context=e2e_env.context)
+
+
+@pytest.fixture(scope="session")
+def core(api: Any) -> Any:
+    from kubernetes import client
+
+    return client.CoreV1Api(api)
+
+
+@pytest.fixture(scope="session")
+def pod_namespace(core: Any, e2e_env: E2EEnv) -> Iterator[str]:
+    """A namespace for the test pods, deleted at the end."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    name = "topology-e2e-pods"
+    try:
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    yield name
+    core.delete_namespace(name)
+
+
+@pytest.fixture(autouse=True)
+def _e2e_gate(request: pytest.FixtureRequest) -> None:
+    """Every ``e2e``-marked test needs the cluster: skip (or fail under REQUIRE_E2E=1) before it starts."""
+    if request.node.get_closest_marker("e2e"):
+        request.getfixturevalue("e2e_env")
