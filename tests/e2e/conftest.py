@@ -78,7 +78,7 @@ def probe_kubeconfig(kubeconfig: Path) -> str | None:
         api = config.new_client_from_config(config_file=str(kubeconfig),
                                             context=os.environ.get("TOPOLOGY_E2E_CONTEXT") or None)
         client.VersionApi(api).get_code(_request_timeout=10)
-    except Exception as exc:  # noqa: BLE001 (any failure is the reason to report)
+    except Exception as exc:
         return f"the API server of {kubeconfig} does not answer: {_first_line(str(exc))}"
     return None
 
@@ -106,10 +106,33 @@ class E2EEnv:
             pytest.skip(f"the {self.lane} lane has no access to the node's shell")
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True).stdout
 
-    def restart_kubelet(self, node: str) -> None:
+    def kubectl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """The lane's kubectl against its cluster (the local lane's own build, else kubectl on PATH)."""
+        binary = os.environ.get("TOPOLOGY_E2E_KUBECTL") or "kubectl"
+        where = ["--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else []
+        where += ["--context", self.context] if self.context else []
+        return subprocess.run([binary, *where, *args], capture_output=True, text=True, timeout=timeout, check=True)
+
+    def helm_upgrade(self, *extra: str) -> None:
+        """``helm upgrade`` the release with the lane's own values plus ``extra`` (the local lane only)."""
+        if self.lane != "local":
+            pytest.skip(f"the {self.lane} lane's install is not this suite's to change")
+        snapshot = self.snapshots / "default.json"
+        subprocess.run([os.environ.get("TOPOLOGY_E2E_HELM") or "helm", "upgrade", self.release,
+                        str(REPO / "deploy" / "helm" / "s390x-topology-agent"), "--namespace", self.namespace,
+                        "--kubeconfig", str(self.kubeconfig),
+                        "-f", str(REPO / "devkit" / "cluster" / "e2e-values.yaml"),
+                        "--set-file", f"fakeTopology.snapshots.default\\.json={snapshot}", *extra,
+                        "--wait", "--timeout", "180s"], check=True, timeout=240, capture_output=True, text=True)
+
+    def restart_kubelet(self, node: str, cpu_manager_policy: str | None = None) -> None:
         if self.lane == "local":
-            subprocess.run([sys.executable, "-m", "topology_devkit.realcluster", "restart-kubelet"], check=True,
-                           timeout=180, cwd=REPO, env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'devkit'}"})
+            policy = ["--cpu-manager-policy", cpu_manager_policy] if cpu_manager_policy else []
+            subprocess.run([sys.executable, "-m", "topology_devkit.realcluster", "restart-kubelet", *policy],
+                           check=True, timeout=180, cwd=REPO,
+                           env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'devkit'}"})
+        elif cpu_manager_policy is not None:
+            pytest.skip(f"the {self.lane} lane cannot change the kubelet's CPU manager policy")
         elif self.lane == "kind":
             subprocess.run(["docker", "exec", node, "systemctl", "restart", "kubelet"], check=True, timeout=120)
         else:

@@ -5,7 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .cluster import down, dump_json, failure_details, format_status, restart_kubelet, status, up
+from .cluster import (
+    bin_dir,
+    down,
+    dump_json,
+    failure_details,
+    format_status,
+    import_images,
+    restart_kubelet,
+    status,
+    up,
+)
 from .layout import Layout
 from .procs import ClusterError
 
@@ -16,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     p_up = sub.add_parser("up", help="start the cluster (idempotent) and wait for the Node to be Ready")
     p_up.add_argument("--cpu-manager-policy", default="none", choices=["none", "static"])
     p_up.add_argument("--no-images", action="store_true", help="do not build or import the images")
+    sub.add_parser("images", help="build the images (cached) and import them into the cluster's containerd")
     sub.add_parser("down", help="stop everything and remove its state (keeps logs)")
     p_status = sub.add_parser("status", help="each component's pid, version and health")
     p_status.add_argument("--json", action="store_true")
@@ -30,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
             except ClusterError:
                 print(failure_details(layout), file=sys.stderr)
                 raise
+        elif args.command == "images":
+            import_images(bin_dir())
         elif args.command == "down":
             down(layout)
             print(f"cluster-down: stopped; logs kept in {layout.logs}")

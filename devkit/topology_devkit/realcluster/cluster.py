@@ -22,6 +22,7 @@ from . import configs, pki
 from .layout import (
     APISERVER_PORT,
     BRIDGE,
+    BRIDGE_IP,
     CNI_STATE,
     COMPONENTS,
     CONTAINER_LOGS,
@@ -69,7 +70,7 @@ def _context(layout: Layout, client: str = "admin") -> ssl.SSLContext:
 
 def _get(url: str, ctx: ssl.SSLContext | None = None, timeout: float = 3.0) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout, context=ctx) as response:  # noqa: S310 (loopback)
+        with urllib.request.urlopen(url, timeout=timeout, context=ctx) as response:
             return response.status, response.read().decode(errors="replace")
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode(errors="replace")
@@ -104,7 +105,7 @@ def kubectl(layout: Layout, *args: str, timeout: float = 60.0, check: bool = Tru
 
 def _write_configs(layout: Layout, bins: Path, cpu_manager_policy: str) -> None:
     node = node_name()
-    pki.make_pki(layout.pki, node, ["127.0.0.1", FIRST_SERVICE_IP],
+    pki.make_pki(layout.pki, node, ["127.0.0.1", FIRST_SERVICE_IP, BRIDGE_IP],
                  ["localhost", node, "kubernetes", "kubernetes.default", "kubernetes.default.svc",
                   "kubernetes.default.svc.cluster.local"])
     layout.etc.mkdir(parents=True, exist_ok=True)
@@ -152,7 +153,8 @@ def _argv(layout: Layout, bins: Path, component: str) -> list[str]:
                 f"--service-account-key-file={p / 'sa.pub'}", f"--service-account-signing-key-file={p / 'sa.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc",
                 "--enable-admission-plugins=NodeRestriction",
-                "--bind-address=127.0.0.1", f"--secure-port={APISERVER_PORT}",
+                # All addresses: pods reach it at the bridge's address (BRIDGE_IP); nothing else can reach this machine.
+                "--bind-address=0.0.0.0", f"--secure-port={APISERVER_PORT}",
                 # No kube-proxy: the kubernetes Service gets no endpoints, so nothing is sent to its address.
                 "--endpoint-reconciler-type=none",
                 f"--etcd-servers=http://127.0.0.1:{ETCD_CLIENT_PORT}",
@@ -208,7 +210,7 @@ def wait_node_ready(layout: Layout, timeout: float = 120.0) -> None:
     wait_until(f"Node {node} to be Ready", ready, timeout, layout, "kubelet", step=0.5)
 
 
-def _import_images(layout: Layout, bins: Path) -> None:
+def import_images(bins: Path) -> None:
     from . import images
 
     archives = images.build_all(image_cache())
@@ -236,7 +238,7 @@ def up(layout: Layout, cpu_manager_policy: str = "none", images: bool = True) ->
     _write_configs(layout, bins, cpu_manager_policy)
     for component in COMPONENTS:
         if component == "kubelet" and images:
-            _import_images(layout, bins)
+            import_images(bins)
         start_component(layout, component, bins)
         print(f"cluster-up: {component} up after {time.monotonic() - t0:.1f} s", flush=True)
     wait_node_ready(layout)
@@ -265,8 +267,8 @@ def _remove_sandboxes() -> None:
         return
     import grpc
 
-    from agent._proto.runtime import api_pb2 as cri
-    from agent._proto.runtime import api_pb2_grpc as cri_grpc
+    from agent._proto.runtime.v1 import api_pb2 as cri
+    from agent._proto.runtime.v1 import api_pb2_grpc as cri_grpc
 
     channel = grpc.insecure_channel(f"unix://{CONTAINERD_SOCKET}")
     try:
@@ -373,6 +375,7 @@ def down(layout: Layout) -> None:
     for sock in (CONTAINERD_SOCKET, Path(f"{CONTAINERD_SOCKET}.ttrpc"), NRI_SOCKET):
         sock.unlink(missing_ok=True)
     layout.kubeconfig.unlink(missing_ok=True)
+    _rmdir(CONTAINERD_STATE.parent)
     left = _mounts_under(state_paths) + [str(t) for t in _cgroup_trees()]
     if left:
         raise ClusterError(f"cluster-down left behind: {', '.join(left)}")

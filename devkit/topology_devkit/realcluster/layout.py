@@ -30,6 +30,9 @@ KUBELET_HEALTHZ_PORT = 10248
 SERVICE_CIDR = "10.0.0.0/24"
 FIRST_SERVICE_IP = "10.0.0.1"
 POD_CIDR = "10.88.0.0/16"
+# The bridge's own address (host-local gives the range's first address to the gateway): pods reach the API
+# server there, on this machine (there is no kube-proxy to serve the kubernetes Service's address).
+BRIDGE_IP = "10.88.0.1"
 BRIDGE = "e2e0"
 CNI_NETWORK = "topology-e2e"
 

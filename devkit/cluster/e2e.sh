@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# make e2e: the end-to-end suite against a real single-node cluster on this machine (README "A real cluster on
+# one machine"). Starts the cluster when it is not up, builds and imports the images (no registry), installs the
+# chart with `helm upgrade --install` as a user would (plus devkit/cluster/e2e-values.yaml), then runs
+# `pytest -m e2e tests/e2e` with REQUIRE_E2E=1 (a skip is a failure here) and prints each test's result.
+#
+# Environment: CLUSTER_DIR (.cluster), CLUSTER_CACHE, KEEP_CLUSTER=1 (leave a cluster this script started
+# running), PYTEST_ARGS (extra pytest arguments), HELM.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$REPO"
+PYTHON=${PYTHON:-$REPO/.venv/bin/python}
+export CLUSTER_DIR=${CLUSTER_DIR:-$REPO/.cluster}
+export PYTHONPATH="$REPO:$REPO/devkit${PYTHONPATH:+:$PYTHONPATH}"
+NAMESPACE=topology-system
+RELEASE=topology-agent
+IMAGE=localhost/s390x-topology-agent:e2e
+WORKLOAD=localhost/topology-e2e-busybox:latest
+T0=$SECONDS
+die() { echo "e2e: $*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || die "the real cluster runs as root"
+if [ -z "${HELM:-}" ]; then
+  if [ -x .tools/bin/helm ]; then HELM=$REPO/.tools/bin/helm
+  elif command -v helm >/dev/null; then HELM=$(command -v helm)
+  else HELM=$(tools/get-helm.sh); fi
+fi
+BIN=$(devkit/cluster/build.sh)
+export TOPOLOGY_E2E_KUBECTL=$BIN/kubectl
+KUBECONFIG=$CLUSTER_DIR/kubeconfig
+export KUBECONFIG
+kubectl() { "$BIN/kubectl" "$@"; }
+
+started=0
+if ! "$PYTHON" -m topology_devkit.realcluster status >/dev/null 2>&1; then
+  echo "==> cluster-up"
+  "$PYTHON" -m topology_devkit.realcluster up
+  started=1
+else
+  echo "==> cluster already up; importing the images again"
+  "$PYTHON" -m topology_devkit.realcluster images
+fi
+cleanup() {
+  local rc=$?
+  if [ "$rc" != 0 ]; then
+    echo "--- diagnostics (exit $rc)"
+    kubectl get nodes -o wide || true
+    kubectl get pods -A -o wide || true
+    kubectl -n "$NAMESPACE" logs -l "app.kubernetes.io/instance=$RELEASE" --tail=60 --prefix || true
+    tail -n 20 "$CLUSTER_DIR/logs/kubelet.log" || true
+  fi
+  if [ "$started" = 1 ] && [ "${KEEP_CLUSTER:-0}" != 1 ]; then "$PYTHON" -m topology_devkit.realcluster down || true; fi
+}
+trap cleanup EXIT
+
+NODE=$(kubectl get nodes -o jsonpath='{.items[0].metadata.name}')
+kubectl label node "$NODE" topology-e2e/worker=true --overwrite >/dev/null
+SNAPSHOTS=$CLUSTER_DIR/snapshots
+"$PYTHON" tests/e2e/snapshots.py --local-cpus "$(nproc)" --out "$SNAPSHOTS"
+kubectl create namespace "$NAMESPACE" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl label namespace "$NAMESPACE" pod-security.kubernetes.io/enforce=privileged --overwrite >/dev/null
+
+echo "==> helm upgrade --install $RELEASE (fake topology: one book per CPU of this machine)"
+"$HELM" upgrade --install "$RELEASE" deploy/helm/s390x-topology-agent --namespace "$NAMESPACE" \
+  -f devkit/cluster/e2e-values.yaml --set-file "fakeTopology.snapshots.default\.json=$SNAPSHOTS/default.json" \
+  --wait --timeout 180s
+
+echo "==> pytest -m e2e tests/e2e (REQUIRE_E2E=1)"
+export TOPOLOGY_E2E_KUBECONFIG=$KUBECONFIG TOPOLOGY_E2E_LANE=local TOPOLOGY_E2E_NAMESPACE=$NAMESPACE \
+       TOPOLOGY_E2E_RELEASE=$RELEASE TOPOLOGY_E2E_IMAGE=$IMAGE TOPOLOGY_E2E_WORKLOAD_IMAGE=$WORKLOAD \
+       TOPOLOGY_E2E_SNAPSHOTS=$SNAPSHOTS TOPOLOGY_E2E_HELM=$HELM REQUIRE_E2E=1
+# shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
+"$PYTHON" -m pytest -m e2e tests/e2e -v -rA -p no:cacheprovider ${PYTEST_ARGS:-}
+echo "e2e: passed in $((SECONDS - T0)) s"

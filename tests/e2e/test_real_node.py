@@ -1,0 +1,366 @@
+"""End to end with what only a real node shows: the real kubelet's admission, its pod-resources API, a kubelet
+restart, the DaemonSet recreating the agent, real cpusets, the API server's node restriction and the static CPU
+manager. Runs on the local lane (make e2e), where the node is this machine and every book is one real CPU;
+the tests that need the node's shell skip on a lane without it (kind runs what it can through docker exec).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import E2EEnv
+from tests.e2e.snapshots import Expected, expected
+from tests.e2e.test_e2e import ENV_CONTRACT, WORKER_LABEL, delete_pods, free_cpu_millis, wait_for
+
+pytestmark = pytest.mark.e2e
+
+KUBELET_ROOT = Path("/var/lib/kubelet")
+POD_RESOURCES = KUBELET_ROOT / "pod-resources" / "kubelet.sock"
+AGENT_PREFIX = "topology.s390x.ibm.com"
+
+
+@pytest.fixture(scope="module")
+def node(core: Any, e2e_env: E2EEnv) -> str:
+    nodes = sorted(n.metadata.name for n in core.list_node(label_selector=f"{WORKER_LABEL}=true").items)
+    assert nodes, f"no node labelled {WORKER_LABEL}=true"
+    return nodes[0]
+
+
+@pytest.fixture(scope="module")
+def exp(e2e_env: E2EEnv, node: str) -> Expected:
+    return expected(e2e_env.snapshots, node, e2e_env.prefix)
+
+
+@pytest.fixture(scope="module")
+def local(e2e_env: E2EEnv) -> E2EEnv:
+    if e2e_env.lane != "local":
+        pytest.skip(f"needs the node's own files and processes (the local lane), not {e2e_env.lane}")
+    return e2e_env
+
+
+def agent_pod(core: Any, env: E2EEnv, node: str, timeout: float = 120) -> Any:
+    """The Ready agent pod on ``node``."""
+    def ready() -> Any:
+        pods = core.list_namespaced_pod(env.namespace, field_selector=f"spec.nodeName={node}",
+                                        label_selector=f"app.kubernetes.io/instance={env.release}").items
+        for pod in pods:
+            statuses = pod.status.container_statuses or []
+            if pod.metadata.deletion_timestamp is None and statuses and all(s.ready for s in statuses):
+                return pod
+        return None
+
+    return wait_for(f"the agent pod on {node} to be Ready", ready, timeout=timeout, interval=0.5)
+
+
+def http_get(url: str, timeout: float = 5) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def metrics(pod: Any) -> str:
+    port = next(p.container_port for p in pod.spec.containers[0].ports if p.name == "metrics")
+    return http_get(f"http://{pod.status.pod_ip}:{port}/metrics")[1]
+
+
+def metric(text: str, name: str, labels: dict[str, str] | None = None) -> float | None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and (labels or {}).items() <= sample.labels.items():
+                return float(sample.value)
+    return None
+
+
+def pod_resources() -> dict[tuple[str, str, str], dict[str, list[str]]]:
+    """The real kubelet's pod-resources List: (namespace, pod, container) -> resource -> device ids."""
+    import grpc
+
+    from agent._proto.podresources.v1 import api_pb2, api_pb2_grpc
+
+    with grpc.insecure_channel(f"unix://{POD_RESOURCES}") as channel:
+        answer = api_pb2_grpc.PodResourcesListerStub(channel).List(api_pb2.ListPodResourcesRequest(), timeout=10)
+    held: dict[tuple[str, str, str], dict[str, list[str]]] = {}
+    for pod in answer.pod_resources:
+        for container in pod.containers:
+            devices = {d.resource_name: sorted(d.device_ids) for d in container.devices if d.device_ids}
+            if devices:
+                held[(pod.namespace, pod.name, container.name)] = devices
+    return held
+
+
+@pytest.fixture()
+def pods(core: Any, pod_namespace: str, e2e_env: E2EEnv, node: str) -> Iterator[Callable[..., str]]:
+    """pods({resource: n}, cpu="1") -> pod name; the pod prints its environment, then its cpuset, and sleeps."""
+    from kubernetes import client
+
+    created: list[str] = []
+
+    def _make(extended: dict[str, int], cpu: str | None = "1", name: str | None = None) -> str:
+        name = name or f"real-{uuid.uuid4().hex[:8]}"
+        limits = {k: str(v) for k, v in extended.items()}
+        requests: dict[str, str] = {"memory": "16Mi"}
+        if cpu is not None:
+            requests["cpu"] = cpu
+        script = "env; echo ENV-END; exec sleep 3600"
+        core.create_namespaced_pod(pod_namespace, client.V1Pod(
+            metadata=client.V1ObjectMeta(name=name),
+            spec=client.V1PodSpec(
+                restart_policy="Never", termination_grace_period_seconds=1,
+                node_selector={"kubernetes.io/hostname": node},
+                containers=[client.V1Container(
+                    name="main", image=e2e_env.workload_image, image_pull_policy="Never",
+                    command=["/bin/sh", "-c", script],
+                    resources=client.V1ResourceRequirements(requests=requests, limits=limits or None))])))
+        created.append(name)
+        return name
+
+    yield _make
+    delete_pods(core, pod_namespace, created)
+
+
+def running_env(core: Any, namespace: str, name: str, timeout: float = 90) -> dict[str, str]:
+    def run() -> Any:
+        pod = core.read_namespaced_pod(name, namespace)
+        if pod.status.phase == "Failed":
+            pytest.fail(f"pod {name} failed: {pod.status.reason}: {pod.status.message}")
+        return pod if pod.status.phase == "Running" else None
+
+    wait_for(f"pod {name} to run", run, timeout=timeout, interval=0.3)
+    log = wait_for(f"pod {name} to print its environment",
+                   lambda: (text := core.read_namespaced_pod_log(name, namespace)) and "ENV-END" in text and text,
+                   interval=0.3)
+    return dict(line.split("=", 1) for line in log.split("ENV-END")[0].splitlines() if "=" in line)
+
+
+def proc_status(env: E2EEnv, namespace: str, pod: str, field: str) -> str:
+    out = env.kubectl("exec", "-n", namespace, pod, "--", "grep", f"^{field}:", "/proc/1/status").stdout
+    return out.split(":", 1)[1].strip()
+
+
+def pending_reason(core: Any, namespace: str, name: str) -> str:
+    pod = core.read_namespaced_pod(name, namespace)
+    for cond in pod.status.conditions or []:
+        if cond.type == "PodScheduled" and cond.status == "False":
+            return cond.message or ""
+    return ""
+
+
+def book_pods_running(core: Any, namespace: str, pods: Callable[..., str], env: E2EEnv, count: int,
+                      ) -> list[tuple[str, dict[str, str]]]:
+    book = f"{env.prefix}/book"
+    made = [pods({book: 1}) for _ in range(count)]
+    return [(name, running_env(core, namespace, name)) for name in made]
+
+
+# -------------------------------------------------------------------------------------------------- the tests
+
+
+def test_a_book_pod_runs_inside_its_book(core: Any, pod_namespace: str, e2e_env: E2EEnv, node: str,
+                                         exp: Expected, pods: Callable[..., str]) -> None:
+    """The real kubelet admits it; its environment is the contract; CRI enforcement pins it to its book."""
+    agent_pod(core, e2e_env, node)
+    ((name, env),) = book_pods_running(core, pod_namespace, pods, e2e_env, 1)
+    assert not [k for k in ENV_CONTRACT if k not in env], env
+    assert env["TOPOLOGY_CPUS"] in exp.cpulists(f"{e2e_env.prefix}/book")
+    assert env["CPU_VISIBLE_MEMORY_NODES"] == "0"
+    wait_for(f"{name}'s cpuset to be its book {env['TOPOLOGY_CPUS']}",
+             lambda: proc_status(e2e_env, pod_namespace, name, "Cpus_allowed_list") == env["TOPOLOGY_CPUS"],
+             timeout=10, interval=0.2)
+    assert proc_status(e2e_env, pod_namespace, name, "Mems_allowed_list") == "0"
+
+
+def test_books_are_exclusive_and_a_third_pod_waits_for_one(core: Any, pod_namespace: str, e2e_env: E2EEnv,
+                                                           node: str, exp: Expected,
+                                                           pods: Callable[..., str]) -> None:
+    book = f"{e2e_env.prefix}/book"
+    books = exp.allocatable[book]
+    agent_pod(core, e2e_env, node)
+    if free_cpu_millis(core, node) < 1000 * books:
+        pytest.skip(f"{node} has not {books} CPUs free for {books} one-CPU book pods")
+    held = book_pods_running(core, pod_namespace, pods, e2e_env, books)
+    assert len({env["TOPOLOGY_GROUPS"] for _, env in held}) == books, held
+    extra = pods({book: 1})
+    message = wait_for(f"{extra} to be unschedulable", lambda: pending_reason(core, pod_namespace, extra),
+                       timeout=60, interval=0.5)
+    assert f"Insufficient {book}" in message, message
+    # The real pod-resources API shows each book held once, by the pod that has it.
+    listed = pod_resources()
+    owners = {(ns, pod): devs.get(book) for (ns, pod, _), devs in listed.items() if ns == pod_namespace}
+    for name, env in held:
+        assert owners.get((pod_namespace, name)) == env["TOPOLOGY_GROUPS"].split(","), listed
+    # Deleting one frees its book: pod-resources drops it and the waiting pod gets exactly that book.
+    freed_name, freed_env = held[0]
+    delete_pods(core, pod_namespace, [freed_name])
+    wait_for("pod-resources to drop the deleted pod",
+             lambda: not [k for k in pod_resources() if k[1] == freed_name], timeout=30, interval=0.5)
+    env = running_env(core, pod_namespace, extra, timeout=120)
+    assert env["TOPOLOGY_GROUPS"] == freed_env["TOPOLOGY_GROUPS"]
+
+
+def test_kubelet_restart_keeps_pods_and_the_agent_reregisters(core: Any, pod_namespace: str, local: E2EEnv,
+                                                              node: str, exp: Expected,
+                                                              pods: Callable[..., str]) -> None:
+    book = f"{local.prefix}/book"
+    agent = agent_pod(core, local, node)
+    held = book_pods_running(core, pod_namespace, pods, local, min(2, exp.allocatable[book]))
+    for name, env in held:
+        wait_for(f"{name} pinned", lambda n=name, e=env: proc_status(
+            local, pod_namespace, n, "Cpus_allowed_list") == e["TOPOLOGY_CPUS"], timeout=10, interval=0.2)
+    before = metric(metrics(agent), "topology_agent_registrations_total", {"resource": book}) or 0
+    local.restart_kubelet(node)
+    restarted = time.monotonic()
+    wait_for("the agent to register again", lambda: (metric(metrics(agent), "topology_agent_registrations_total",
+                                                            {"resource": book}) or 0) > before,
+             timeout=30, interval=0.05)
+    reregistered = time.monotonic() - restarted
+    assert reregistered < 5, f"re-registered {reregistered:.2f} s after the kubelet was healthy again"
+    want = str(exp.allocatable[book])
+    wait_for(f"allocatable {book} to be {want} again",
+             lambda: (core.read_node(node).status.capacity or {}).get(book) == want, timeout=60, interval=0.5)
+    for name, env in held:
+        pod = core.read_namespaced_pod(name, pod_namespace)
+        assert pod.status.phase == "Running", (name, pod.status.phase, pod.status.reason)
+        assert pod.status.container_statuses[0].restart_count == 0
+        assert proc_status(local, pod_namespace, name, "Cpus_allowed_list") == env["TOPOLOGY_CPUS"]
+    listed = wait_for("pod-resources to list the pods again", lambda: (
+        r := pod_resources()) and all(any(k[1] == n for k in r) for n, _ in held) and r, timeout=60, interval=0.5)
+    for name, env in held:
+        assert next(d for k, d in listed.items() if k[1] == name)[book] == env["TOPOLOGY_GROUPS"].split(",")
+    failed = [p.metadata.name for p in core.list_namespaced_pod(pod_namespace).items
+              if p.status.reason == "UnexpectedAdmissionError"]
+    assert not failed, failed
+
+
+def test_a_recreated_agent_hands_out_no_held_book_twice(core: Any, pod_namespace: str, e2e_env: E2EEnv,
+                                                        node: str, exp: Expected,
+                                                        pods: Callable[..., str]) -> None:
+    book = f"{e2e_env.prefix}/book"
+    old = agent_pod(core, e2e_env, node)
+    held = book_pods_running(core, pod_namespace, pods, e2e_env, 1)
+    core.delete_namespaced_pod(old.metadata.name, e2e_env.namespace)
+    new = wait_for("the DaemonSet to recreate the agent", lambda: (
+        p := agent_pod(core, e2e_env, node)) and p.metadata.uid != old.metadata.uid and p, timeout=120, interval=0.5)
+    assert new.metadata.uid != old.metadata.uid
+    others = [pods({book: 1}) for _ in range(exp.allocatable[book])]  # one more than the books left
+    deadline = time.monotonic() + 30
+    groups: list[str] = []
+    while time.monotonic() < deadline:
+        groups = []
+        for name in others:
+            pod = core.read_namespaced_pod(name, pod_namespace)
+            if pod.status.phase == "Running":
+                groups.append(running_env(core, pod_namespace, name)["TOPOLOGY_GROUPS"])
+        if len(groups) >= exp.allocatable[book] - 1:
+            break
+        time.sleep(0.5)
+    assert held[0][1]["TOPOLOGY_GROUPS"] not in groups, "a held book was handed out again"
+    assert len(groups) == len(set(groups)) == exp.allocatable[book] - 1, groups
+
+
+def test_metrics_and_readyz_from_the_node(core: Any, local: E2EEnv, node: str) -> None:
+    pod = agent_pod(core, local, node)
+    port = next(p.container_port for p in pod.spec.containers[0].ports if p.name == "metrics")
+    status, body = http_get(f"http://{pod.status.pod_ip}:{port}/readyz")
+    assert status == 200, body
+    text = metrics(pod)
+    assert metric(text, "topology_agent_registrations_total", {"resource": f"{local.prefix}/book"}), text[:400]
+
+
+def _agent_token(env: E2EEnv, pod: Any) -> str:
+    account = pod.spec.service_account_name
+    out = env.kubectl("create", "token", account, "-n", env.namespace, "--bound-object-kind", "Pod",
+                      "--bound-object-name", pod.metadata.name, "--bound-object-uid", pod.metadata.uid,
+                      "--duration", "10m").stdout
+    return out.strip()
+
+
+def _as_agent(env: E2EEnv, token: str) -> Any:
+    from kubernetes import client
+
+    with open(env.kubeconfig or "", encoding="utf-8") as f:
+        cluster = json.load(f)["clusters"][0]["cluster"]
+    ca = tempfile.NamedTemporaryFile("wb", suffix=".crt", delete=False)  # noqa: SIM115
+    ca.write(base64.b64decode(cluster["certificate-authority-data"]))
+    ca.close()
+    config = client.Configuration()
+    config.host = cluster["server"]
+    config.ssl_ca_cert = ca.name
+    config.api_key = {"authorization": f"Bearer {token}"}
+    return client.CoreV1Api(client.ApiClient(config))
+
+
+def test_node_restriction_lets_the_agent_label_only_its_own_node(core: Any, local: E2EEnv, node: str) -> None:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    as_agent = _as_agent(local, _agent_token(local, agent_pod(core, local, node)))
+    key = f"{AGENT_PREFIX}/e2e-probe"
+    as_agent.patch_node(node, {"metadata": {"labels": {key: "own"}}})
+    assert core.read_node(node).metadata.labels[key] == "own"
+    as_agent.patch_node(node, {"metadata": {"labels": {key: None}}})
+    other = f"e2e-other-{uuid.uuid4().hex[:6]}"
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=other)))
+    try:
+        with pytest.raises(ApiException) as refused:
+            as_agent.patch_node(other, {"metadata": {"labels": {key: "other"}}})
+        assert refused.value.status in (403, 422), refused.value.body
+        assert key not in (core.read_node(other).metadata.labels or {})
+    finally:
+        core.delete_node(other)
+
+
+def test_book_and_socket_levels_block_each_other_with_real_pod_resources(
+        core: Any, pod_namespace: str, local: E2EEnv, node: str, exp: Expected, pods: Callable[..., str]) -> None:
+    book, socket = f"{local.prefix}/book", f"{local.prefix}/socket"
+    local.helm_upgrade("--set", "agent.levels=book\\,socket")
+    try:
+        agent_pod(core, local, node)
+        wait_for(f"{node} to advertise {socket}", lambda: (core.read_node(node).status.capacity or {}).get(socket)
+                 == str(exp.allocatable[book]), timeout=90, interval=0.5)
+        ((_, env),) = book_pods_running(core, pod_namespace, pods, local, 1)
+        sockets = exp.allocatable[book]
+        wait_for(f"allocatable {socket} to drop to {sockets - 1} (the held book's socket Unhealthy)",
+                 lambda: (core.read_node(node).status.allocatable or {}).get(socket) == str(sockets - 1),
+                 timeout=60, interval=0.5)
+        agent = agent_pod(core, local, node)
+        status = json.loads(http_get(f"http://{agent.status.pod_ip}:9400/allocations")[1])
+        assert status, status
+        assert env["TOPOLOGY_GROUPS"]
+    finally:
+        local.helm_upgrade()
+
+
+def test_static_cpu_manager_is_labelled_and_refused(core: Any, pod_namespace: str, local: E2EEnv,
+                                                    node: str) -> None:
+    label = f"{AGENT_PREFIX}/cpu-manager-policy"
+    agent_pod(core, local, node)
+    delete_pods(core, pod_namespace, [p.metadata.name for p in core.list_namespaced_pod(pod_namespace).items])
+    try:
+        local.restart_kubelet(node, cpu_manager_policy="static")
+        wait_for(f"{node} to be labelled {label}=static",
+                 lambda: (core.read_node(node).metadata.labels or {}).get(label) == "static", timeout=90,
+                 interval=0.5)
+        agent = agent_pod(core, local, node)
+        text = metrics(agent)
+        assert metric(text, "topology_agent_cpuset_enforcement_refused") == 1, text[:400]
+        logs = core.read_namespaced_pod_log(agent.metadata.name, local.namespace)
+        assert "static" in logs
+    finally:
+        local.restart_kubelet(node, cpu_manager_policy="none")
+        wait_for(f"{node} to be labelled {label}=none",
+                 lambda: (core.read_node(node).metadata.labels or {}).get(label) == "none", timeout=90,
+                 interval=0.5)
