@@ -78,6 +78,10 @@ def add_policy_flags(parser: argparse.ArgumentParser) -> None:
     _add(group, "--min-group-cores", "auto", metavar="N",
          help="groups with fewer cores are not advertised (kubelet counts devices, it does not size them); "
               "auto: half the cores of the median group of the level, at least 1; 0 advertises every group")
+    group.add_argument("--uniform-groups", action=argparse.BooleanOptionalAction, default=None,
+                       help="advertise only groups of one size (CPUs) per resource, so one pod spec fits whichever "
+                            "group kubelet picks: the most common size, a tie going to the larger; discover and "
+                            "explain name the others (default: off) [env TOPOLOGY_AGENT_UNIFORM_GROUPS=true|false]")
 
 
 def _polarizations(text: str) -> frozenset[str]:
@@ -110,6 +114,8 @@ def grouping_settings(args: argparse.Namespace) -> GroupingSettings:
         reserved_cpus=reserved,
         exclude_polarization=_polarizations(args.exclude_polarization or ""),
         min_group_cores=min_cores,
+        uniform_groups=(_bool_env("--uniform-groups", False) if getattr(args, "uniform_groups", None) is None
+                        else args.uniform_groups),
     ).validated()
 
 

@@ -395,7 +395,8 @@ def test_every_agent_variable_is_a_serve_flag(render: Render, monkeypatch: pytes
     # The same values given as flags: argparse checks choices, the settings builders check the rest.
     argv = ["serve"]
     for key, value in env.items():
-        if to_flag[key] in ("--node-labels", "--openmp-env", "--allocations-pod-names", "--shared-pool"):  # booleans
+        if to_flag[key] in ("--node-labels", "--openmp-env", "--allocations-pod-names", "--shared-pool",
+                            "--uniform-groups"):  # booleans
             argv.append(to_flag[key] if value == "true" else "--no-" + to_flag[key][2:])
         else:
             argv += [to_flag[key], value]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import socket
 
-from agent.plugin.server import SocketInUseError, clear_stale_socket
+from agent.errors import SocketInUseError
+from agent.plugin.server import clear_stale_socket
 from tests.conftest import REPO
 from tests.plugin_harness import short_tmpdir
 

@@ -195,7 +195,8 @@ class Agent:
             label_patches=self.reporter.patches, label_failures=self.reporter.failures,
             cpu_manager_static=self.reporter.cpu_manager_policy == "static",
             cpu_manager_findings=len(self.reporter.findings), log_records_dropped=dropped_records(),
-            enforcement=self._enforcement_status())
+            enforcement=self._enforcement_status(),
+            uniform=tuple((u.resource, u.cpus, len(u.left_out)) for u in self.grouping.uniform))
 
     def _enforcement_status(self) -> EnforcementStatus | None:
         if self.enforcement is None:

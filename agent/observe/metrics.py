@@ -106,6 +106,19 @@ class StatusCollector(Collector):
             cpus.add_metric([resource, device], count)
         yield cpus
 
+        if s.uniform:  # --uniform-groups
+            size = GaugeMetricFamily(f"{PREFIX}_uniform_group_cpus",
+                                     "CPUs of every advertised group of the resource (--uniform-groups)",
+                                     labels=["resource"])
+            left_out = GaugeMetricFamily(f"{PREFIX}_groups_not_uniform",
+                                         "Groups not advertised because their size differs (--uniform-groups)",
+                                         labels=["resource"])
+            for resource, count, others in s.uniform:
+                size.add_metric([resource], count)
+                left_out.add_metric([resource], others)
+            yield size
+            yield left_out
+
         registrations = CounterMetricFamily(f"{PREFIX}_registrations", "Successful registrations with kubelet",
                                             labels=["resource"])
         streams = GaugeMetricFamily(f"{PREFIX}_list_and_watch_streams", "Open ListAndWatch streams",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.policy.grouping import Grouping
+from agent.policy.grouping import Grouping, group_sizes, uniform_size
 from agent.topology.cpulist import format_cpulist
 from agent.topology.model import Machine, Topology
 from agent.topology.snapshot import to_dict
@@ -43,6 +43,9 @@ def grouping_dict(topology: Topology, grouping: Grouping) -> dict[str, Any]:
         "skipped": [{"cpus": list(s.cpus), "cpulist": format_cpulist(s.cpus), "reason": s.reason}
                     for s in grouping.skipped],
         "warnings": list(grouping.warnings),
+        # The exact cpu request for one group of each resource; null where the groups differ in size.
+        "cpu_request": {r: (sizes[0] if len(sizes) == 1 else None) for r, sizes in group_sizes(grouping).items()},
+        "uniform": [{"resource": u.resource, "cpus": u.cpus, "left_out": list(u.left_out)} for u in grouping.uniform],
     }
 
 
@@ -57,6 +60,31 @@ def machine_line(m: Machine) -> str:
             f"{','.join(map(str, m.memory_nodes))}")
 
 
+def request_lines(grouping: Grouping) -> list[str]:
+    """What a pod asking for one group of each resource must request as ``cpu`` on this node."""
+    lines = []
+    kept = {u.resource: u for u in grouping.uniform}
+    for resource, sizes in group_sizes(grouping).items():
+        if len(sizes) == 1:
+            how = (f" (--uniform-groups left out {len(kept[resource].left_out)} of another size)"
+                   if kept.get(resource) and kept[resource].left_out else "")
+            lines.append(f'pod spec: {resource}: N needs cpu: N x {sizes[0]} (every {resource} has {sizes[0]} '
+                         f'CPUs; for N = 1: cpu: "{sizes[0]}", no cpu limit){how}')
+        else:
+            counts = [len(g.cpus) for g in grouping.by_resource(resource)]
+            lines.append(f"pod spec: {resource} groups differ in size ({', '.join(map(str, sizes))} CPUs): no one "
+                         f"cpu request is right for every group kubelet may pick; --uniform-groups advertises only "
+                         f"the {uniform_size(counts)}-CPU ones")
+    return lines
+
+
+def _where(c: object) -> str:
+    """drawer/book/socket/core of a CPU, leaving out what the kernel does not report."""
+    parts = [f"{name} {getattr(c, name)}" for name in ("drawer", "book", "socket", "core")
+             if getattr(c, name) is not None]
+    return " ".join(parts) or "no topology ids"
+
+
 def table(topology: Topology, grouping: Grouping) -> str:
     header = ("RESOURCE", "DEVICE", "CPUS", "CORES", "THREADS/CORE", "POLARIZATION", "MEMORY NODE")
     rows = [header] + [
@@ -69,6 +97,7 @@ def table(topology: Topology, grouping: Grouping) -> str:
              f"levels: {','.join(grouping.levels) or 'none'} ({grouping.level_reason})", ""]
     if grouping.groups:
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        lines += ["", *request_lines(grouping)]
     else:
         lines.append("no groups advertised")
     if grouping.skipped:
@@ -91,6 +120,7 @@ def explain(topology: Topology, grouping: Grouping, settings: AllocationSettings
         lines.append("vLLM: a container holding N groups gets N CPU lists in VLLM_CPU_OMP_THREADS_BIND (and "
                      "TOPOLOGY_RANKS=N): run it with tensor-parallel size x pipeline-parallel size = N, or vLLM "
                      "stops at start-up")
+        lines += request_lines(grouping)
     for g in grouping.groups:
         plan = plan_allocation([g], settings)
         omp = set(plan.ranks[0])
@@ -100,7 +130,7 @@ def explain(topology: Topology, grouping: Grouping, settings: AllocationSettings
         for core in g.cores:
             for cpu in core:
                 c = by_number[cpu]
-                where = f"drawer {c.drawer} book {c.book} socket {c.socket} core {c.core}"
+                where = _where(c)
                 if cpu in omp:
                     role = "OpenMP place"
                 elif core in kept_cores:

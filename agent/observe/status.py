@@ -53,3 +53,4 @@ class AgentStatus:
     cpu_manager_findings: int = 0
     log_records_dropped: int = 0
     enforcement: EnforcementStatus | None = None  # None: --cpuset-enforcement none
+    uniform: tuple[tuple[str, int, int], ...] = ()  # --uniform-groups: (resource, CPUs advertised, groups left out)

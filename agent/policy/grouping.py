@@ -8,6 +8,10 @@ Rules (vLLM PR #40714 for the automatic level choice):
 * groups much smaller than their peers are not advertised (``min_group_cores``; automatic: half
   the cores of the median group of that level, at least 1): kubelet counts devices, it does not
   size them, so ``topology/book: 1`` must mean a real book, not a one-core remnant;
+* ``uniform_groups``: a level advertises only groups of one size (in CPUs), so that one pod spec
+  (``cpu`` = that size x the groups asked for) is right whichever group kubelet picks: the most
+  common size among the groups left after ``min_group_cores``, a tie going to the larger size; the
+  others are reported as not advertised, with the reason;
 * degenerate topology (no topology facility, or, when /proc/sysinfo does not say, one CPU per
   book and socket on a multi-CPU s390 machine: z/VM and classic KVM guests) is not advertised
   at all, with the reason;
@@ -37,6 +41,7 @@ class GroupingSettings:
     reserved_cpus: frozenset[int] = frozenset()
     exclude_polarization: frozenset[str] = frozenset()
     min_group_cores: int | None = None  # None: half the cores of the level's median group (at least 1); 0: all
+    uniform_groups: bool = False  # advertise only the groups of one size (CPUs) per level: uniform_size()
 
     def validated(self) -> GroupingSettings:
         if self.min_group_cores is not None and self.min_group_cores < 0:
@@ -95,6 +100,15 @@ class Skipped:
 
 
 @dataclass(frozen=True, slots=True)
+class Uniform:
+    """What --uniform-groups chose for one resource: the size advertised and the groups left out."""
+
+    resource: str
+    cpus: int  # the CPUs of every advertised group of the resource
+    left_out: tuple[str, ...]  # ids of the groups of other sizes
+
+
+@dataclass(frozen=True, slots=True)
 class Grouping:
     groups: tuple[Group, ...]
     skipped: tuple[Skipped, ...]
@@ -102,6 +116,7 @@ class Grouping:
     level_reason: str
     fidelity: str  # lpar | guest-no-topology | unknown (s390, facility not known) | generic (not s390)
     warnings: tuple[str, ...] = field(default=())
+    uniform: tuple[Uniform, ...] = field(default=())  # with --uniform-groups, one per advertised level
 
     def resources(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -114,6 +129,15 @@ class Grouping:
 
     def by_id(self, resource: str) -> dict[str, Group]:
         return {g.id: g for g in self.groups if g.resource == resource}
+
+
+def group_sizes(grouping: Grouping) -> dict[str, tuple[int, ...]]:
+    """Each advertised resource -> the distinct CPU counts of its groups, largest first. One size: a pod
+    asking for N of that resource requests exactly N x that many ``cpu``, whichever groups it gets."""
+    sizes: dict[str, set[int]] = {}
+    for g in grouping.groups:
+        sizes.setdefault(g.resource, set()).add(len(g.cpus))
+    return {resource: tuple(sorted(s, reverse=True)) for resource, s in sizes.items()}
 
 
 def _unusable_reason(cpu: Cpu, settings: GroupingSettings) -> str | None:
@@ -191,6 +215,15 @@ def min_cores_for(sizes: Sequence[int], setting: int | None) -> tuple[int, str]:
     return threshold, f"half the {median:g} cores of the median group, the automatic --min-group-cores"
 
 
+def uniform_size(sizes: Sequence[int]) -> int | None:
+    """The one group size --uniform-groups advertises: the most common, a tie going to the larger size
+    (more CPUs per device; on pr40714-like books of 12, 12 and 1 cores the 12s). None without groups."""
+    if not sizes:
+        return None
+    counts = Counter(sizes)
+    return max(counts, key=lambda size: (counts[size], size))
+
+
 def group_topology(topology: Topology, settings: GroupingSettings | None = None) -> Grouping:
     """The groups ``topology`` advertises under ``settings``."""
     settings = (settings or GroupingSettings()).validated()
@@ -233,6 +266,7 @@ def group_topology(topology: Topology, settings: GroupingSettings | None = None)
     fidelity = "lpar" if m.is_s390 and m.topology_facility else ("generic" if not m.is_s390 else "unknown")
     warnings: list[str] = []
     groups: list[Group] = []
+    uniform: list[Uniform] = []
     for level in levels:
         resource = resource_name(settings.resource_prefix, level)
         members: dict[tuple[int | None, ...], list[Cpu]] = defaultdict(list)
@@ -245,12 +279,22 @@ def group_topology(topology: Topology, settings: GroupingSettings | None = None)
         ordered = sorted(members.items(), key=lambda kv: tuple(-1 if k is None else k for k in kv[0]))
         shapes = [(key, cpus, _cores(cpus)) for key, cpus in ordered]
         threshold, how = min_cores_for([len(cores) for _, _, cores in shapes], settings.min_group_cores)
+        size: int | None = None
+        if settings.uniform_groups:
+            size = uniform_size([len(cpus) for _, cpus, cores in shapes if len(cores) >= threshold])
+        left_out: list[str] = []
         for key, cpus, cores in shapes:
             gid = device_id(dict(zip(LEVELS, key, strict=False)))
             if len(cores) < threshold:
                 skipped[f"{level} {gid} not advertised: {len(cores)} core{'s' if len(cores) != 1 else ''}, fewer "
                         f"than {threshold} ({how}); a pod asking for one {level} would get far less than its "
                         f"peers (--min-group-cores 0 advertises every {level})"].extend(c.cpu for c in cpus)
+                continue
+            if size is not None and len(cpus) != size:
+                skipped[f"{level} {gid} not advertised: {len(cpus)} CPUs, not the {size} of this node's other "
+                        f"{level}s (--uniform-groups advertises one size per resource: the most common, a tie "
+                        "going to the larger)"].extend(c.cpu for c in cpus)
+                left_out.append(gid)
                 continue
             pol = Counter(c.polarization for c in cpus)
             nodes, recorded, fell_back = _memory_nodes(cpus, m.memory_nodes)
@@ -271,6 +315,9 @@ def group_topology(topology: Topology, settings: GroupingSettings | None = None)
                 memory_nodes=nodes,
                 recorded_nodes=recorded,
             ))
+        if size is not None:
+            uniform.append(Uniform(resource, size, tuple(left_out)))
     # A CPU counted under several level-unknown reasons only needs listing once per reason.
     deduped = {reason: sorted(set(cpus)) for reason, cpus in skipped.items()}
-    return Grouping(tuple(groups), tuple(_skipped(deduped)), levels, level_reason, fidelity, tuple(warnings))
+    return Grouping(tuple(groups), tuple(_skipped(deduped)), levels, level_reason, fidelity, tuple(warnings),
+                    tuple(uniform))

@@ -63,7 +63,7 @@ def machine_health(advertised: Grouping, current: Topology, settings: GroupingSe
     # every group whatever its size (a group that shrank is judged by its CPUs, not its size).
     try:
         now = group_topology(current, replace(settings, levels=advertised.levels or settings.levels,
-                                              min_group_cores=0))
+                                              min_group_cores=0, uniform_groups=False))
     except ValueError as exc:
         return {(g.resource, g.id): f"topology unreadable: {exc}" for g in advertised.groups}
     now_cpus = {(g.resource, g.id): set(g.cpus) for g in now.groups}

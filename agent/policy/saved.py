@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from agent.errors import SavedStateError
-from agent.policy.grouping import LEVELS, Group, Grouping, GroupingSettings
+from agent.policy.grouping import LEVELS, Group, Grouping, GroupingSettings, Uniform
 from agent.policy.health import DeviceKey
 from agent.topology.model import POLARIZATIONS
 
@@ -22,13 +22,16 @@ KEPT = "kept from before the restart"
 
 def settings_key(settings: GroupingSettings) -> dict[str, Any]:
     """What must be equal for saved groups to stand for the current configuration."""
-    return {
+    key: dict[str, Any] = {
         "levels": list(settings.levels) if settings.levels is not None else None,
         "resource_prefix": settings.resource_prefix,
         "reserved_cpus": sorted(settings.reserved_cpus),
         "exclude_polarization": sorted(settings.exclude_polarization),
         "min_group_cores": settings.min_group_cores,
     }
+    if settings.uniform_groups:  # only when on: files saved before the flag existed stay valid
+        key["uniform_groups"] = True
+    return key
 
 
 def original_reason(reason: str) -> str:
@@ -52,6 +55,7 @@ def grouping_to_dict(grouping: Grouping, settings: GroupingSettings) -> dict[str
              "recorded_nodes": list(g.recorded_nodes)}
             for g in grouping.groups
         ],
+        **({"uniform": [[u.resource, u.cpus, list(u.left_out)] for u in grouping.uniform]} if grouping.uniform else {}),
     }
 
 
@@ -139,8 +143,15 @@ def grouping_from_dict(data: Any, settings: GroupingSettings, present_cpus: Iter
     if stray:
         raise SavedStateError(f"groups at level {stray[0]} that levels does not list")
     reason = original_reason(_str(data.get("level_reason"), "level_reason"))
+    uniform = []
+    for item in _list(data.get("uniform", []), "uniform"):
+        entry = _list(item, "uniform")
+        if len(entry) != 3:
+            raise SavedStateError("uniform entries are [resource, CPUs, [left-out ids]]")
+        uniform.append(Uniform(_str(entry[0], "uniform"), _int(entry[1], "uniform CPUs", 1),
+                               tuple(_str(i, "uniform ids") for i in _list(entry[2], "uniform ids"))))
     return Grouping(groups=groups, skipped=(), levels=levels, level_reason=f"{KEPT} ({reason})",
-                    fidelity=_str(data.get("fidelity"), "fidelity"))
+                    fidelity=_str(data.get("fidelity"), "fidelity"), uniform=tuple(uniform))
 
 
 def holds_to_dict(holds: Iterable[DeviceKey], settings: GroupingSettings) -> dict[str, Any]:
