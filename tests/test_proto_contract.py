@@ -47,7 +47,7 @@ def test_regeneration_is_byte_identical() -> None:
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         out_root = Path(tmp)
         produced = gen.generate(out_root)
-        assert len(produced) == 11  # three gRPC protos, three files each; NRI's messages, two files
+        assert len(produced) == 10  # three gRPC protos, three files each; NRI's messages, one file
         for path in produced:
             rel = path.relative_to(out_root)
             committed = REPO / rel
