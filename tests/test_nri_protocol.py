@@ -1,0 +1,271 @@
+"""The NRI plugin's wire and handshake against a fake runtime peer: mux frames, ttrpc messages,
+RegisterPlugin -> Configure -> Synchronize (split too), CreateContainer answered with the
+adjustment, unknown methods Unimplemented, a handler's bug answered empty, reconnects after the
+runtime goes away. The real judge is tests/test_nri_containerd.py (containerd 2.4.2)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent._proto.nri.v1alpha1 import api_pb2 as nri
+from agent.nri import wire
+from agent.nri.plugin import EVENTS, PLUGIN_SERVICE, RUNTIME_SERVICE, NriPlugin
+from agent.nri.wire import Demux, Request, Response, messages, mux_frames, ttrpc_message
+from tests.plugin_harness import short_tmpdir
+from topology_devkit.agent_process import wait_until
+
+
+def test_register_plugin_is_the_bytes_of_the_worked_example() -> None:
+    """docs/nri.md §2.3, encoded by hand there."""
+    payload = nri.RegisterPluginRequest(plugin_name="topology-agent", plugin_idx="90").SerializeToString()
+    assert payload == b"\x0a\x0etopology-agent\x12\x0290"
+    request = Request(RUNTIME_SERVICE, "RegisterPlugin", payload, timeout_nano=5_000_000_000).encode()
+    assert request == (b"\x0a\x1cnri.pkg.api.v1alpha1.Runtime\x12\x0eRegisterPlugin\x1a\x14" + payload
+                       + b"\x20\x80\xe4\x97\xd0\x12")
+    framed = mux_frames(wire.RUNTIME_CONN, ttrpc_message(1, wire.REQUEST, request))
+    assert framed[:18] == bytes.fromhex("00000002 00000054 0000004a 00000001 01 00".replace(" ", ""))
+    assert Response().encode() == b"\x0a\x00"  # the runtime's OK reply to it
+
+
+def test_frames_are_at_most_4096_bytes_and_reassemble_across_frames_and_reads() -> None:
+    big = bytes(range(256)) * 40  # 10240 bytes: three frames
+    data = mux_frames(wire.PLUGIN_CONN, ttrpc_message(7, wire.RESPONSE, big))
+    sizes = []
+    pos = 0
+    while pos < len(data):
+        conn, size = wire.MUX_HEADER.unpack_from(data, pos)
+        assert conn == wire.PLUGIN_CONN
+        sizes.append(size)
+        pos += 8 + size
+    assert max(sizes) == 4096 and sum(sizes) == len(big) + 10
+    demux = Demux()
+    got = []
+    for i in range(0, len(data), 1000):  # the trunk delivers arbitrary pieces
+        for conn in demux.feed(data[i:i + 1000]):
+            got += list(messages(demux.streams[conn]))
+    assert [(m.stream, m.kind, m.data) for m in got] == [(7, wire.RESPONSE, big)]
+
+
+def test_frames_of_an_unknown_conn_are_dropped_and_oversized_ones_refused() -> None:
+    demux = Demux()
+    assert demux.feed(wire.MUX_HEADER.pack(9, 3) + b"abc") == []
+    with pytest.raises(wire.WireError):
+        Demux().feed(wire.MUX_HEADER.pack(1, wire.MAX_RECEIVED_FRAME + 1))
+    with pytest.raises(wire.WireError):
+        list(messages(bytearray(wire.TTRPC_HEADER.pack(wire.MAX_MESSAGE + 1, 1, 1, 0))))
+
+
+def test_request_and_response_round_trip_with_metadata_and_errors() -> None:
+    raw = Request("s", "m", b"\x01\x02", 2_000_000_000).encode() + b"\x2a\x08\x0a\x01k\x12\x03val"
+    assert Request.decode(raw) == Request("s", "m", b"\x01\x02", 2_000_000_000, (("k", "val"),))
+    again = Response.decode(Response(wire.UNIMPLEMENTED, "nope", b"x").encode())
+    assert again == Response(wire.UNIMPLEMENTED, "nope", b"x")
+
+
+class FakeRuntime:
+    """The runtime's side of the trunk: listens, accepts one plugin at a time, serves RegisterPlugin
+    on conn 2 and calls the Plugin service on conn 1 (odd, increasing stream ids)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        self.listener.listen(1)
+        self.conn: socket.socket | None = None
+        self.demux = Demux()
+        self.registered: list[nri.RegisterPluginRequest] = []
+        self.stream = 1
+
+    def accept(self, timeout: float = 5.0) -> None:
+        self.listener.settimeout(timeout)
+        self.conn, _ = self.listener.accept()
+        self.conn.settimeout(timeout)
+        self.demux = Demux()
+        self.stream = 1
+
+    def _next(self, conn_id: int) -> wire.Message:
+        assert self.conn is not None
+        while True:
+            stream = self.demux.streams.get(conn_id)
+            if stream is not None:
+                for message in messages(stream):
+                    return message
+            data = self.conn.recv(65536)
+            assert data, "the plugin closed the trunk"
+            self.demux.feed(data)
+
+    def serve_register(self) -> None:
+        assert self.conn is not None
+        message = self._next(wire.RUNTIME_CONN)
+        request = Request.decode(message.data)
+        assert (request.service, request.method) == (RUNTIME_SERVICE, "RegisterPlugin")
+        assert message.stream % 2 == 1 and request.timeout_nano > 0
+        self.registered.append(nri.RegisterPluginRequest.FromString(request.payload))
+        self.conn.sendall(mux_frames(wire.RUNTIME_CONN, ttrpc_message(message.stream, wire.RESPONSE,
+                                                                       Response().encode())))
+
+    def call(self, method: str, payload: bytes, service: str = PLUGIN_SERVICE) -> Response:
+        assert self.conn is not None
+        stream, self.stream = self.stream, self.stream + 2
+        request = Request(service, method, payload, timeout_nano=2_000_000_000)
+        self.conn.sendall(mux_frames(wire.PLUGIN_CONN, ttrpc_message(stream, wire.REQUEST, request.encode())))
+        message = self._next(wire.PLUGIN_CONN)
+        assert message.stream == stream and message.kind == wire.RESPONSE
+        return Response.decode(message.data)
+
+    def handshake(self, *containers: nri.Container, split: bool = False) -> nri.SynchronizeResponse:
+        self.accept()
+        self.serve_register()
+        configured = self.call("Configure", nri.ConfigureRequest(
+            runtime_name="fake", runtime_version="0.0", request_timeout=2000).SerializeToString())
+        assert configured.code == wire.OK
+        assert nri.ConfigureResponse.FromString(configured.payload).events == EVENTS
+        pod = nri.PodSandbox(id="pod-1", name="llm", namespace="default", uid="u1")
+        if split:
+            part = self.call("Synchronize", nri.SynchronizeRequest(pods=[pod], more=True).SerializeToString())
+            assert nri.SynchronizeResponse.FromString(part.payload) == nri.SynchronizeResponse(more=True)
+            final = nri.SynchronizeRequest(containers=list(containers))
+        else:
+            final = nri.SynchronizeRequest(pods=[pod], containers=list(containers))
+        answer = self.call("Synchronize", final.SerializeToString())
+        assert answer.code == wire.OK
+        return nri.SynchronizeResponse.FromString(answer.payload)
+
+    def drop(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def close(self) -> None:
+        self.drop()
+        self.listener.close()
+
+
+class Recorder:
+    """Handlers that pin every container named 'pinned' to CPU 1 and remember what they saw."""
+
+    def __init__(self) -> None:
+        self.synced: list[list[str]] = []
+        self.created: list[str] = []
+        self.removed: list[str] = []
+        self.fail = False
+
+    def synchronize(self, pods: list[nri.PodSandbox], containers: list[nri.Container]) -> list[nri.ContainerUpdate]:
+        self.synced.append([f"{c.pod_sandbox_id}/{c.name}" for c in containers] + [p.name for p in pods])
+        return [nri.ContainerUpdate(container_id=c.id, linux=nri.LinuxContainerUpdate(
+            resources=nri.LinuxResources(cpu=nri.LinuxCPU(cpus="1")))) for c in containers if c.name == "pinned"]
+
+    def create_container(self, pod: nri.PodSandbox, container: nri.Container) -> nri.CreateContainerResponse:
+        if self.fail:
+            raise RuntimeError("a bug")
+        self.created.append(container.id)
+        answer = nri.CreateContainerResponse()
+        answer.adjust.linux.resources.cpu.cpus = "1"
+        answer.adjust.linux.resources.cpu.mems = "0"
+        return answer
+
+    def update_container(self, pod: nri.PodSandbox, container: nri.Container,
+                         resources: nri.LinuxResources) -> list[nri.ContainerUpdate]:
+        return []
+
+    def stop_container(self, pod: nri.PodSandbox, container: nri.Container) -> list[nri.ContainerUpdate]:
+        return []
+
+    def remove_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
+        self.removed.append(container.id)
+
+
+@pytest.fixture
+def runtime() -> Iterator[FakeRuntime]:
+    path = short_tmpdir() / "nri.sock"
+    fake = FakeRuntime(path)
+    yield fake
+    fake.close()
+
+
+def test_the_handshake_then_create_container_answers_the_adjustment(runtime: FakeRuntime) -> None:
+    handlers = Recorder()
+    plugin = NriPlugin(handlers, runtime.path, index="10")
+    plugin.start()
+    try:
+        synced = runtime.handshake(nri.Container(id="c0", pod_sandbox_id="pod-1", name="pinned"),
+                                   nri.Container(id="c1", pod_sandbox_id="pod-1", name="free"), split=True)
+        assert runtime.registered == [nri.RegisterPluginRequest(plugin_name="topology-agent", plugin_idx="10")]
+        assert [u.container_id for u in synced.update] == ["c0"] and synced.update[0].linux.resources.cpu.cpus == "1"
+        assert handlers.synced == [["pod-1/pinned", "pod-1/free", "llm"]]  # both parts, one decision
+        assert plugin.wait_registered(5) and plugin.state.runtime == "fake 0.0"
+        started = time.monotonic()
+        answer = runtime.call("CreateContainer", nri.CreateContainerRequest(
+            pod=nri.PodSandbox(id="pod-1"), container=nri.Container(id="c2", name="new")).SerializeToString())
+        elapsed = time.monotonic() - started
+        adjust = nri.CreateContainerResponse.FromString(answer.payload).adjust
+        cpu = adjust.linux.resources.cpu
+        assert answer.code == wire.OK and (cpu.cpus, cpu.mems) == ("1", "0")
+        assert elapsed < 0.5, elapsed
+        removed = runtime.call("StateChange", nri.StateChangeEvent(
+            event=nri.REMOVE_CONTAINER, container=nri.Container(id="c2")).SerializeToString())
+        assert removed.code == wire.OK and handlers.removed == ["c2"]  # what runtimes before NRI v0.12 send
+        assert runtime.call("ValidateContainerAdjustment", b"").code == wire.UNIMPLEMENTED
+        assert runtime.call("Anything", b"", service="other.Service").code == wire.UNIMPLEMENTED
+        handlers.fail = True
+        failed = runtime.call("CreateContainer", nri.CreateContainerRequest(
+            container=nri.Container(id="c3")).SerializeToString())
+        assert failed.code == wire.OK  # our bug never fails the runtime's CreateContainer
+        assert nri.CreateContainerResponse.FromString(failed.payload) == nri.CreateContainerResponse()
+    finally:
+        plugin.stop()
+
+
+def test_the_plugin_dials_again_when_the_runtime_goes_away(runtime: FakeRuntime) -> None:
+    handlers = Recorder()
+    plugin = NriPlugin(handlers, runtime.path, backoff=(0.05, 0.2))
+    plugin.start()
+    try:
+        runtime.handshake()
+        assert plugin.wait_registered(5)
+        runtime.drop()  # the runtime restarts
+        wait_until(lambda: not plugin.state.registered, 5, "the plugin saw the trunk close")
+        runtime.handshake(nri.Container(id="c9", pod_sandbox_id="pod-1", name="pinned"))
+        assert plugin.wait_registered(5) and plugin.state.connections == 2
+        assert handlers.synced[-1] == ["pod-1/pinned", "llm"]  # created while away: repaired here
+    finally:
+        plugin.stop()
+
+
+def test_without_a_runtime_the_plugin_backs_off_and_stops_at_once() -> None:
+    path = short_tmpdir() / "absent.sock"
+    plugin = NriPlugin(Recorder(), path, backoff=(0.05, 0.2))
+    plugin.start()
+    wait_until(lambda: "cannot connect" in plugin.state.last_error, 5, "the failure recorded")
+    started = time.monotonic()
+    plugin.stop()
+    assert time.monotonic() - started < 1.0
+    assert not plugin.state.registered
+
+
+def test_a_registration_the_runtime_never_answers_times_out_and_is_retried(runtime: FakeRuntime) -> None:
+    plugin = NriPlugin(Recorder(), runtime.path, backoff=(0.05, 0.2))
+    accepted = threading.Event()
+
+    def silent() -> None:
+        runtime.accept()
+        accepted.set()
+
+    thread = threading.Thread(target=silent)
+    thread.start()
+    plugin.start()
+    try:
+        thread.join(5)
+        assert accepted.is_set()
+        wait_until(lambda: "cannot register" in plugin.state.last_error, 10, "the registration timed out")
+        runtime.drop()
+        runtime.handshake()  # the next attempt registers
+        assert plugin.wait_registered(5)
+    finally:
+        plugin.stop()
