@@ -19,6 +19,7 @@ from agent.app.paths import (
     DEFAULT_CPU_MANAGER_STATE,
     DEFAULT_KUBELET_CONFIG,
     DEFAULT_KUBELET_DIR,
+    DEFAULT_NRI_SOCKET,
     DEFAULT_POD_RESOURCES_SOCKET,
 )
 from agent.errors import CpuListError, UsageError, UserError
@@ -267,10 +268,15 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
     _add(group, "--kubelet-config", DEFAULT_KUBELET_CONFIG, metavar="PATH",
          help="kubelet's config file, read for reservedSystemCPUs overlapping our groups")
     group = parser.add_argument_group("cpuset enforcement")
-    _add(group, "--cpuset-enforcement", "none", choices=("none", "cri"),
+    _add(group, "--cpuset-enforcement", "none", choices=("none", "cri", "nri", "auto"),
          help="cri: pin every container that holds topology devices to its groups' CPUs and memory nodes through "
-              "the container runtime's CRI socket, as kubelet's CPU manager does (refused while kubelet runs the "
-              "static CPU manager policy)")
+              "the container runtime's CRI socket, shortly after it started, as kubelet's CPU manager does; nri: at "
+              "its creation, before its first instruction, as an NRI plugin of the runtime; auto: nri when the NRI "
+              "socket answers at start, else cri when a CRI socket exists, else none (refused while kubelet runs "
+              "the static CPU manager policy)")
+    _add(group, "--nri-socket", DEFAULT_NRI_SOCKET, metavar="PATH",
+         help="the runtime's NRI socket (containerd 2.x and CRI-O 1.30+ enable NRI by default; containerd 1.7 "
+              "needs [plugins.\"io.containerd.nri.v1.nri\"] disable = false)")
     _add(group, "--cri-socket", "", metavar="PATH",
          help=f"the runtime's CRI socket (default: the first that exists at start of {', '.join(CRI_SOCKETS)}; "
               "if none does, the first, dialed until it answers)")
@@ -343,6 +349,7 @@ def cri_socket(text: str) -> Path | None:
     """The CRI socket given (None: the composition root picks the usual one, only when enforcing)."""
     from pathlib import Path
 
+                       nri_socket=Path(args.nri_socket or DEFAULT_NRI_SOCKET),
     return Path(text) if text else None
 
 

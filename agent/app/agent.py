@@ -13,6 +13,7 @@ from collections.abc import Callable
 from agent.app.config import AgentConfig
 from agent.app.enforcement import CpusetEnforcement
 from agent.app.loops import PeriodicLoop
+from agent.app.nri_enforcement import NriEnforcement
 from agent.devices.table import NodeDevices
 from agent.errors import PodResourcesError, TopologyReadError
 from agent.node.reporter import NodeReporter
@@ -68,7 +69,8 @@ class Agent:
                  manager: PluginManager, pod_resources: PodResourcesClient, reporter: NodeReporter,
                  metrics: AgentMetrics, http: HttpEndpoint | None, latest: LatestTopology,
                  loader: Callable[[], Topology] | None = None, fingerprint: Callable[[], object] | None = None,
-                 first_fingerprint: object = None, enforcement: CpusetEnforcement | None = None) -> None:
+                 first_fingerprint: object = None, enforcement: CpusetEnforcement | NriEnforcement | None = None,
+                 enforcement_mode: str = "none") -> None:
         self.topology = topology
         self.config = config
         self.grouping = grouping
@@ -81,6 +83,7 @@ class Agent:
         self.loader = loader
         self.latest = latest
         self.enforcement = enforcement
+        self.enforcement_mode = enforcement_mode  # none | cri | nri: the one in force (auto decided at start)
         self.fingerprint = fingerprint
         self._last_fingerprint = first_fingerprint
         self._quick_rescans = 0
@@ -166,6 +169,8 @@ class Agent:
         note = self.enforcement.readiness_note() if self.enforcement is not None else None
         return True, f"ready ({note})" if note else "ready"
 
+        if note is None and self.enforcement_mode != "none":
+            note = f"cpuset enforcement: {self.enforcement_mode}"
     def alive(self) -> bool:
         return self.manager.alive()
 
@@ -195,7 +200,7 @@ class Agent:
             label_patches=self.reporter.patches, label_failures=self.reporter.failures,
             cpu_manager_static=self.reporter.cpu_manager_policy == "static",
             cpu_manager_findings=len(self.reporter.findings), log_records_dropped=dropped_records(),
-            enforcement=self._enforcement_status(),
+            enforcement=self._enforcement_status(), enforcement_mode=self.enforcement_mode,
             uniform=tuple((u.resource, u.cpus, len(u.left_out)) for u in self.grouping.uniform))
 
     def _enforcement_status(self) -> EnforcementStatus | None:

@@ -16,17 +16,20 @@ from pathlib import Path
 from agent.app.agent import Agent, LatestTopology, exclusivity_confirmed
 from agent.app.config import AgentConfig
 from agent.app.enforcement import CpusetEnforcement
+from agent.app.nri_enforcement import NriEnforcement
 from agent.app.paths import CRI_SOCKETS
 from agent.cri.client import CriClient
 from agent.devices.persist import StateFiles
 from agent.devices.table import NodeDevices
 from agent.errors import PodResourcesError
 from agent.node.reporter import LabelerFactory, NodeReporter, default_labeler
+from agent.nri.plugin import socket_answers
 from agent.observe.http import HttpEndpoint
 from agent.observe.metrics import AgentMetrics
 from agent.plugin.manager import PluginManager
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire, render
+from agent.policy.creation import enforcement_mode
 from agent.policy.grouping import Grouping, group_topology
 from agent.topology.model import Topology
 
@@ -113,9 +116,24 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
             first_pod_resources_sync(devices, pod_resources, config)
     http = HttpEndpoint(config.metrics_address, config.metrics_port) if config.metrics_port is not None else None
     latest = LatestTopology(topology)
-    enforcement = None
-    if config.cpuset_enforcement == "cri" and devices.tables:
-        socket = config.cri_socket or next((Path(p) for p in CRI_SOCKETS if Path(p).exists()), Path(CRI_SOCKETS[0]))
+    enforcement: CpusetEnforcement | NriEnforcement | None = None
+    mode = "none"
+    if config.cpuset_enforcement != "none" and devices.tables:
+        mode, why = choose_enforcement(config)
+        if mode == "none":
+            log.warning("cpuset enforcement off (%s): containers run wherever kubelet puts them; devices are still "
+                        "served", why, extra={"reason": why})
+    if mode == "nri":
+        enforcement = NriEnforcement(
+            devices, {(g.resource, g.id): g for g in grouping.groups}, config.allocation.annotation_domain,
+            online=latest.online, reserved=config.grouping.reserved_cpus, shared_pool=config.shared_pool,
+            cpu_manager_policy=lambda: reporter.cpu_manager_policy, socket_path=config.nri_socket,
+            observe_pinned=metrics.pin_latency.observe)
+        devices.enforced = enforcement.enforced
+        log.info("enforcing topology cpusets at creation as an NRI plugin on %s%s", config.nri_socket,
+                 " with a shared pool for every other container" if config.shared_pool else "")
+    elif mode == "cri":
+        socket = cri_socket_of(config)
         enforcement = CpusetEnforcement(
             CriClient(socket), devices, {(g.resource, g.id): g for g in grouping.groups},
             config.allocation.annotation_domain, online=latest.online, reserved=config.grouping.reserved_cpus,
@@ -127,4 +145,16 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
     return Agent(topology=topology, config=config, grouping=grouping, devices=devices, manager=manager,
                  pod_resources=pod_resources, reporter=reporter, metrics=metrics, http=http, loader=loader,
                  fingerprint=fingerprint, first_fingerprint=first_fingerprint, latest=latest,
-                 enforcement=enforcement)
+                 enforcement=enforcement, enforcement_mode=mode)
+
+
+def cri_socket_of(config: AgentConfig) -> Path:
+    """The CRI socket given, else the first usual one that exists, else the first usual one."""
+    return config.cri_socket or next((Path(p) for p in CRI_SOCKETS if Path(p).exists()), Path(CRI_SOCKETS[0]))
+
+
+def choose_enforcement(config: AgentConfig) -> tuple[str, str]:
+    """The enforcement in force (none, cri, nri) and why: for auto, the NRI socket is dialed once."""
+    nri = config.cpuset_enforcement == "auto" and socket_answers(config.nri_socket)
+    cri = config.cpuset_enforcement == "auto" and cri_socket_of(config).exists()
+    return enforcement_mode(config.cpuset_enforcement, nri, cri)

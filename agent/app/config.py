@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.app.paths import DEFAULT_POD_RESOURCES_SOCKET
+from agent.app.paths import DEFAULT_NRI_SOCKET, DEFAULT_POD_RESOURCES_SOCKET
 from agent.plugin.timing import Timing
 from agent.policy.allocation import AllocationSettings
 from agent.policy.grouping import GroupingSettings
@@ -29,7 +29,9 @@ class AgentConfig:
     metrics_port: int | None = None  # None: no HTTP endpoint; 0: any free port (tests)
     metrics_address: str = ""  # every address of both families (IPv6 socket accepting IPv4 too)
     allocations_pod_names: bool = False  # /allocations names the holders' namespace/pod/container
-    cpuset_enforcement: str = "none"  # "cri": pin topology containers' cpusets through the container runtime
+    cpuset_enforcement: str = "none"  # "cri": pin topology containers' cpusets through the container runtime;
+    # "nri": at creation, as an NRI plugin; "auto": nri when its socket answers, else cri, else none
+    nri_socket: Path = Path(DEFAULT_NRI_SOCKET)  # the runtime's NRI socket
     cri_socket: Path | None = None  # the runtime's CRI socket (None: the first usual one that exists at start)
     shared_pool: bool = False  # with enforcement: confine every other container to the CPUs no held group has
     cpuset_interval: float = 2.0  # seconds between looks at the runtime (fast for a while after an Allocate)

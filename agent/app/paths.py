@@ -8,3 +8,4 @@ DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_CPU_MANAGER_STATE = "/var/lib/kubelet/cpu_manager_state"
 DEFAULT_KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
 CRI_SOCKETS: tuple[str, ...] = ("/run/containerd/containerd.sock", "/run/crio/crio.sock")
+DEFAULT_NRI_SOCKET = "/var/run/nri/nri.sock"  # containerd's and CRI-O's default

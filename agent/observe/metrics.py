@@ -164,6 +164,12 @@ class StatusCollector(Collector):
                                 value=1 if s.cpu_manager_static else 0)
         yield GaugeMetricFamily(f"{PREFIX}_cpu_manager_findings", "Warnings about kubelet's CPU manager",
                                 value=s.cpu_manager_findings)
+        mode = GaugeMetricFamily(f"{PREFIX}_cpuset_enforcement_mode",
+                                 "1 for the cpuset enforcement in force (none, cri: after the start, nri: at creation)",
+                                 labels=["mode"])
+        for name in ("none", "cri", "nri"):
+            mode.add_metric([name], 1 if s.enforcement_mode == name else 0)
+        yield mode
         if s.enforcement is not None:
             e = s.enforcement
             yield GaugeMetricFamily(f"{PREFIX}_cpuset_enforcement_refused",

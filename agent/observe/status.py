@@ -53,4 +53,5 @@ class AgentStatus:
     cpu_manager_findings: int = 0
     log_records_dropped: int = 0
     enforcement: EnforcementStatus | None = None  # None: --cpuset-enforcement none
+    enforcement_mode: str = "none"  # the cpuset enforcement in force: none | cri | nri
     uniform: tuple[tuple[str, int, int], ...] = ()  # --uniform-groups: (resource, CPUs advertised, groups left out)

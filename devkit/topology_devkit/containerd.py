@@ -62,6 +62,8 @@ from topology_devkit import oci
 # handler -> runtime binary: where Debian and Ubuntu put them, else wherever PATH has them
 HANDLERS: dict[str, str] = {name: default if Path(default).is_file() else shutil.which(name) or default
                             for name, default in (("runc", "/usr/sbin/runc"), ("crun", "/usr/bin/crun"))}
+# What a containerd 2.x build folder (devkit/cluster/build.sh --print) must hold for the harness.
+BUILT_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "runc")
 PACKAGES = "containerd runc crun busybox-static"
 IMAGE = "docker.io/library/topology-busybox:test"
 NAMESPACE = "k8s.io"  # containerd's namespace for everything the CRI plugin runs
@@ -116,17 +118,24 @@ class PodContainer:
 # checks and small helpers
 
 
-def unavailable_reason() -> str | None:
-    """Why containerd cannot run on this machine, or None when it can be tried."""
+def unavailable_reason(bin_dir: Path | None = None) -> str | None:
+    """Why containerd cannot run on this machine, or None when it can be tried (``bin_dir``: the
+    folder of a containerd 2.x build, whose containerd, ctr, shim and runc are used)."""
     if sys.platform != "linux":
         return f"containerd needs Linux (this is {sys.platform})"
     if os.geteuid() != 0:
         return "containerd needs root (run the tests as root)"
-    tools = {"containerd": "containerd", "ctr": "containerd", "unshare": "util-linux", "nsenter": "util-linux"}
+    if bin_dir is not None:
+        built = [name for name in BUILT_BINARIES if not (bin_dir / name).is_file()]
+        if built:
+            return f"{bin_dir} lacks {', '.join(built)} (build them: make cluster-build)"
+    tools = {"unshare": "util-linux", "nsenter": "util-linux"}
+    if bin_dir is None:
+        tools = {"containerd": "containerd", "ctr": "containerd", **tools}
     absent = [f"{tool} ({package})" for tool, package in tools.items() if shutil.which(tool) is None]
     if not Path("/bin/busybox").is_file():
         absent.append("/bin/busybox (busybox-static)")
-    if not any(Path(binary).is_file() for binary in HANDLERS.values()):
+    if bin_dir is None and not any(Path(binary).is_file() for binary in HANDLERS.values()):
         absent.append("runc or crun")
     if absent:
         return f"missing {', '.join(absent)}: apt-get install {PACKAGES}"
@@ -205,13 +214,22 @@ def _toml(value: object) -> str:
 class Containerd:
     """A private containerd with runc and crun; a context manager (see the module docstring)."""
 
-    def __init__(self, prefix: str = "topo-cri", workdir: Path | None = None) -> None:
+    def __init__(self, prefix: str = "topo-cri", workdir: Path | None = None, bin_dir: Path | None = None) -> None:
+        """``bin_dir``: a containerd 2.x build folder (containerd, its shim, ctr, runc; crun from the
+        system): configured with config version 3 and NRI enabled on :attr:`nri_socket`. None:
+        Debian's containerd 1.6 from PATH (no NRI)."""
         self.prefix = f"{prefix}-{uuid.uuid4().hex[:6]}"  # the cgroup parent of every pod of this harness
+        self.bin_dir = bin_dir
+        self.handler_binaries = dict(HANDLERS)
+        if bin_dir is not None:
+            self.handler_binaries["runc"] = str(bin_dir / "runc")
         self._own_workdir = workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix="ctd-", dir="/tmp")) if workdir is None else Path(workdir)
         self.socket = self.workdir / "c.sock"
         self.config_path = self.workdir / "config.toml"
         self.log_path = self.workdir / "containerd.log"
+        self.nri_socket = self.workdir / "nri.sock"  # with bin_dir only
+        self.nri_request_timeout = "2s"  # containerd's default plugin_request_timeout
         self._holder: subprocess.Popen[bytes] | None = None  # keeps the private mount namespace
         self._process: subprocess.Popen[bytes] | None = None
         self._channel: grpc.Channel | None = None
@@ -237,7 +255,7 @@ class Containerd:
 
     def start(self) -> None:
         """Prepare the directory and namespace, start containerd, import the image."""
-        reason = unavailable_reason()
+        reason = unavailable_reason(self.bin_dir)
         if reason is not None:
             raise ContainerdUnavailable(reason)
         for sub in ("root", "state", "runc", "crun", "cni", "opt", "logs"):
@@ -247,7 +265,12 @@ class Containerd:
         self.start_containerd()
         self._import_image()
 
+    def _tool(self, name: str) -> str:
+        return str(self.bin_dir / name) if self.bin_dir is not None else name
+
     def _config(self) -> str:
+        if self.bin_dir is not None:
+            return self._config_v3()
         w = self.workdir
         cri_plugin = 'plugins."io.containerd.grpc.v1.cri"'
         lines = [
@@ -277,7 +300,7 @@ class Containerd:
             '  snapshotter = "overlayfs"',
             '  default_runtime_name = "runc"',
         ]
-        for handler, binary in HANDLERS.items():
+        for handler, binary in self.handler_binaries.items():
             lines += [
                 f"[{cri_plugin}.containerd.runtimes.{handler}]",
                 '  runtime_type = "io.containerd.runc.v2"',
@@ -286,6 +309,61 @@ class Containerd:
                 f"  Root = {_toml(w / handler)}",
                 "  SystemdCgroup = false",
             ]
+        return "\n".join(lines) + "\n"
+
+    def _config_v3(self) -> str:
+        """containerd 2.x's layout (``containerd config default``): the CRI plugin split into images and
+        runtime, the stream server left in grpc.v1.cri, and NRI on the harness's own socket."""
+        w = self.workdir
+        images, runtime = "plugins.'io.containerd.cri.v1.images'", "plugins.'io.containerd.cri.v1.runtime'"
+        nri = "plugins.'io.containerd.nri.v1.nri'"
+        lines = [
+            "version = 3",
+            f"root = {_toml(w / 'root')}",
+            f"state = {_toml(w / 'state')}",
+            "[grpc]",
+            f"  address = {_toml(self.socket)}",
+            "[ttrpc]",
+            f"  address = {_toml(w / 't.sock')}",
+            "[debug]",
+            '  level = "info"',
+            "[plugins.'io.containerd.internal.v1.opt']",
+            f"  path = {_toml(w / 'opt')}",
+            f"[{images}]",
+            '  snapshotter = "overlayfs"',
+            f"[{images}.pinned_images]",
+            f"  sandbox = {_toml(self.image)}",
+            f"[{runtime}]",
+            "  restrict_oom_score_adj = true",
+            "  tolerate_missing_hugetlb_controller = true",
+            "  disable_apparmor = true",
+            f"[{runtime}.cni]",
+            f"  conf_dir = {_toml(w / 'cni')}",
+            f"  bin_dirs = [{_toml(w / 'cni')}]",
+            f"[{runtime}.containerd]",
+            '  default_runtime_name = "runc"',
+        ]
+        for handler, binary in self.handler_binaries.items():
+            lines += [
+                f"[{runtime}.containerd.runtimes.{handler}]",
+                '  runtime_type = "io.containerd.runc.v2"',
+                f"[{runtime}.containerd.runtimes.{handler}.options]",
+                f"  BinaryName = {_toml(binary)}",
+                f"  Root = {_toml(w / handler)}",
+                "  SystemdCgroup = false",
+            ]
+        lines += [
+            "[plugins.'io.containerd.grpc.v1.cri']",
+            '  stream_server_address = "127.0.0.1"',
+            '  stream_server_port = "0"',
+            f"[{nri}]",
+            "  disable = false",
+            "  disable_connections = false",
+            f"  socket_path = {_toml(self.nri_socket)}",
+            f"  plugin_path = {_toml(w / 'nri-plugins')}",
+            f"  plugin_config_path = {_toml(w / 'nri-conf')}",
+            f"  plugin_request_timeout = {_toml(self.nri_request_timeout)}",
+        ]
         return "\n".join(lines) + "\n"
 
     def _start_holder(self) -> None:
@@ -317,8 +395,8 @@ class Containerd:
         try:
             self._process = subprocess.Popen(
                 ["nsenter", f"--mount=/proc/{self._holder.pid}/ns/mnt", "--",
-                 "containerd", "--config", str(self.config_path)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+                 self._tool("containerd"), "--config", str(self.config_path)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=self._env())
         finally:
             log.close()
         deadline = time.monotonic() + START_TIMEOUT
@@ -336,6 +414,12 @@ class Containerd:
                 raise ContainerdUnavailable(f"containerd did not answer within {START_TIMEOUT:.0f} s: "
                                             f"{self._log_tail()}")
             time.sleep(0.02)
+
+    def _env(self) -> dict[str, str] | None:
+        """A build folder first on PATH: containerd finds its shim there (None: this process's)."""
+        if self.bin_dir is None:
+            return None
+        return {**os.environ, "PATH": f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 
     def stop_containerd(self, kill: bool = False, timeout: float = 10.0) -> None:
         """Stop containerd (SIGTERM, or SIGKILL with ``kill``); the containers keep running in their shims."""
@@ -362,7 +446,7 @@ class Containerd:
 
     def _import_image(self) -> None:
         tarball = build_image(self.workdir / "image.tar", self.image)
-        done = subprocess.run(["ctr", "--address", str(self.socket), "-n", NAMESPACE, "images", "import",
+        done = subprocess.run([self._tool("ctr"), "--address", str(self.socket), "-n", NAMESPACE, "images", "import",
                                str(tarball)], capture_output=True, text=True, timeout=60, check=False)
         if done.returncode != 0:
             raise ContainerdUnavailable(f"ctr images import failed: {done.stderr.strip()[-300:]}")
@@ -546,7 +630,7 @@ class Containerd:
         """Each configured handler -> None when a pod runs with it here, else why not (probed once)."""
         if self._handlers is None:
             problems: dict[str, str | None] = {}
-            for handler, binary in HANDLERS.items():
+            for handler, binary in self.handler_binaries.items():
                 if not Path(binary).is_file():
                     problems[handler] = f"{binary} is missing (apt-get install {handler})"
                     continue
