@@ -341,6 +341,7 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
                        allocations_pod_names=(_bool_env("--allocations-pod-names", False)
                                               if args.allocations_pod_names is None else args.allocations_pod_names),
                        cpuset_enforcement=args.cpuset_enforcement, cri_socket=cri_socket(args.cri_socket),
+                       nri_socket=Path(args.nri_socket or DEFAULT_NRI_SOCKET),
                        shared_pool=_bool_env("--shared-pool", False) if args.shared_pool is None else args.shared_pool,
                        cpuset_interval=_positive_seconds("--cpuset-interval", args.cpuset_interval))
 
@@ -349,7 +350,6 @@ def cri_socket(text: str) -> Path | None:
     """The CRI socket given (None: the composition root picks the usual one, only when enforcing)."""
     from pathlib import Path
 
-                       nri_socket=Path(args.nri_socket or DEFAULT_NRI_SOCKET),
     return Path(text) if text else None
 
 
