@@ -24,6 +24,7 @@ from typing import Any
 
 INDEX_NAME = "io.containerd.image.name"  # the annotation containerd's importer names the image after
 REF_NAME = "org.opencontainers.image.ref.name"  # the OCI layout's own name of the entry (the tag)
+EPOCH = "1970-01-01T00:00:00Z"
 
 
 def goarch() -> str:
@@ -67,11 +68,13 @@ def files_layer(files: Mapping[str, tuple[bytes, int]], directories: Iterable[st
 
 
 def write_archive(path: Path, name: str, layers: Sequence[bytes], config: Mapping[str, Any],
-                  architecture: str | None = None) -> Path:
+                  architecture: str | None = None, history: Sequence[str] | None = None) -> Path:
     """Write an OCI image layout tarball of ``layers`` (uncompressed tars, lowest first) to ``path``.
 
     ``config`` is the image config's ``config`` section (Entrypoint, Cmd, Env, WorkingDir, ...); ``name``
-    the image's full reference (``localhost/app:tag``).
+    the image's full reference (``localhost/app:tag``). ``history``: one ``created_by`` per layer, for tools
+    that build on the image (buildah refuses a base whose history does not account for its layers);
+    containerd needs none.
     """
     arch = architecture or goarch()
     blobs: dict[str, bytes] = {}
@@ -81,10 +84,15 @@ def write_archive(path: Path, name: str, layers: Sequence[bytes], config: Mappin
         blobs[digest] = data
         return {"digest": digest, "size": len(data)}
 
-    image_config = {
+    image_config: dict[str, Any] = {
         "architecture": arch, "os": "linux", "config": dict(config),
         "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest() for layer in layers]},
     }
+    if history is not None:
+        if len(history) != len(layers):
+            raise ValueError(f"{len(history)} history entries for {len(layers)} layers")
+        image_config["created"] = EPOCH
+        image_config["history"] = [{"created": EPOCH, "created_by": step} for step in history]
     manifest = {
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
