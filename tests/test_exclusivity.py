@@ -240,3 +240,42 @@ def test_a_restart_on_a_changed_topology_keeps_the_held_groups() -> None:
 
 def registered_since(kubelet: KubeletEmulator, resource: str, before: int) -> bool:
     return kubelet.registrations(resource) > before and bool(kubelet.devices(resource))
+
+
+def test_an_empty_list_right_after_a_kubelet_restart_releases_no_hold() -> None:
+    with running_node() as node:
+        k = node.kubelet
+        pod = k.admit_pod("default", "book", [Container("c", {BOOK: 1})])
+        (book,) = pod.devices("c", BOOK)
+        inside = {s for s in k.devices(SOCKET) if s.startswith(book + "-")}
+        k.wait_for(lambda: node.agent.devices.holders().get((BOOK, book)) == ["default/book/c"], what="listed")
+        k.pods_resync = 30.0  # kubelet's pod manager stays empty until the test says the API server answered
+        k.restart()
+        calls = k.pod_resources_calls
+        k.wait_for(lambda: k.pod_resources_calls >= calls + 10, timeout=10, what="ten empty Lists")
+        assert (BOOK, book) in node.agent.devices.held_keys()
+        k.wait_registered(SOCKET, timeout=10)
+        k.wait_for(lambda: k.unhealthy_devices(SOCKET) == inside, what="the book's sockets still blocked")
+        with pytest.raises(grpc.RpcError) as refused:
+            node.allocate(SOCKET, [sorted(inside)[0]])
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        k._pods_synced_at = 0.0  # the API server sent the pods back
+        k.wait_for(lambda: node.agent.devices.holders().get((BOOK, book)) == ["default/book/c"], timeout=20,
+                   what="listed again, and only by the pod")
+
+
+def test_a_book_held_by_a_plain_init_container_stays_held_for_the_pods_lifetime() -> None:
+    with running_node() as node:
+        k = node.kubelet
+        pod = k.admit_pod("default", "warm", [Container("fetch", {BOOK: 1}, init=True), Container("app", {})])
+        (book,) = pod.devices("fetch", BOOK)
+        inside = {s for s in k.devices(SOCKET) if s.startswith(book + "-")}
+        # Past the visibility grace (and the settle time of a kubelet that started with the agent), the
+        # hold is the pod's, although List shows no container holding the book.
+        k.wait_for(lambda: node.agent.devices.holders().get((BOOK, book)) == ["default/warm/(init container)"],
+                   timeout=30, what="the hold taken to be the pod's")
+        runs = node.agent.pod_resources_loop.runs
+        k.wait_for(lambda: node.agent.pod_resources_loop.runs >= runs + 3, what="Lists after that")
+        assert k.unhealthy_devices(SOCKET) == inside
+        k.delete_pod("default", "warm")
+        k.wait_for(lambda: not k.unhealthy_devices(SOCKET), timeout=10, what="released with the pod")

@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import BOOK, SOCKET
 from tests.plugin_harness import short_tmpdir
 from topology_devkit.agent_process import AgentProcess, wait_until
-from topology_devkit.kubelet_emulator import KubeletEmulator
+from topology_devkit.kubelet_emulator import Container, KubeletEmulator
 
 
 def test_without_pod_resources_a_hold_survives_an_agent_restart_and_readiness_says_so() -> None:
@@ -68,3 +68,31 @@ def test_a_refused_allocate_holds_nothing() -> None:
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         answer = agent.allocate(SOCKET, ["drawer0-book0-socket0"])  # the valid book was not kept held
         assert answer.container_responses[0].envs["TOPOLOGY_GROUPS"] == "drawer0-book0-socket0"
+
+
+def test_a_confirmed_hold_survives_an_agent_restart_while_pod_resources_is_away() -> None:
+    root = short_tmpdir()
+    away = root / "away" / "kubelet.sock"  # where the second instance looks: nothing there
+    with KubeletEmulator(root) as k:
+        first = AgentProcess(k, root, "--levels", "book,socket", "--pod-resources-interval", "0.1")
+        inside = {"drawer0-book0-socket0", "drawer0-book0-socket1"}
+        try:
+            k.wait_registered(BOOK, timeout=30)
+            k.wait_registered(SOCKET, timeout=30)
+            k.admit_pod("ml", "llm", [Container("c", {BOOK: 1})])
+            assert k.allocated(BOOK) == {"drawer0-book0"}
+            wait_until(lambda: first.metric("topology_agent_pending_holds") == 0 and
+                       k.unhealthy_devices(SOCKET) == inside, 10, "the hold confirmed by List")
+        finally:
+            first.kill()
+        second = AgentProcess(k, root, "--levels", "book,socket", "--pod-resources-interval", "0.1",
+                              pod_resources=away)
+        try:
+            wait_until(lambda: k.registrations(SOCKET) >= 2 and k.snapshots(SOCKET) > 0, 30, "re-registered")
+            wait_until(lambda: second.get("/readyz")[0] in (200, 503), 10, "serving /readyz")
+            assert k.unhealthy_devices(SOCKET) == inside
+            with pytest.raises(grpc.RpcError) as refused:
+                second.allocate(SOCKET, ["drawer0-book0-socket1"])
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        finally:
+            second.stop()

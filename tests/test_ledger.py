@@ -75,3 +75,78 @@ def test_two_resources_back_to_back_are_said_to_maybe_be_one_container() -> None
     assert refused.recent == (BOOK,) and "only one topology resource" in (refused.refused or "")
     later = ledger.admit(SOCKET, [["drawer1-book4-socket0"]], 11.0, OVERLAP)
     assert later.recent == () and later.refused is None
+
+
+def test_an_empty_list_right_after_a_kubelet_restart_releases_nothing() -> None:
+    # kubelet answers List from its pod manager, empty until the API server sends the pods again.
+    ledger = AllocationLedger(frozenset({BOOK, SOCKET}), visibility_grace=2, restart_settle=10)
+    ledger.apply_list([], started=90.0, now=90.1)
+    ledger.admit(BOOK, [["drawer0-book0"]], 100.0, OVERLAP)
+    ledger.admit(SOCKET, [["drawer1-book4-socket0"]], 100.0, OVERLAP)
+    ledger.apply_list([ListedDevice("ml", "llm", "c", BOOK, ("drawer0-book0",))], started=103.0, now=103.1)
+    assert set(ledger.held()) == {(BOOK, "drawer0-book0")}  # the socket was rolled back; the book listed
+    ledger.admit(SOCKET, [["drawer1-book5-socket0"]], 104.0, OVERLAP)  # just before kubelet went down
+    ledger.kubelet_restarted(105.0)
+    for t in (105.5, 107.0, 112.0):  # empty while kubelet's pod manager fills again, and before the settle
+        ledger.apply_list([], started=t, now=t + 0.1)
+        assert set(ledger.held()) == {(BOOK, "drawer0-book0"), (SOCKET, "drawer1-book5-socket0")}
+    assert ledger.admit(SOCKET, [["drawer0-book0-socket1"]], 112.5, OVERLAP).refused is not None
+    # kubelet has its pods again: the book is listed, the socket pod is gone for good.
+    ledger.apply_list([ListedDevice("ml", "llm", "c", BOOK, ("drawer0-book0",))], started=115.0, now=115.1)
+    ledger.apply_list([ListedDevice("ml", "llm", "c", BOOK, ("drawer0-book0",))], started=116.0, now=116.1)
+    assert ledger.held() == {(BOOK, "drawer0-book0"): frozenset({Holder("ml", "llm", "c")})}
+    ledger.apply_list([], started=120.0, now=120.1)  # settled: an empty List is a release again
+    assert ledger.held() == {}
+
+
+def test_after_a_kubelet_restart_a_list_that_still_changes_releases_nothing() -> None:
+    ledger = AllocationLedger(frozenset({BOOK, SOCKET}), visibility_grace=2, restart_settle=10)
+    book = ListedDevice("ml", "llm", "c", BOOK, ("drawer0-book0",))
+    ledger.apply_list([book], started=100.0, now=100.1)
+    ledger.kubelet_restarted(105.0)
+    other = ListedDevice("ml", "other", "c", SOCKET, ("drawer1-book4-socket0",))
+    ledger.apply_list([other], started=116.0, now=116.1)  # past the settle time, but the first answer since
+    assert (BOOK, "drawer0-book0") in ledger.held() and (SOCKET, "drawer1-book4-socket0") in ledger.held()
+    ledger.apply_list([other], started=117.0, now=117.1)  # the same answer twice: kubelet's view has settled
+    assert set(ledger.held()) == {(SOCKET, "drawer1-book4-socket0")}
+
+
+def test_a_book_held_by_a_plain_init_container_lasts_while_its_pod_is_listed() -> None:
+    # kubelet's List leaves out plain init containers, but kubelet keeps their devices allocated to the pod.
+    ledger = AllocationLedger(frozenset({BOOK, SOCKET}), visibility_grace=2)
+    ledger.apply_list([ListedDevice("ml", "old", "c", "other/thing", ("x",))], started=90.0, now=90.1)
+    ledger.admit(BOOK, [["drawer0-book0"]], 100.0, OVERLAP)
+    app = ListedDevice("ml", "warm", "app", "other/thing", ())  # the pod's app container: none of our devices
+    for t in (103.0, 200.0, 5000.0):
+        ledger.apply_list([app], started=t, now=t + 0.1)
+        assert set(ledger.held()) == {(BOOK, "drawer0-book0")}
+        assert ledger.admit(SOCKET, [["drawer0-book0-socket0"]], t + 0.2, OVERLAP).refused is not None
+    assert "ml/warm" in str(min(ledger.held()[(BOOK, "drawer0-book0")]))
+    ledger.apply_list([], started=6000.0, now=6000.1)  # the pod is gone
+    assert ledger.held() == {}
+
+
+def test_a_rolled_back_allocation_is_forgotten_when_no_new_pod_appeared() -> None:
+    ledger = AllocationLedger(frozenset({BOOK}), visibility_grace=2)
+    running = ListedDevice("ml", "old", "c", "other/thing", ("x",))
+    ledger.apply_list([running], started=90.0, now=90.1)
+    ledger.admit(BOOK, [["drawer0-book0"]], 100.0, OVERLAP)
+    ledger.apply_list([running], started=103.0, now=103.1)  # no pod came: kubelet rolled the Allocate back
+    assert ledger.held() == {}
+
+
+def test_every_hold_is_exported_for_saving_and_restored_with_its_pod() -> None:
+    ledger = AllocationLedger(frozenset({BOOK, SOCKET}), visibility_grace=2)
+    ledger.apply_list([], started=90.0, now=90.1)
+    ledger.admit(BOOK, [["drawer0-book0"]], 100.0, OVERLAP)
+    ledger.apply_list([ListedDevice("ml", "warm", "app", "other/thing", ())], started=103.0, now=103.1)
+    ledger.admit(SOCKET, [["drawer1-book4-socket0"]], 104.0, OVERLAP)
+    ledger.apply_list([ListedDevice("ml", "warm", "app", "other/thing", ()),
+                       ListedDevice("ml", "llm", "c", SOCKET, ("drawer1-book4-socket0",))], started=105.0, now=105.1)
+    saved = ledger.saved()
+    assert saved.keys == frozenset({(BOOK, "drawer0-book0"), (SOCKET, "drawer1-book4-socket0")})
+    assert saved.pods == {(BOOK, "drawer0-book0"): frozenset({("ml", "warm")})}
+    again = AllocationLedger(frozenset({BOOK, SOCKET}), visibility_grace=2)
+    again.restore(saved.keys, now=10.0, pods=saved.pods)
+    again.apply_list([ListedDevice("ml", "warm", "app", "other/thing", ())], started=10.0, now=10.1)
+    assert set(again.held()) == {(BOOK, "drawer0-book0")}  # the socket's pod is gone; the init pod is not

@@ -118,6 +118,8 @@ class Agent:
     def sync_pod_resources(self) -> None:
         started = time.monotonic()
         rows = self.pod_resources.list()
+        if self.pod_resources.replaced:  # kubelet restarted: seen here too, in case this List beat the plugin manager
+            self.devices.kubelet_restarted(time.monotonic() - started)
         self.devices.apply_list(rows, started)
 
     def _periodic_rescan(self) -> None:

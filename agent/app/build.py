@@ -31,6 +31,7 @@ from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire, render
 from agent.policy.creation import enforcement_mode
 from agent.policy.grouping import Grouping, group_topology
+from agent.policy.ledger import SavedHolds
 from agent.topology.model import Topology
 
 log = logging.getLogger("topology-agent")
@@ -80,6 +81,14 @@ def first_pod_resources_sync(devices: NodeDevices[Wire], pod_resources: PodResou
         time.sleep(FIRST_SYNC_RETRY)
 
 
+def socket_age(path: Path) -> float | None:
+    """Seconds since ``path`` was created (a socket's mtime is its bind), or None without it."""
+    try:
+        return max(0.0, time.time() - path.stat().st_mtime)
+    except OSError:
+        return None
+
+
 def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[], Topology] | None = None,
                 fingerprint: Callable[[], object] | None = None,
                 labeler_factory: LabelerFactory = default_labeler) -> Agent:
@@ -95,14 +104,18 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
         if any(devices.overlap.values()):
             log.warning("pod-resources is off (--pod-resources-interval 0): the agent cannot learn when a pod ends, "
                         "so a device handed out keeps its overlapping devices blocked until the agent restarts")
-        holds = set()  # nothing could ever confirm or release them
-    if holds:
-        log.warning("keeping %d device(s) an earlier instance handed out and pod-resources never confirmed, until "
-                    "it answers: %s", len(holds), ", ".join(f"{r} {d}" for r, d in sorted(holds)))
+        holds = SavedHolds(frozenset(), {})  # nothing could ever confirm or release them
+    if holds.keys:
+        log.warning("keeping %d device(s) an earlier instance held until pod-resources shows or drops them: %s",
+                    len(holds.keys), ", ".join(f"{r} {d}" for r, d in sorted(holds.keys)))
         devices.restore_holds(holds)
     metrics = AgentMetrics()
     metrics.prepare(grouping.resources())
-    manager = PluginManager(config.kubelet_dir, devices.tables, metrics, config.timing)
+    manager = PluginManager(config.kubelet_dir, devices.tables, metrics, config.timing,
+                            on_kubelet_restart=devices.kubelet_restarted)
+    kubelet_age = socket_age(config.kubelet_dir / "kubelet.sock")
+    if kubelet_age is not None and kubelet_age < devices.ledger.restart_settle:
+        devices.kubelet_restarted(kubelet_age)  # the node rebooted, or kubelet restarted with us: its List is not news
     reporter = NodeReporter(topology, grouping, node_name=config.node_name, labels_enabled=config.node_labels,
                             cpu_manager_state=config.cpu_manager_state, kubelet_config=config.kubelet_config,
                             labeler_factory=labeler_factory,

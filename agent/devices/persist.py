@@ -1,6 +1,6 @@
 """The agent's own state on the node, in a directory of its own inside kubelet's device-plugin
 directory (kubelet deletes sockets there, never directories): per resource prefix, the groups it
-advertised and the holds pod-resources has not confirmed. Reads are bounded and checked
+advertised and every hold it knows of (pod-resources may be away when it restarts). Reads are bounded and checked
 (:mod:`agent.policy.saved`); a file that cannot be trusted is said loudly and not used."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 from agent.errors import SavedStateError
 from agent.policy.grouping import Grouping, GroupingSettings
 from agent.policy.health import DeviceKey
+from agent.policy.ledger import SavedHolds
 from agent.policy.saved import grouping_from_dict, grouping_to_dict, holds_from_dict, holds_to_dict
 
 log = logging.getLogger("topology-agent.state")
@@ -71,18 +72,18 @@ class StateFiles:
         self._grouping = grouping if saved else None
 
     # --- holds ----------------------------------------------------------------------------------
-    def load_holds(self, known: Iterable[DeviceKey]) -> set[DeviceKey]:
+    def load_holds(self, known: Iterable[DeviceKey]) -> SavedHolds:
         data = self._read(self.holds_path, "saved holds")
         if data is None:
-            return set()
+            return SavedHolds(frozenset(), {})
         try:
             return holds_from_dict(data, self.settings, known)
         except SavedStateError as exc:
             log.warning("not trusting the saved holds %s: %s", self.holds_path, exc, extra={"reason": str(exc)})
-            return set()
+            return SavedHolds(frozenset(), {})
 
-    def save_holds(self, holds: frozenset[DeviceKey]) -> None:
-        self._write(self.holds_path, holds_to_dict(holds, self.settings), "the unconfirmed holds")
+    def save_holds(self, holds: SavedHolds) -> None:
+        self._write(self.holds_path, holds_to_dict(holds, self.settings), "the holds")
 
     def tend(self) -> None:
         """Write the groups again when someone wiped them (a restart would otherwise lose them)."""

@@ -23,7 +23,7 @@ from agent.errors import Refusal
 from agent.policy.allocation import AllocationSettings, ContainerPlan, group_part, plan_parts
 from agent.policy.grouping import Group, Grouping, GroupingSettings
 from agent.policy.health import DeviceKey, DeviceState, device_states, machine_health, overlap_map
-from agent.policy.ledger import AllocationLedger, ListedDevice
+from agent.policy.ledger import AllocationLedger, ListedDevice, SavedHolds
 from agent.policy.preference import PreferenceIndex, preferred_allocation
 from agent.topology.model import Topology
 
@@ -56,9 +56,9 @@ class Answer(Generic[W]):
 
 
 class HoldStore(Protocol):
-    """Where the holds not yet confirmed by pod-resources are kept across agent restarts."""
+    """Where every hold is kept across agent restarts (pod-resources may not answer after one)."""
 
-    def save_holds(self, holds: frozenset[DeviceKey]) -> None: ...
+    def save_holds(self, holds: SavedHolds) -> None: ...
 
     def tend(self) -> None:
         """Called now and then from the publisher: put back what was wiped (the saved groups)."""
@@ -209,7 +209,7 @@ class NodeDevices(Generic[W]):
         self.overlap = overlap_map(grouping)
         self.ledger = AllocationLedger(frozenset(grouping.resources()))
         self.store = store
-        self._saved_holds: frozenset[DeviceKey] = frozenset()
+        self._saved_holds = SavedHolds(frozenset(), {})
         self._listing_ok = False  # pod-resources answered, and its last answer is current
         self.tables: tuple[DeviceTable[W], ...] = tuple(
             DeviceTable(self, r, grouping.by_resource(r), numa_topology) for r in grouping.resources())
@@ -238,11 +238,17 @@ class NodeDevices(Generic[W]):
         with self.lock:
             self._listing_ok = False
 
-    def restore_holds(self, keys: Iterable[DeviceKey]) -> None:
-        """Holds an earlier instance handed out and pod-resources never confirmed."""
+    def restore_holds(self, holds: SavedHolds) -> None:
+        """Every hold an earlier instance knew of: pending again until pod-resources shows or drops them."""
         with self.lock:
-            self.ledger.restore(keys, self.clock())
-            self._saved_holds = frozenset(self.ledger.pending)
+            self.ledger.restore(holds.keys, self.clock(), holds.pods)
+            self._saved_holds = self.ledger.saved()
+        self.refresh()
+
+    def kubelet_restarted(self, seconds_ago: float = 0.0) -> None:
+        """kubelet restarted (its socket re-created): its List releases nothing until it has settled."""
+        with self.lock:
+            self.ledger.kubelet_restarted(self.clock() - seconds_ago)
         self.refresh()
 
     def exclusivity_confirmed(self) -> bool:
@@ -366,11 +372,11 @@ class NodeDevices(Generic[W]):
                 log.exception("publishing device states failed")
 
     def _save_holds(self) -> None:
-        """Keep the unconfirmed holds on disk (off the Allocate path: refresh runs in the publisher)."""
+        """Keep every hold on disk (off the Allocate path: refresh runs in the publisher)."""
         if self.store is None:
             return
         with self.lock:
-            holds = frozenset(self.ledger.pending)
+            holds = self.ledger.saved()
             if holds == self._saved_holds:
                 return
             self._saved_holds = holds

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agent.devices.table import DeviceTable
@@ -34,8 +34,9 @@ USUAL_DIRS = ("/var/lib/kubelet/device-plugins (kubeadm, OpenShift, most distrib
 
 class PluginManager:
     def __init__(self, kubelet_dir: Path, tables: Sequence[DeviceTable[Wire]], observer: Observer | None = None,
-                 timing: Timing | None = None) -> None:
+                 timing: Timing | None = None, on_kubelet_restart: Callable[[], None] | None = None) -> None:
         self.kubelet_dir = Path(kubelet_dir)
+        self.on_kubelet_restart = on_kubelet_restart  # told at once, before serving again
         self.kubelet_socket = self.kubelet_dir / KUBELET_SOCKET
         self.tables = list(tables)
         self.observer = observer
@@ -275,6 +276,8 @@ class PluginManager:
                 self.restarts += 1
                 log.warning("kubelet restart detected (%s): serving and registering again", reason,
                             extra={"reason": reason})
+                if self.on_kubelet_restart is not None:
+                    self.on_kubelet_restart()
                 self._stop_servers()
                 reconnect = True
             except Exception:

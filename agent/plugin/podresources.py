@@ -21,6 +21,8 @@ class PodResourcesClient:
         self.timeout = timeout
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
+        self._socket: tuple[int, int] | None = None  # the socket the last List answered on
+        self.replaced = False  # the last List answered on a socket other than the one before: kubelet restarted
 
     def _stub(self) -> api_pb2_grpc.PodResourcesListerStub:
         with self._lock:
@@ -37,9 +39,13 @@ class PodResourcesClient:
             self._channel = None
 
     def list(self) -> list[ListedDevice]:
-        """Every container's devices, as kubelet's List reports them (active pods only)."""
-        if not self.socket_path.exists():
-            raise PodResourcesError(f"{self.socket_path}: no pod-resources socket (is the directory mounted?)")
+        """Every container's devices, as kubelet's List reports them (active pods only); a pod whose listed
+        containers hold no device is one row without devices (an init container may hold some)."""
+        try:
+            st = self.socket_path.stat()
+        except OSError:
+            raise PodResourcesError(
+                f"{self.socket_path}: no pod-resources socket (is the directory mounted?)") from None
         try:
             answer = self._stub().List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout)
         except grpc.RpcError as exc:
@@ -47,12 +53,17 @@ class PodResourcesClient:
             code = exc.code().name if isinstance(exc, grpc.Call) else "error"
             details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
             raise PodResourcesError(f"pod-resources List failed: {code}: {details}") from None
-        return [
-            ListedDevice(pod.namespace, pod.name, container.name, devices.resource_name, tuple(devices.device_ids))
-            for pod in answer.pod_resources
-            for container in pod.containers
-            for devices in container.devices
-        ]
+        socket = (st.st_dev, st.st_ino)
+        self.replaced = self._socket is not None and socket != self._socket
+        self._socket = socket
+        rows: list[ListedDevice] = []
+        for pod in answer.pod_resources:
+            rows.extend(ListedDevice(pod.namespace, pod.name, container.name, devices.resource_name,
+                                     tuple(devices.device_ids))
+                        for container in pod.containers for devices in container.devices)
+            if not any(container.devices for container in pod.containers):  # the pod is there, holding nothing
+                rows.append(ListedDevice(pod.namespace, pod.name, "", "", ()))
+        return rows
 
     def close(self) -> None:
         self.reset()

@@ -3,9 +3,32 @@ does not show yet, and the admission rule that keeps books and sockets exclusive
 passed in; the caller holds one lock around every call.
 
 kubelet never reports deallocation, and an Allocate becomes visible in ``List`` only after it
-returns. A pending allocation that a ``List`` begun well after it still does not show was rolled
-back by kubelet (the pod was rejected later in admission) and is dropped. Nothing else ever drops
-it: while pod-resources does not answer, what the agent handed out stays held, however long.
+returns. While pod-resources does not answer, what the agent handed out stays held, however long.
+A pending allocation that a ``List`` begun well after it still does not show is either
+
+* held by a plain (non-restartable) init container: kubelet's ``List`` leaves those out
+  (``pkg/kubelet/apis/podresources/server_v1.go``, ``TestListPodResourcesWithInitContainersV1``),
+  yet the device manager keeps their devices in ``allocatedDevices`` for the pod's lifetime and
+  reuses them for its app containers (``pkg/kubelet/cm/devicemanager/manager.go`` ``devicesToReuse``,
+  ``pod_devices.go``). The pods that List shows for the first time since the Allocate with none of
+  our devices are taken to hold it, and it stays held while any of them is listed (a guess that
+  errs on holding: a pod started meanwhile that holds none of our devices keeps it too);
+* or, when no such pod appeared, rolled back by kubelet (the pod was rejected later in admission),
+  and dropped.
+
+**After a kubelet restart** ``List`` is no news of a release. kubelet answers it from its pod
+manager (``server_v1.go`` ``List`` walks ``podsProvider.GetPods()``/``GetActivePods()``, never the
+device checkpoint), and that is empty after a restart until the API server has sent the pods back,
+while the device manager restored every allocation from its checkpoint at start
+(``manager.go`` ``readCheckpoint``) and frees nothing itself until its sources are ready
+(``UpdateAllocatedDevices`` returns early while ``!m.sourcesReady.AllReady()``). No RPC says
+"sources ready" (``Get`` answers "not found" alike for a pod not yet synced and a deleted one;
+``GetAllocatableResources`` lists healthy devices, in use or not), so the ledger does what kubelet
+does without that signal: every hold known at the restart stays, and Lists may add holders but
+release nothing, until a List begun ``restart_settle`` seconds after the restart gives the same
+pods as the List before it (also begun that late). An API server away for longer than that makes
+two empty answers agree: then the holds go, as they would at kubelet's first Allocate after its
+sources are ready.
 """
 
 from __future__ import annotations
@@ -16,6 +39,9 @@ from dataclasses import dataclass, field
 from agent.policy.health import DeviceKey, Holder
 
 PENDING = Holder("", "not yet listed by kubelet", "")
+KEPT = "(kept across a kubelet restart)"
+INIT = "(init container)"
+PodRef = tuple[str, str]  # (namespace, pod)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +74,14 @@ def conflict(key: DeviceKey, held: Mapping[DeviceKey, Iterable[Holder]],
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class SavedHolds:
+    """What a restarted agent needs to hold again: every held device, and the pods of the init-container holds."""
+
+    keys: frozenset[DeviceKey]
+    pods: Mapping[DeviceKey, frozenset[PodRef]]
+
+
 @dataclass
 class AllocationLedger:
     resources: frozenset[str]
@@ -56,7 +90,14 @@ class AllocationLedger:
     listed: dict[DeviceKey, frozenset[Holder]] = field(default_factory=dict)
     pending: dict[DeviceKey, float] = field(default_factory=dict)  # -> time of our Allocate
     last_allocate: dict[str, float] = field(default_factory=dict)  # resource -> time of its last Allocate
+    restart_settle: float = 10.0  # after a kubelet restart, Lists release nothing for this long (at least)
     synced: bool = False  # at least one List answer seen
+    pod_held: dict[DeviceKey, frozenset[PodRef]] = field(default_factory=dict)  # held by plain init containers
+    kept: dict[DeviceKey, frozenset[Holder]] = field(default_factory=dict)  # held when kubelet restarted
+    restarted_at: float | None = None  # kubelet restarted then and its List has not settled yet
+    _pods: frozenset[PodRef] | None = None  # the pods of the last List (None: no List yet)
+    _seen_before: dict[DeviceKey, frozenset[PodRef] | None] = field(default_factory=dict)  # pods at the Allocate
+    _settling: frozenset[PodRef] | None = None  # pods of the last List begun past the settle time
     _held: dict[DeviceKey, frozenset[Holder]] = field(default_factory=dict, repr=False)
 
     def held(self) -> Mapping[DeviceKey, frozenset[Holder]]:
@@ -80,6 +121,7 @@ class AllocationLedger:
         changed = False
         for key in keys:
             self.pending[key] = now  # a repeated Allocate (a container restart) renews the hold
+            self._seen_before[key] = self._pods
             if key not in self._held:
                 self._held[key] = frozenset({PENDING})
                 changed = True
@@ -89,28 +131,85 @@ class AllocationLedger:
     def apply_list(self, rows: Iterable[ListedDevice], started: float, now: float) -> None:
         """A ``List`` answer that was requested at ``started``."""
         listed: dict[DeviceKey, set[Holder]] = {}
+        pods: set[PodRef] = set()
+        with_ours: set[PodRef] = set()
         for row in rows:
+            pods.add((row.namespace, row.pod))
             if row.resource not in self.resources:
                 continue
             holder = Holder(row.namespace, row.pod, row.container)
             for device in row.device_ids:
                 listed.setdefault((row.resource, device), set()).add(holder)
+                with_ours.add((row.namespace, row.pod))
         self.listed = {k: frozenset(v) for k, v in listed.items()}
         self.synced = True
-        self.pending = {key: at for key, at in self.pending.items()
-                        if key not in listed and started < at + self.visibility_grace}
+        listed_pods = frozenset(pods)
+        settling = self._settled(listed_pods, started)
+        self._pods = listed_pods
+        # Init-container holds: while any of their pods is listed (or kubelet's view is not settled).
+        self.pod_held = {key: owners for key, owners in self.pod_held.items()
+                         if key not in listed and (settling or owners & listed_pods)}
+        pending: dict[DeviceKey, float] = {}
+        for key, at in self.pending.items():
+            if key in listed:
+                self._seen_before.pop(key, None)
+            elif settling or started < at + self.visibility_grace:
+                pending[key] = at
+            else:
+                before = self._seen_before.pop(key, None)
+                owners = frozenset(listed_pods - before - with_ours) if before is not None else frozenset()
+                if owners:
+                    self.pod_held[key] = owners
+        self.pending = pending
         self._rebuild()
 
-    def restore(self, keys: Iterable[DeviceKey], now: float) -> None:
+    def _settled(self, pods: frozenset[PodRef], started: float) -> bool:
+        """Still settling after a kubelet restart (True), or settled with this answer (False)."""
+        if self.restarted_at is None:
+            return False
+        if started < self.restarted_at + self.restart_settle:
+            return True
+        previous, self._settling = self._settling, pods
+        if previous != pods:
+            return True
+        self.restarted_at = None
+        self._settling = None
+        self.kept = {}
+        return False
+
+    def kubelet_restarted(self, at: float) -> None:
+        """kubelet restarted at ``at`` (its socket was re-created): keep every hold known now until its
+        List has settled again."""
+        for key, holders in self.listed.items():
+            self.kept[key] = self.kept.get(key, frozenset()) | {Holder(h.namespace, h.pod, KEPT) for h in holders}
+        self.restarted_at = at if self.restarted_at is None else max(self.restarted_at, at)
+        self._settling = None
+        self._rebuild()
+
+    def restore(self, keys: Iterable[DeviceKey], now: float,
+                pods: Mapping[DeviceKey, frozenset[PodRef]] | None = None) -> None:
         """Holds saved by an agent that stopped: pending again until the next ``List`` shows or drops
-        them (they were allocated before ``now``, so a List begun from now on must show them)."""
+        them (they were allocated before ``now``, so a List begun from now on must show them); those
+        of init containers (``pods``) held while their pods are listed."""
+        for key, owners in (pods or {}).items():
+            if key[0] in self.resources and owners:
+                self.pod_held[key] = self.pod_held.get(key, frozenset()) | owners
         for key in keys:
-            if key[0] in self.resources:
+            if key[0] in self.resources and key not in self.pod_held:
                 self.pending.setdefault(key, now - self.visibility_grace)
         self._rebuild()
+
+    def saved(self) -> SavedHolds:
+        """Every hold, for saving: an agent restarted while pod-resources is away must know them all."""
+        return SavedHolds(frozenset(self._held), dict(self.pod_held))
 
     def _rebuild(self) -> None:
         held = dict(self.listed)
         for key in self.pending:
             held[key] = held.get(key, frozenset()) | {PENDING}
+        for key, owners in self.pod_held.items():
+            held[key] = held.get(key, frozenset()) | {Holder(ns, pod, INIT) for ns, pod in owners}
+        if self.restarted_at is not None:
+            for key, holders in self.kept.items():
+                held[key] = held.get(key, frozenset()) | holders
         self._held = held

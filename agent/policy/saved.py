@@ -14,6 +14,7 @@ from typing import Any
 from agent.errors import SavedStateError
 from agent.policy.grouping import LEVELS, Group, Grouping, GroupingSettings, Uniform
 from agent.policy.health import DeviceKey
+from agent.policy.ledger import SavedHolds
 from agent.topology.model import POLARIZATIONS
 
 SAVED_VERSION = 1
@@ -154,17 +155,21 @@ def grouping_from_dict(data: Any, settings: GroupingSettings, present_cpus: Iter
                     fidelity=_str(data.get("fidelity"), "fidelity"), uniform=tuple(uniform))
 
 
-def holds_to_dict(holds: Iterable[DeviceKey], settings: GroupingSettings) -> dict[str, Any]:
+def holds_to_dict(holds: SavedHolds, settings: GroupingSettings) -> dict[str, Any]:
+    """Every held device as a [resource, id] pair (``holds``, the layout since 0.1.0, when only
+    unconfirmed holds were saved), and the pods of the init-container holds as [resource, id,
+    namespace, pod] (``pods``, read by nothing older: it keeps those as unconfirmed holds)."""
     return {"version": SAVED_VERSION, "resource_prefix": settings.resource_prefix,
-            "holds": [list(k) for k in sorted(holds)]}
+            "holds": [list(k) for k in sorted(holds.keys)],
+            "pods": sorted([*k, *pod] for k, pods in holds.pods.items() for pod in pods)}
 
 
-def holds_from_dict(data: Any, settings: GroupingSettings, known: Iterable[DeviceKey]) -> set[DeviceKey]:
+def holds_from_dict(data: Any, settings: GroupingSettings, known: Iterable[DeviceKey]) -> SavedHolds:
     """The saved holds that name devices advertised now; SavedStateError for a file not in this format."""
     if not isinstance(data, dict) or data.get("version") != SAVED_VERSION:
         raise SavedStateError("the saved holds are not an object of the expected version")
     if data.get("resource_prefix") != settings.resource_prefix:
-        return set()
+        return SavedHolds(frozenset(), {})
     known_keys = set(known)
     holds: set[DeviceKey] = set()
     for item in _list(data.get("holds"), "holds"):
@@ -174,4 +179,11 @@ def holds_from_dict(data: Any, settings: GroupingSettings, known: Iterable[Devic
         key = (_str(pair[0], "holds"), _str(pair[1], "holds"))
         if key in known_keys:
             holds.add(key)
-    return holds
+    pods: dict[DeviceKey, set[tuple[str, str]]] = {}
+    for item in _list(data.get("pods", []), "pods"):
+        row = [_str(v, "pods") for v in _list(item, "pods")]
+        if len(row) != 4:
+            raise SavedStateError("pods are [resource, device id, namespace, pod] rows")
+        if (row[0], row[1]) in known_keys:
+            pods.setdefault((row[0], row[1]), set()).add((row[2], row[3]))
+    return SavedHolds(frozenset(holds), {k: frozenset(v) for k, v in pods.items()})

@@ -103,6 +103,7 @@ class KubeletEmulator:
         cleanup_on_start: bool = True,
         shuffle_seed: int | None = None,
         max_workers: int = 8,
+        pods_resync: float = 3.0,
     ) -> None:
         """
         Args:
@@ -116,6 +117,9 @@ class KubeletEmulator:
             shuffle_seed: if set, candidate device ids are offered in a seeded random order instead of
                 natural sort order (kubelet's set iteration order is arbitrary).
             max_workers: thread-pool size of each server.
+            pods_resync: seconds after a restart during which pod-resources ``List`` is empty and ``Get``
+                finds no pod, as kubelet's pod manager is until the API server has sent the pods again
+                (the device manager has every allocation back from its checkpoint meanwhile).
         """
         self.root = Path(root).absolute()
         self.device_plugin_dir = self.root / DEVICE_PLUGINS_DIR
@@ -154,6 +158,8 @@ class KubeletEmulator:
         self._pod_resources_calls = 0
         self._pod_resources_rejected = 0
         self._restarts = 0
+        self.pods_resync = pods_resync
+        self._pods_synced_at = 0.0  # time.monotonic() from which List shows the pods again
 
     # ------------------------------------------------------------------ context manager / lifecycle
 
@@ -211,7 +217,8 @@ class KubeletEmulator:
 
         Stops both servers, cancels every ListAndWatch stream and drops the plugin connections, deletes
         every socket file in ``device-plugins/`` (not the checkpoint, not directories or regular files),
-        keeps all pods and their allocations, then after ``down_for`` seconds recreates ``kubelet.sock``
+        keeps all pods and their allocations (pod-resources shows no pod for ``pods_resync`` seconds once up
+        again, as kubelet's pod manager), then after ``down_for`` seconds recreates ``kubelet.sock``
         and the pod-resources socket. Every resource reads 0 until its plugin registers again.
         With ``block=False`` the down phase runs in the background (``wait_for(lambda: k.is_running)``).
         """
@@ -225,6 +232,7 @@ class KubeletEmulator:
             self._delete_plugin_sockets()
             with self._counters_lock:
                 self._restarts += 1
+            self._pods_synced_at = float("inf")  # set when it comes up again
             self._notify()
             if block:
                 if down_for > 0:
@@ -271,16 +279,23 @@ class KubeletEmulator:
             "podresources",
             self.pod_resources_socket,
             lambda server: pr_grpc.add_PodResourcesListerServicer_to_server(
-                PodResourcesServicer(manager, self._count_served, get_enabled=self._pod_resources_get_enabled),
+                PodResourcesServicer(manager, self._count_served, get_enabled=self._pod_resources_get_enabled,
+                                     pods_synced=self.pods_synced),
                 server,
             ),
             self._max_workers,
             (RateLimitInterceptor(bucket, self._count_rejected),),
         )
         manager.set_accepting(True)
+        if self._pods_synced_at == float("inf"):  # up again after a restart: the pod manager starts empty
+            self._pods_synced_at = time.monotonic() + self.pods_resync
         self._serving = True
         log.info("Serving Registration on %s and pod-resources on %s", self.kubelet_socket, self.pod_resources_socket)
         self._notify()
+
+    def pods_synced(self) -> bool:
+        """pod-resources shows the pods (False for ``pods_resync`` seconds after a restart)."""
+        return time.monotonic() >= self._pods_synced_at
 
     def _take_down(self) -> None:
         self._serving = False

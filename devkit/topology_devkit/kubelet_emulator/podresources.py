@@ -28,13 +28,21 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
     Errors are plain Go errors on the wire (status UNKNOWN), as in kubelet.
     """
 
-    def __init__(self, manager: DeviceManager, on_served: Callable[[str], None], *, get_enabled: bool = True) -> None:
+    def __init__(self, manager: DeviceManager, on_served: Callable[[str], None], *, get_enabled: bool = True,
+                 pods_synced: Callable[[], bool] = lambda: True) -> None:
         self._manager = manager
         self._on_served = on_served
         self._get_enabled = get_enabled
+        self._pods_synced = pods_synced
 
     def List(self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext) -> pr.ListPodResourcesResponse:
+        """Empty until the pods are synced again after a restart: kubelet's List walks its pod manager
+        (``server_v1.go``: ``p.podsProvider.GetPods()``, ``GetActivePods()`` from 1.34), which is
+        filled from the API server after a restart, while the device manager's allocations come
+        back from the checkpoint at once (``devicemanager/manager.go`` ``readCheckpoint``)."""
         self._on_served("List")
+        if not self._pods_synced():
+            return pr.ListPodResourcesResponse()
         return pr.ListPodResourcesResponse(pod_resources=self._manager.list_pod_resources())
 
     def GetAllocatableResources(
@@ -47,7 +55,7 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
         self._on_served("Get")
         if not self._get_enabled:
             context.abort(grpc.StatusCode.UNKNOWN, GET_DISABLED_MESSAGE)
-        pod = self._manager.find_pod(request.pod_namespace, request.pod_name)
+        pod = self._manager.find_pod(request.pod_namespace, request.pod_name) if self._pods_synced() else None
         if pod is None:
             context.abort(
                 grpc.StatusCode.UNKNOWN, f"pod {request.pod_name} in namespace {request.pod_namespace} not found"
