@@ -32,7 +32,8 @@ kubectl() { "$BIN/kubectl" "$@"; }
 
 started=0
 if ! "$PYTHON" -m topology_devkit.realcluster status >/dev/null 2>&1; then
-  echo "==> cluster-up"
+  echo "==> cluster-up (after cleaning what an earlier cluster may have left on the host)"
+  "$PYTHON" -m topology_devkit.realcluster down >/dev/null
   "$PYTHON" -m topology_devkit.realcluster up
   started=1
 else

@@ -8,7 +8,6 @@ Skipped (with the reason) when no such cluster is reachable; REQUIRE_E2E=1 turns
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -286,11 +285,10 @@ def _agent_pod(core: Any, e2e_env: E2EEnv, node: str) -> Any:
     return pods[0]
 
 
-def _sockets(node: str) -> set[str]:
-    """The agent's sockets in kubelet's device-plugin directory on a kind node."""
+def _sockets(env: E2EEnv, node: str) -> set[str]:
+    """The agent's sockets in kubelet's device-plugin directory on the node."""
     script = "cd /var/lib/kubelet/device-plugins && for f in *.sock; do [ -S \"$f\" ] && echo \"$f\"; done"
-    out = subprocess.run(["docker", "exec", node, "sh", "-c", script + "; true"],
-                         capture_output=True, text=True, timeout=20, check=True).stdout
+    out = env.node_shell(node, script + "; true")
     return {name for name in out.split() if name != "kubelet.sock"}
 
 
@@ -317,19 +315,18 @@ def test_reregisters_after_its_socket_is_deleted(core: Any, daemonset_ready: Any
     listeners before binding new ones and ext4 hands the lowest free inode straight back (fs/ext4/ialloc.c,
     find_inode_bit), so a new socket often has the old one's inode and an inode test could wait forever."""
     node = sorted(expectations)[-1]
-    before = wait_for(f"the agent's sockets on {node}", lambda: _sockets(node), timeout=30)
+    before = wait_for(f"the agent's sockets on {node}", lambda: _sockets(e2e_env, node), timeout=30)
     agent = _agent_pod(core, e2e_env, node)
     restarts = agent.status.container_statuses[0].restart_count
     counted = wait_for(f"the agent on {node} to count its registrations",
                        lambda: _registrations(core, e2e_env, agent), timeout=30)
     assert set(expectations[node].allocatable) <= set(counted), counted
-    subprocess.run(["docker", "exec", node, "rm", "-f", *(f"/var/lib/kubelet/device-plugins/{s}" for s in before)],
-                   check=True, timeout=20)
+    e2e_env.node_shell(node, "rm -f " + " ".join(f"/var/lib/kubelet/device-plugins/{s}" for s in before))
 
     def registered_again() -> dict[str, float]:
         now = _registrations(core, e2e_env, agent)
         again = all(now.get(resource, 0) > count for resource, count in counted.items())
-        return now if again and _sockets(node) == before else {}
+        return now if again and _sockets(e2e_env, node) == before else {}
 
     wait_for(f"the agent on {node} to register every resource again (had {counted})", registered_again, timeout=60)
     want = {r: str(c) for r, c in expectations[node].allocatable.items()}

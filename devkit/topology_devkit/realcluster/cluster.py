@@ -375,7 +375,6 @@ def down(layout: Layout) -> None:
     for sock in (CONTAINERD_SOCKET, Path(f"{CONTAINERD_SOCKET}.ttrpc"), NRI_SOCKET):
         sock.unlink(missing_ok=True)
     layout.kubeconfig.unlink(missing_ok=True)
-    _rmdir(CONTAINERD_STATE.parent)
     left = _mounts_under(state_paths) + [str(t) for t in _cgroup_trees()]
     if left:
         raise ClusterError(f"cluster-down left behind: {', '.join(left)}")

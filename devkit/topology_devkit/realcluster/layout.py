@@ -40,7 +40,9 @@ KUBELET_ROOT = Path("/var/lib/kubelet")
 POD_LOGS = Path("/var/log/pods")
 CONTAINER_LOGS = Path("/var/log/containers")
 CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
-CONTAINERD_STATE = Path("/run/topology-e2e/containerd")
+# containerd's default state folder: it makes it 0711, so the agent (uid 0, every capability dropped) can reach the
+# socket in it. A socket folder made for the socket alone is 0600 and unreachable without CAP_DAC_OVERRIDE.
+CONTAINERD_STATE = Path("/run/containerd")
 NRI_SOCKET = Path("/var/run/nri/nri.sock")
 CNI_STATE = Path("/var/lib/cni/networks") / CNI_NETWORK
 
