@@ -22,7 +22,7 @@ from agent.app.paths import (
     DEFAULT_NRI_SOCKET,
     DEFAULT_POD_RESOURCES_SOCKET,
 )
-from agent.errors import CpuListError, UsageError, UserError
+from agent.errors import CpuListError, StartupError, UsageError, UserError
 from agent.policy.grouping import DEFAULT_PREFIX, GroupingSettings, group_topology
 from agent.topology.cpulist import parse_cpulist
 from agent.topology.model import POLARIZATIONS, Topology, normalize_polarization
@@ -31,6 +31,7 @@ from agent.topology.source import TopologySource
 TYPE_CHECKING = False  # not typing's: the command line starts without importing typing (2 ms)
 if TYPE_CHECKING:
     from pathlib import Path
+    from typing import NoReturn
 
     from agent.app.config import AgentConfig
     from agent.policy.allocation import AllocationSettings
@@ -83,6 +84,10 @@ def add_policy_flags(parser: argparse.ArgumentParser) -> None:
                        help="advertise only groups of one size (CPUs) per resource, so one pod spec fits whichever "
                             "group kubelet picks: the most common size, a tie going to the larger; discover and "
                             "explain name the others (default: off) [env TOPOLOGY_AGENT_UNIFORM_GROUPS=true|false]")
+    group.add_argument("--allow-non-s390x", action=argparse.BooleanOptionalAction, default=None,
+                       help="group the CPUs of a machine that is not IBM Z too (tests, demos); without it such a "
+                            "machine advertises nothing and says why. A --topology-file snapshot is always "
+                            "grouped (default: off) [env TOPOLOGY_AGENT_ALLOW_NON_S390X=true|false]")
 
 
 def _polarizations(text: str) -> frozenset[str]:
@@ -117,6 +122,10 @@ def grouping_settings(args: argparse.Namespace) -> GroupingSettings:
         min_group_cores=min_cores,
         uniform_groups=(_bool_env("--uniform-groups", False) if getattr(args, "uniform_groups", None) is None
                         else args.uniform_groups),
+        # A snapshot was asked for explicitly: group it whatever machine it describes.
+        allow_non_s390x=bool(getattr(args, "topology_file", None)) or (
+            _bool_env("--allow-non-s390x", False) if getattr(args, "allow_non_s390x", None) is None
+            else args.allow_non_s390x),
     ).validated()
 
 
@@ -366,6 +375,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from agent.observe.logs import setup_logging
 
     config = agent_config(args)
+    if not config.kubelet_dir.is_dir():  # kubelet makes it; the agent never invents one (nor writes state there)
+        why = "it is a file, not a directory" if config.kubelet_dir.exists() else "it does not exist"
+        raise StartupError(f"cannot use kubelet's directory {config.kubelet_dir} (--kubelet-dir): {why}; give "
+                           f"kubelet's device-plugin directory (usually {DEFAULT_KUBELET_DIR}; k3s and microk8s use "
+                           "other roots)")
     setup_logging(args.log_level, args.log_format)
     source = topology_source(args)
     return run_until_signalled(build_agent(source.load(), config, loader=source.load, fingerprint=source.fingerprint))
@@ -464,13 +478,20 @@ def terminal_columns() -> int:
         return 80
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, but a bad flag or value is one line and a hint, not the whole usage first."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line, or, with ``only``, every command but only that one's flags (each
     command imports what its flags need: ``discover`` starts without the rest)."""
-    parser = argparse.ArgumentParser(prog="topology-agent", formatter_class=HelpFormatter,
-                                     description="Makes IBM Z CPU topology (drawers, books, sockets) schedulable.")
+    parser = Parser(prog="topology-agent", formatter_class=HelpFormatter,
+                    description="Makes IBM Z CPU topology (drawers, books, sockets) schedulable.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name, (help_text, add_flags) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, formatter_class=HelpFormatter)
         if only is None or only == name:

@@ -421,10 +421,11 @@ def test_image_tag_defaults_to_app_version_and_digest_wins(render: Render) -> No
 # ------------------------------------------------------------------------------------------------------ RBAC
 
 
-def test_rbac_is_get_and_patch_on_nodes_only(render: Render) -> None:
+def test_rbac_is_get_and_patch_on_nodes_and_create_on_events_only(render: Render) -> None:
     docs = render()
     role = one(docs, "ClusterRole")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+                             {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     binding = one(docs, "ClusterRoleBinding")
     account = one(docs, "ServiceAccount")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
@@ -817,9 +818,10 @@ def test_node_restriction_policy_shape(render: Render) -> None:
 
 
 def test_node_restriction_policy_sits_beside_a_patch_only_nodes_role(render: Render) -> None:
-    """The policy covers what the role grants: UPDATE (PATCH) of nodes, nothing else to guard."""
-    (rule,) = one(render(), "ClusterRole")["rules"]
+    """The policy covers what the role grants on nodes: UPDATE (PATCH); events can only be created."""
+    rule, events = one(render(), "ClusterRole")["rules"]
     assert rule["resources"] == ["nodes"] and set(rule["verbs"]) <= {"get", "patch"}
+    assert events["resources"] == ["events"] and events["verbs"] == ["create"]
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

@@ -106,9 +106,20 @@ def test_degenerate_shape_without_facility_information() -> None:
 def test_x86_machine_groups_by_socket() -> None:
     x86 = Machine(arch="x86_64", environment="none", memory_nodes=(0, 1), has_node_dirs=True)
     cpus = tuple(Cpu(cpu=i, core=i % 4, socket=i // 4, siblings=(i,), node=i // 4) for i in range(8))
-    g = group_topology(Topology(machine=x86, cpus=cpus))
+    g = group_topology(Topology(machine=x86, cpus=cpus), GroupingSettings(allow_non_s390x=True))
     assert [(x.id, x.memory_node) for x in g.groups] == [("socket0", 0), ("socket1", 1)]
     assert g.fidelity == "generic"
+
+
+def test_a_machine_that_is_not_ibm_z_advertises_nothing_unless_asked() -> None:
+    x86 = Machine(arch="x86_64", environment="none")
+    cpus = tuple(Cpu(cpu=i, core=i, socket=0, siblings=(i,)) for i in range(4))
+    g = group_topology(Topology(machine=x86, cpus=cpus))
+    assert g.groups == () and g.levels == ()
+    assert g.level_reason.startswith("not an IBM Z machine (architecture x86_64): nothing is advertised")
+    assert [(s.cpus, s.reason) for s in g.skipped] == [((0, 1, 2, 3), g.level_reason)]
+    unknown = Machine(arch="unknown", environment="none")  # a sysfs tree without /proc: grouped as it is
+    assert [x.id for x in group_topology(Topology(machine=unknown, cpus=cpus)).groups] == ["socket0"]
 
 
 @pytest.mark.parametrize(

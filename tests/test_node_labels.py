@@ -52,12 +52,17 @@ def test_z16_lpar_labels() -> None:
         f"{P}fidelity": "lpar",
         f"{P}environment": "lpar",
         f"{P}cpu-manager-policy": "none",
+        f"{P}advertised": "true",
     }
 
 
 def test_guest_without_topology_advertises_nothing() -> None:
     topology, grouping = _snapshot("z16-guest-no-topology")
     labels = node_labels(topology, grouping, None)
+    assert labels[f"{P}advertised"] == "no-topology-facility"
+    summary = json.loads(node_annotations(topology, grouping)[TOPOLOGY_ANNOTATION])
+    assert summary["notAdvertised"]["code"] == "no-topology-facility"
+    assert summary["notAdvertised"]["reason"].startswith("degenerate topology: no topology facility (z/VM guest")
     assert labels[f"{P}fidelity"] == "guest-no-topology"
     assert labels[f"{P}books"] == "0"
     assert labels[f"{P}sockets"] == "0"
@@ -111,6 +116,7 @@ def test_non_s390_machine() -> None:
     assert labels[f"{P}fidelity"] == "generic"
     assert labels[f"{P}environment"] == "none"
     assert labels[f"{P}polarization"] == "unknown"
+    assert labels[f"{P}advertised"] == "not-ibm-z"
     _assert_valid(labels)
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import socket
 
+import yaml
+
 from agent.errors import SocketInUseError
+from agent.node.labels import KEY_PREFIX, LABEL_KEYS, NOT_ADVERTISED_CODES
 from agent.plugin.server import clear_stale_socket
 from tests.conftest import REPO
 from tests.plugin_harness import short_tmpdir
@@ -34,3 +37,25 @@ def test_the_readme_says_one_thing_about_a_second_instance() -> None:
     said = message.split(" ", 1)[1]  # the path, then the reason
     assert said == "is served by another running process (another topology-agent instance?); refusing to take it over"
     assert said in FLAT
+
+
+def test_every_node_label_and_its_values_are_documented() -> None:
+    from tests.test_readme_contract import names
+
+    text = README[README.index("Every label, under"):].splitlines()[1:]
+    table = [line.strip() for line in text if line.strip().startswith("|")][:20]
+    rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in table[2:]]
+    rows = rows[:next((i for i, row in enumerate(rows) if len(row) != 2), len(rows))]
+    documented = {n for row in rows for n in names(row[0])}
+    assert documented == {k.removeprefix(KEY_PREFIX) for k in LABEL_KEYS}
+    (advertised,) = [row[1] for row in rows if names(row[0]) == ["advertised"]]
+    assert names(advertised) == ["true", *NOT_ADVERTISED_CODES]
+
+
+def test_no_example_selects_on_a_label_that_needs_node_labels() -> None:
+    for path in sorted((REPO / "deploy" / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            spec = doc["spec"]
+            pod = spec["template"]["spec"] if "template" in spec else spec
+            assert not [k for k in pod.get("nodeSelector", {}) if k.startswith(KEY_PREFIX)], path.name
+            assert "affinity" not in pod, path.name

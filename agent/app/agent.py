@@ -220,7 +220,8 @@ class Agent:
         self.label_loop.start()  # labels say what the node is even when it advertises nothing (off: no thread)
         self.label_loop.wake()
         if not self.devices.tables:
-            log.warning("nothing to advertise on this node; staying up without registering")
+            log.warning("nothing to advertise on this node (%s); staying up without registering",
+                        self.grouping.level_reason, extra={"reason": self.grouping.level_reason})
         else:
             self.devices.start_publisher()
             self.manager.start()

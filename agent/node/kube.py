@@ -125,6 +125,20 @@ class NodeLabeler:
                 self.last_error = None
             return True
 
+    def post_event(self, body: Mapping[str, Any]) -> bool:
+        """Create an Event about this node; False (one warning) when the API server refuses or is away."""
+        try:
+            self.api.create_event(str(body.get("metadata", {}).get("namespace", "default")), body,
+                                  self.request_timeout)
+        except Exception as exc:  # never let the API server take the agent down
+            reason = self._reason("POST event for", exc)
+            if isinstance(exc, KubeApiError) and exc.status == 403:
+                reason = (f"POST event for node {self.node_name}: forbidden (403): the chart's ClusterRole grants "
+                          f"create on events; an older role does not: {exc.message}")
+            log.warning("%s", reason, extra={"reason": reason})
+            return False
+        return True
+
     def _read(self) -> _Metadata:
         try:
             labels, annotations = self.api.node_metadata(self.node_name, self.request_timeout)

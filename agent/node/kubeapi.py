@@ -1,6 +1,6 @@
-"""The two Node requests the agent makes (GET, and a JSON merge PATCH of metadata), over the standard
-library: node labels need two calls an hour, not the ``kubernetes`` package's 35 MiB of API models
-kept in memory for the life of the agent.
+"""The Node requests the agent makes (GET, a JSON merge PATCH of metadata, and one Event when the node
+advertises nothing), over the standard library: node labels need two calls an hour, not the
+``kubernetes`` package's 35 MiB of API models kept in memory for the life of the agent.
 
 :class:`LeanNodeApi` speaks HTTP/1.1 to the API server with the in-cluster service account (the
 token is read again for every request: bound tokens rotate). Outside a cluster (a kubeconfig, local
@@ -33,6 +33,9 @@ class NodeApi(Protocol):
 
     def patch_node(self, name: str, body: Mapping[str, Any], timeout: float) -> None:
         """A JSON merge patch of the Node."""
+
+    def create_event(self, namespace: str, body: Mapping[str, Any], timeout: float) -> None:
+        """POST a core/v1 Event (the Node's "nothing advertised" warning)."""
 
 
 def _status_message(status: int, reason: str, body: bytes) -> str:
@@ -87,10 +90,14 @@ class LeanNodeApi:
     def patch_node(self, name: str, body: Mapping[str, Any], timeout: float) -> None:
         self._request("PATCH", f"/api/v1/nodes/{quote(name, safe='')}", json.dumps(body).encode(), timeout)
 
+    def create_event(self, namespace: str, body: Mapping[str, Any], timeout: float) -> None:
+        self._request("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", json.dumps(body).encode(),
+                      timeout)
+
     def _request(self, method: str, path: str, body: bytes | None, timeout: float) -> Any:
         headers = {"Accept": "application/json", "User-Agent": "s390x-topology-agent"}
         if body is not None:
-            headers["Content-Type"] = MERGE_PATCH
+            headers["Content-Type"] = MERGE_PATCH if method == "PATCH" else "application/json"
         if self.token_file is not None:
             try:
                 token = self.token_file.read_text().strip()
@@ -142,6 +149,9 @@ class _ClientNodeApi:
     def patch_node(self, name: str, body: Mapping[str, Any], timeout: float) -> None:
         self._call(lambda: self.core_v1.patch_node(name, dict(body), _content_type=MERGE_PATCH,
                                                    _request_timeout=timeout))
+
+    def create_event(self, namespace: str, body: Mapping[str, Any], timeout: float) -> None:
+        self._call(lambda: self.core_v1.create_namespaced_event(namespace, dict(body), _request_timeout=timeout))
 
     @staticmethod
     def _call(call: Any) -> Any:

@@ -29,6 +29,11 @@ LABEL_POLARIZATION = f"{KEY_PREFIX}polarization"
 LABEL_FIDELITY = f"{KEY_PREFIX}fidelity"
 LABEL_ENVIRONMENT = f"{KEY_PREFIX}environment"
 LABEL_CPU_MANAGER_POLICY = f"{KEY_PREFIX}cpu-manager-policy"
+# "true" while the node advertises groups, else why not: not-ibm-z | no-topology-facility |
+# degenerate-topology | no-usable-groups (the full sentence is the annotation's notAdvertised.reason).
+LABEL_ADVERTISED = f"{KEY_PREFIX}advertised"
+NOT_ADVERTISED_CODES: tuple[str, ...] = ("not-ibm-z", "no-topology-facility", "degenerate-topology",
+                                         "no-usable-groups")
 
 # Every label key the agent may set, so keys of ours that are no longer wanted can be removed.
 LABEL_KEYS: tuple[str, ...] = (
@@ -41,6 +46,7 @@ LABEL_KEYS: tuple[str, ...] = (
     LABEL_FIDELITY,
     LABEL_ENVIRONMENT,
     LABEL_CPU_MANAGER_POLICY,
+    LABEL_ADVERTISED,
 )
 
 TOPOLOGY_ANNOTATION = f"{KEY_PREFIX}topology"
@@ -74,6 +80,37 @@ def _groups_per_level(grouping: Grouping, level: str) -> str:
     return str(sum(1 for g in grouping.groups if g.level == level))
 
 
+def not_advertised(topology: Topology, grouping: Grouping) -> tuple[str, str] | None:
+    """(code, reason) when the node advertises nothing, else None: what an admin reads on the Node."""
+    if grouping.groups:
+        return None
+    m = topology.machine
+    if not m.is_s390 and m.arch != "unknown":
+        code = "not-ibm-z"
+    elif grouping.fidelity == "guest-no-topology":
+        code = "no-topology-facility" if m.topology_facility is False else "degenerate-topology"
+    else:
+        code = "no-usable-groups"
+    if not grouping.levels:  # the whole machine was turned down: one reason says it
+        return code, grouping.level_reason
+    return code, "; ".join(dict.fromkeys(s.reason for s in grouping.skipped)) or "no usable CPUs"
+
+
+def node_event(node_name: str, code: str, message: str, now: str, reporter: str = "s390x-topology-agent",
+               ) -> dict[str, Any]:
+    """A core/v1 Warning Event on the Node (namespace default, uid the node name, as kubelet's own node
+    events, so ``kubectl describe node`` lists it). ``now`` is an RFC 3339 time."""
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{node_name}.topology-", "namespace": "default"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_name},
+        "type": "Warning", "reason": "TopologyNotAdvertised",
+        "message": f"nothing advertised ({code}): {message}"[:1024],
+        "source": {"component": reporter, "host": node_name},
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }
+
+
 def node_labels(topology: Topology, grouping: Grouping, cpu_manager_policy: str | None) -> dict[str, str]:
     """The labels for this node; ``cpu_manager_policy`` None means kubelet's state file is absent.
 
@@ -92,6 +129,7 @@ def node_labels(topology: Topology, grouping: Grouping, cpu_manager_policy: str 
         LABEL_FIDELITY: _label_value(grouping.fidelity) or "unknown",
         LABEL_ENVIRONMENT: _label_value(m.environment) or "unknown",
         LABEL_CPU_MANAGER_POLICY: policy or "unknown",
+        LABEL_ADVERTISED: (nothing[0] if (nothing := not_advertised(topology, grouping)) else "true"),
     }
     return {key: value for key, value in labels.items() if value is not None}
 
@@ -122,6 +160,9 @@ def _summary(topology: Topology, grouping: Grouping, exclusivity: str | None = N
     }
     if exclusivity is not None:  # "confirmed" | "unconfirmed": whether pod-resources vouches for the holders
         summary["exclusivity"] = exclusivity
+    nothing = not_advertised(topology, grouping)
+    if nothing is not None:
+        summary["notAdvertised"] = {"code": nothing[0], "reason": nothing[1][:1000]}
     return summary
 
 
@@ -151,7 +192,8 @@ def _shrink(summary: dict[str, Any]) -> str:
     if len(text.encode()) <= MAX_ANNOTATION_BYTES:
         return text
     return _dumps({key: summary[key] for key in ("version", "machine", "fidelity", "levels", "groupCounts",
-                                                 "exclusivity") if key in summary} | {"truncated": True})
+                                                 "exclusivity", "notAdvertised") if key in summary}
+                  | {"truncated": True})
 
 
 def node_annotations(topology: Topology, grouping: Grouping, exclusivity: str | None = None) -> dict[str, str]:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from agent.errors import CpuManagerStateError, KubeletConfigError
 from agent.node.cpu_manager import cpu_manager_findings, read_cpu_manager_state, read_reserved_system_cpus
-from agent.node.labels import node_annotations, node_labels
+from agent.node.labels import node_annotations, node_event, node_labels, not_advertised
 from agent.policy.grouping import Grouping
 from agent.topology.model import Topology
 
@@ -60,6 +60,7 @@ class NodeReporter:
         self._labeler_broken = False
         self._said_missing = False
         self._syncs = 0
+        self._event_posted = False  # the "nothing advertised" Event, once per start
         self._read_identity: tuple[object, object] | None = None  # the files as last read
 
     # --- kubelet's CPU manager ---------------------------------------------------------
@@ -113,7 +114,15 @@ class NodeReporter:
         exclusivity = None
         if self.exclusivity is not None:
             exclusivity = "confirmed" if self.exclusivity() else "unconfirmed"
-        return self._labeler.sync(self.labels(), node_annotations(self.topology, self.grouping, exclusivity))
+        synced = self._labeler.sync(self.labels(), node_annotations(self.topology, self.grouping, exclusivity))
+        nothing = not_advertised(self.topology, self.grouping)
+        if synced and nothing is not None and not self._event_posted:
+            from datetime import UTC, datetime
+
+            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            self._labeler.post_event(node_event(self.node_name, *nothing, now))
+            self._event_posted = True  # once: a refusal (RBAC) would only repeat; a failure is one warning
+        return synced
 
     @property
     def patches(self) -> int:

@@ -132,6 +132,8 @@ class PluginManager:
 
     def _sleep(self, seconds: float) -> bool:
         """Wait until woken or ``seconds`` pass; True when stopping."""
+        if self._stop.is_set():  # stop() may have set (and an earlier sleep cleared) the wake-up already
+            return True
         self._wake.wait(seconds)
         self._wake.clear()
         self._keep_watching()

@@ -12,6 +12,9 @@ Rules (vLLM PR #40714 for the automatic level choice):
   (``cpu`` = that size x the groups asked for) is right whichever group kubelet picks: the most
   common size among the groups left after ``min_group_cores``, a tie going to the larger size; the
   others are reported as not advertised, with the reason;
+* a machine known not to be IBM Z (its architecture is x86_64, aarch64, ...) advertises nothing,
+  with the reason, unless ``allow_non_s390x`` (the command line sets it for a snapshot or an
+  explicit flag); an unknown architecture (a sysfs tree without /proc) is grouped as it is;
 * degenerate topology (no topology facility, or, when /proc/sysinfo does not say, one CPU per
   book and socket on a multi-CPU s390 machine: z/VM and classic KVM guests) is not advertised
   at all, with the reason;
@@ -42,6 +45,7 @@ class GroupingSettings:
     exclude_polarization: frozenset[str] = frozenset()
     min_group_cores: int | None = None  # None: half the cores of the level's median group (at least 1); 0: all
     uniform_groups: bool = False  # advertise only the groups of one size (CPUs) per level: uniform_size()
+    allow_non_s390x: bool = False  # group a machine known not to be IBM Z (x86_64, ...) too: tests, snapshots
 
     def validated(self) -> GroupingSettings:
         if self.min_group_cores is not None and self.min_group_cores < 0:
@@ -252,6 +256,13 @@ def group_topology(topology: Topology, settings: GroupingSettings | None = None)
         kept.append(cpu)
     usable = kept
 
+    m = topology.machine
+    if not m.is_s390 and m.arch != "unknown" and not settings.allow_non_s390x:
+        reason = (f"not an IBM Z machine (architecture {m.arch}): nothing is advertised (--allow-non-s390x groups "
+                  "it anyway; --topology-file reads an s390x snapshot)")
+        skipped[reason].extend(c.cpu for c in usable)
+        return Grouping((), tuple(_skipped(skipped)), (), reason, "generic")
+
     degenerate = _degenerate_reason(topology, usable)
     if degenerate is not None:
         skipped[degenerate].extend(c.cpu for c in usable)
@@ -262,7 +273,6 @@ def group_topology(topology: Topology, settings: GroupingSettings | None = None)
     else:
         levels, level_reason = tuple(lv for lv in LEVELS if lv in settings.levels), "levels set by --levels"
 
-    m = topology.machine
     fidelity = "lpar" if m.is_s390 and m.topology_facility else ("generic" if not m.is_s390 else "unknown")
     warnings: list[str] = []
     groups: list[Group] = []

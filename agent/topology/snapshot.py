@@ -161,6 +161,9 @@ def dumps(topology: Topology) -> str:
     return json.dumps(to_dict(topology), indent=1, sort_keys=False) + "\n"
 
 
+MAX_SNAPSHOT_BYTES = 16 * 2**20
+
+
 def loads(text: str, source: str = "<snapshot>") -> Topology:
     if not text.strip():
         raise TopologyReadError(f"{source}: empty file, not a topology snapshot (make one with "
@@ -169,6 +172,8 @@ def loads(text: str, source: str = "<snapshot>") -> Topology:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise TopologyReadError(f"{source}: not valid JSON: {exc}") from None
+    except RecursionError:  # arrays or objects nested a thousand deep: no snapshot looks like that
+        raise TopologyReadError(f"{source}: not a topology snapshot: JSON nested too deeply") from None
     try:
         return from_dict(data)
     except ValueError as exc:
@@ -180,7 +185,12 @@ def load(path: str | Path) -> Topology:
 
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as f:  # bounded: /dev/zero or a huge file is refused, not read into memory
+            data = f.read(MAX_SNAPSHOT_BYTES + 1)
+        if len(data) > MAX_SNAPSHOT_BYTES:
+            raise TopologyReadError(f"{p}: not a topology snapshot: larger than {MAX_SNAPSHOT_BYTES // 2**20} MiB "
+                                    "(a 400-CPU machine's is well under 1 MiB)")
+        text = data.decode("utf-8")
     except OSError as exc:
         raise TopologyReadError(f"{p}: cannot read topology file: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

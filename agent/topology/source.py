@@ -26,8 +26,8 @@ def snapshot_path(path: str | Path, node_name: str | None = None) -> Path:
     for candidate in ([p / f"{node}.json"] if node else []) + [p / "default.json"]:
         if candidate.is_file():
             return candidate
-    wanted = f"{node}.json or default.json" if node else "default.json"
-    raise TopologyReadError(f"{p}: topology directory holds neither {wanted}")
+    wanted = f"neither {node}.json nor default.json" if node else "no default.json"
+    raise TopologyReadError(f"{p}: topology directory holds {wanted}")
 
 
 class TopologySource:
