@@ -140,16 +140,35 @@ def topology_from(args: argparse.Namespace, details: bool = False) -> Topology:
     return topology_source(args, details).load()
 
 
+def enforcement_here(args: argparse.Namespace) -> dict[str, str]:
+    """The cpuset enforcement serve would run with these flags on this node (auto dials the NRI socket)."""
+    from pathlib import Path
+
+    from agent.app.config import AgentConfig
+    from agent.app.enforcement_mode import choose_enforcement
+
+    config = AgentConfig(kubelet_dir=Path(DEFAULT_KUBELET_DIR), cpuset_enforcement=args.cpuset_enforcement,
+                         cri_socket=cri_socket(args.cri_socket), nri_socket=Path(args.nri_socket or DEFAULT_NRI_SOCKET))
+    mode, why = choose_enforcement(config)
+    return {"requested": args.cpuset_enforcement, "mode": mode, "reason": why}
+
+
+def enforcement_line(enforcement: dict[str, str]) -> str:
+    return f"cpuset enforcement: {enforcement['mode']} ({enforcement['reason']})\n"
+
+
 def cmd_discover(args: argparse.Namespace) -> int:
     from agent.observe.report import grouping_dict, table
 
     settings = grouping_settings(args)
     topology = topology_from(args)
     grouping = group_topology(topology, settings)
+    enforcement = enforcement_here(args)
     if args.format == "json":
-        sys.stdout.write(json.dumps(grouping_dict(topology, grouping), indent=2) + "\n")
+        sys.stdout.write(json.dumps({**grouping_dict(topology, grouping), "cpuset_enforcement": enforcement},
+                                    indent=2) + "\n")
     else:
-        sys.stdout.write(table(topology, grouping))
+        sys.stdout.write(table(topology, grouping) + enforcement_line(enforcement))
     return 0
 
 
@@ -159,7 +178,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     settings = grouping_settings(args)
     allocation = allocation_settings(args)
     topology = topology_from(args)
-    sys.stdout.write(explain(topology, group_topology(topology, settings), allocation))
+    sys.stdout.write(explain(topology, group_topology(topology, settings), allocation)
+                     + enforcement_line(enforcement_here(args)))
     return 0
 
 
@@ -276,23 +296,11 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
          help="kubelet's CPU manager checkpoint, read to warn when the static policy fights our pinning")
     _add(group, "--kubelet-config", DEFAULT_KUBELET_CONFIG, metavar="PATH",
          help="kubelet's config file, read for reservedSystemCPUs overlapping our groups")
-    group = parser.add_argument_group("cpuset enforcement")
-    _add(group, "--cpuset-enforcement", "none", choices=("none", "cri", "nri", "auto"),
-         help="cri: pin every container that holds topology devices to its groups' CPUs and memory nodes through "
-              "the container runtime's CRI socket, shortly after it started, as kubelet's CPU manager does; nri: at "
-              "its creation, before its first instruction, as an NRI plugin of the runtime; auto: nri when the NRI "
-              "socket answers at start, else cri when a CRI socket exists, else none (refused while kubelet runs "
-              "the static CPU manager policy)")
-    _add(group, "--nri-socket", DEFAULT_NRI_SOCKET, metavar="PATH",
-         help="the runtime's NRI socket (containerd 2.x and CRI-O 1.30+ enable NRI by default; containerd 1.7 "
-              "needs [plugins.\"io.containerd.nri.v1.nri\"] disable = false)")
-    _add(group, "--cri-socket", "", metavar="PATH",
-         help=f"the runtime's CRI socket (default: the first that exists at start of {', '.join(CRI_SOCKETS)}; "
-              "if none does, the first, dialed until it answers)")
+    group = add_enforcement_flags(parser)
     group.add_argument("--shared-pool", action=argparse.BooleanOptionalAction, default=None,
-                       help="with --cpuset-enforcement cri: confine every other container on the node to the CPUs "
-                            "of no held group (--reserved-cpus always among them), widened again when a group is "
-                            "freed (default: off) [env TOPOLOGY_AGENT_SHARED_POOL=true|false]")
+                       help="with --cpuset-enforcement cri, nri or auto: confine every other container on the node "
+                            "to the CPUs of no held group (--reserved-cpus always among them), widened again when a "
+                            "group is freed (default: off) [env TOPOLOGY_AGENT_SHARED_POOL=true|false]")
     _add(group, "--cpuset-interval", "2", metavar="SECONDS",
          help="seconds between looks at the runtime for new or restarted containers while a device is held (every "
               "0.1 s for 15 s after devices change hands; every 30 s while none is held)")
@@ -311,6 +319,25 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("logging")
     _add(group, "--log-level", "info", choices=("debug", "info", "warning", "error"), help="log level")
     _add(group, "--log-format", "text", choices=("text", "json"), help="log format")
+
+
+def add_enforcement_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The flags that choose the cpuset enforcement (serve, and discover/explain, which say which one is
+    in force on this node)."""
+    group = parser.add_argument_group("cpuset enforcement")
+    _add(group, "--cpuset-enforcement", "none", choices=("none", "cri", "nri", "auto"),
+         help="cri: pin every container that holds topology devices to its groups' CPUs and memory nodes through "
+              "the container runtime's CRI socket, shortly after it started, as kubelet's CPU manager does; nri: at "
+              "its creation, before its first instruction, as an NRI plugin of the runtime; auto: nri when the NRI "
+              "socket answers at start, else cri when a CRI socket exists, else none (refused while kubelet runs "
+              "the static CPU manager policy)")
+    _add(group, "--nri-socket", DEFAULT_NRI_SOCKET, metavar="PATH",
+         help="the runtime's NRI socket (containerd 2.x and CRI-O 1.30+ enable NRI by default; containerd 1.7 "
+              "needs [plugins.\"io.containerd.nri.v1.nri\"] disable = false)")
+    _add(group, "--cri-socket", "", metavar="PATH",
+         help=f"the runtime's CRI socket (default: the first that exists at start of {', '.join(CRI_SOCKETS)}; "
+              "if none does, the first, dialed until it answers)")
+    return group
 
 
 def _seconds(flag: str, value: str) -> float:
@@ -408,6 +435,7 @@ def _discover_flags(p: argparse.ArgumentParser) -> None:
     add_topology_flags(p)
     add_policy_flags(p)
     p.add_argument("--format", choices=("table", "json"), default="table", help="table (default) or json")
+    add_enforcement_flags(p)
     p.set_defaults(func=cmd_discover)
 
 
@@ -415,6 +443,7 @@ def _explain_flags(p: argparse.ArgumentParser) -> None:
     add_topology_flags(p)
     add_policy_flags(p)
     add_allocation_flags(p)
+    add_enforcement_flags(p)
     p.set_defaults(func=cmd_explain)
 
 

@@ -16,20 +16,18 @@ from pathlib import Path
 from agent.app.agent import Agent, LatestTopology, exclusivity_confirmed
 from agent.app.config import AgentConfig
 from agent.app.enforcement import CpusetEnforcement
+from agent.app.enforcement_mode import choose_enforcement, cri_socket_of
 from agent.app.nri_enforcement import NriEnforcement
-from agent.app.paths import CRI_SOCKETS
 from agent.cri.client import CriClient
 from agent.devices.persist import StateFiles
 from agent.devices.table import NodeDevices
 from agent.errors import PodResourcesError
 from agent.node.reporter import LabelerFactory, NodeReporter, default_labeler
-from agent.nri.plugin import socket_answers
 from agent.observe.http import HttpEndpoint
 from agent.observe.metrics import AgentMetrics
 from agent.plugin.manager import PluginManager
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire, render
-from agent.policy.creation import enforcement_mode
 from agent.policy.grouping import Grouping, group_topology
 from agent.policy.ledger import SavedHolds
 from agent.topology.model import Topology
@@ -160,14 +158,3 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
                  fingerprint=fingerprint, first_fingerprint=first_fingerprint, latest=latest,
                  enforcement=enforcement, enforcement_mode=mode)
 
-
-def cri_socket_of(config: AgentConfig) -> Path:
-    """The CRI socket given, else the first usual one that exists, else the first usual one."""
-    return config.cri_socket or next((Path(p) for p in CRI_SOCKETS if Path(p).exists()), Path(CRI_SOCKETS[0]))
-
-
-def choose_enforcement(config: AgentConfig) -> tuple[str, str]:
-    """The enforcement in force (none, cri, nri) and why: for auto, the NRI socket is dialed once."""
-    nri = config.cpuset_enforcement == "auto" and socket_answers(config.nri_socket)
-    cri = config.cpuset_enforcement == "auto" and cri_socket_of(config).exists()
-    return enforcement_mode(config.cpuset_enforcement, nri, cri)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
+from agent.nri.probe import socket_answers as socket_answers  # re-exported
 from agent.nri.ttrpc import CallTimeout, Trunk, TrunkClosed
 from agent.nri.wire import INVALID_ARGUMENT, OK, UNIMPLEMENTED, Request, Response
 
@@ -301,15 +302,3 @@ _REQUESTS: dict[str, Any] = {
     "Shutdown": nri.Empty,
 }
 
-
-def socket_answers(path: Path, timeout: float = 0.5) -> bool:
-    """Something accepts connections on the NRI socket (a runtime with NRI enabled)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        sock.connect(str(path))
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.close()
