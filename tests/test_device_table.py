@@ -209,3 +209,32 @@ def test_a_warm_allocate_touches_four_files_and_takes_the_node_lock_once(
     assert files <= {"agent/plugin/servicer.py", "agent/devices/table.py", "agent/policy/ledger.py",
                      "agent/observe/metrics.py"}, files  # at most these four
     assert lock.taken == 1
+
+
+def test_the_preference_never_offers_a_device_the_agent_would_refuse() -> None:
+    # kubelet's health view lags behind a book just allocated: its available list still has the book's sockets.
+    devices = node()
+    devices.table(BOOK).admit([["drawer0-book0"]])
+    sockets = devices.table(SOCKET)
+    inside = {"drawer0-book0-socket0", "drawer0-book0-socket1"}
+    for size in range(1, len(sockets.groups) - len(inside) + 1):
+        chosen = sockets.preferred(sorted(sockets.groups), [], size)
+        assert len(chosen) == size and not inside & set(chosen), size
+        sockets.admit([chosen])  # the Allocate that follows is not refused
+        devices.ledger.pending.clear()
+        devices.ledger.apply_list([ListedDevice("ml", "book", "c", BOOK, ("drawer0-book0",))], 0.0, 0.0)
+    # Only when the request cannot be met without them does kubelet get them (and the refusal).
+    assert inside <= set(sockets.preferred(sorted(sockets.groups), [], len(sockets.groups)))
+
+
+def test_a_socket_request_leaves_the_most_whole_books_free() -> None:
+    devices = node()
+    devices.table(SOCKET).admit([["drawer0-book1-socket0"]])
+    sockets = devices.table(SOCKET)
+    available = sorted(set(sockets.groups) - {"drawer0-book1-socket0"})
+    assert sockets.preferred(available, [], 1) == ["drawer0-book1-socket1"]
+    # A book request likewise takes a book of a drawer already in use before one of a whole drawer.
+    devices = node()
+    books = devices.table(BOOK)
+    books.admit([["drawer1-book4"]])
+    assert books.preferred(sorted(set(books.groups) - {"drawer1-book4"}), [], 1) == ["drawer1-book5"]

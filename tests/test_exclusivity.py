@@ -279,3 +279,4 @@ def test_a_book_held_by_a_plain_init_container_stays_held_for_the_pods_lifetime(
         assert k.unhealthy_devices(SOCKET) == inside
         k.delete_pod("default", "warm")
         k.wait_for(lambda: not k.unhealthy_devices(SOCKET), timeout=10, what="released with the pod")
+

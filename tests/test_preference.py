@@ -101,8 +101,18 @@ def _score(chosen: Sequence[Group]) -> tuple[int, int, int, tuple[tuple[int, ...
     )
 
 
+def _left_whole(chosen: Sequence[Group], in_use: frozenset[tuple[int | None, ...]]) -> tuple[int, ...]:
+    """The rule of (4), modelled here on its own: how many containers that were whole (no group in or
+    over them in use) the answer breaks, the parents' level first, then the grandparents'."""
+    broken = []
+    for up in (1, 2):
+        above = {g.key[:len(g.key) - up] for g in chosen if len(g.key) > up}
+        broken.append(sum(1 for container in above if container not in in_use))
+    return tuple(broken)
+
+
 def exhaustive(table: Mapping[str, Group], available: Sequence[str], must_include: Sequence[str],
-               size: int) -> list[str]:
+               size: int, in_use: frozenset[tuple[int | None, ...]] = frozenset()) -> list[str]:
     must = list(dict.fromkeys(must_include))
     unknown = [i for i in must if i not in table]
     if unknown:
@@ -117,7 +127,11 @@ def exhaustive(table: Mapping[str, Group], available: Sequence[str], must_includ
     if need == 0:
         return must
     free.sort(key=lambda g: (g.order, g.id))
-    best = min(combinations(free, need), key=lambda extra: _score([*fixed, *extra]))
+    def score(extra: Sequence[Group]) -> tuple[Any, ...]:
+        parents, spread, lows, orders = _score([*fixed, *extra])
+        return (parents, spread, lows, _left_whole([*fixed, *extra], in_use) if in_use else (), orders)
+
+    best = min(combinations(free, need), key=score)
     return must + [g.id for g in sorted(best, key=lambda g: (g.order, g.id))]
 
 
@@ -246,3 +260,27 @@ def test_a_changed_table_is_read_again() -> None:
     assert preferred_allocation(table, list(table), [], 2) == ["drawer1-book3", "drawer1-book4"]
     with pytest.raises(PreferenceError, match="exceeds the 3 available"):
         preferred_allocation(table, [*table, "drawer0-book1"], [], 4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_among_equal_answers_the_most_whole_containers_are_left(data: st.DataObject) -> None:
+    table = data.draw(small_tables())
+    ids = list(table)
+    held = data.draw(st.lists(st.sampled_from(ids), unique=True, max_size=3))
+    other = data.draw(st.lists(st.tuples(DRAWER_IDS, st.integers(0, 7)), max_size=2))  # another level's groups
+    keys = [table[i].key for i in held] + other
+    in_use = frozenset(k[:n] for k in keys for n in range(1, len(k) + 1))
+    available = [i for i in ids if i not in held]
+    must = data.draw(st.lists(st.sampled_from(available), unique=True, max_size=2)) if available else []
+    for size in range(len(must), len(available) + 1):
+        assert preferred_allocation(table, available, must, size, spoiled=in_use) == exhaustive(
+            table, available, must, size, in_use)
+
+
+def test_a_socket_goes_to_the_book_in_use_on_z16() -> None:
+    # drawer0-book1-socket0 held: its sibling breaks no whole book; drawer0-book0-socket0 would.
+    in_use = preference.spoiled_containers([SOCKETS["drawer0-book1-socket0"].key])
+    available = [i for i in SOCKETS if i != "drawer0-book1-socket0"]
+    assert preferred_allocation(SOCKETS, available, [], 1, spoiled=in_use) == ["drawer0-book1-socket1"]
+    assert preferred_allocation(SOCKETS, available, [], 1) == ["drawer0-book0-socket0"]  # nothing in use: lowest

@@ -23,8 +23,8 @@ from agent.errors import Refusal
 from agent.policy.allocation import AllocationSettings, ContainerPlan, group_part, plan_parts
 from agent.policy.grouping import Group, Grouping, GroupingSettings
 from agent.policy.health import DeviceKey, DeviceState, device_states, machine_health, overlap_map
-from agent.policy.ledger import AllocationLedger, ListedDevice, SavedHolds
-from agent.policy.preference import PreferenceIndex, preferred_allocation
+from agent.policy.ledger import AllocationLedger, ListedDevice, SavedHolds, admissible
+from agent.policy.preference import PreferenceIndex, preferred_allocation, spoiled_containers
 from agent.topology.model import Topology
 
 log = logging.getLogger("topology-agent.devices")
@@ -149,8 +149,20 @@ class DeviceTable(Generic[W]):
     # --- GetPreferredAllocation -------------------------------------------------------------------
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         """GetPreferredAllocation's choice, its Allocate answer made ready: kubelet allocates what it
-        was offered, so the planning happens here rather than in the Allocate right after."""
-        chosen = preferred_allocation(self.groups, available, must_include, size, self._preference)
+        was offered, so the planning happens here rather than in the Allocate right after.
+
+        Never a device Allocate would refuse while the request can be met without it (kubelet's
+        ``available`` lags behind pods admitted back to back: it learns of a block from our next
+        ListAndWatch message); among equal answers, the one that leaves the most whole books and
+        drawers (criterion (4) of :mod:`agent.policy.preference`)."""
+        node = self._node
+        with node.lock:
+            held = node.ledger.held()
+            allowed = admissible(self.resource, available, held, node.overlap)
+            spoiled = spoiled_containers(node.keys[k] for k in (*held, *node.broken) if k in node.keys)
+        if len(set(allowed) - set(must_include)) >= size - len(set(must_include)):
+            available = allowed  # kubelet's health view lags behind our holds: offer nothing Allocate refuses
+        chosen = preferred_allocation(self.groups, available, must_include, size, self._preference, spoiled)
         if chosen:
             self.prepare(chosen)
         return chosen
@@ -207,6 +219,7 @@ class NodeDevices(Generic[W]):
         self.clock = clock
         self.lock = threading.Lock()  # the node state's one lock: ledger, broken groups, states
         self.overlap = overlap_map(grouping)
+        self.keys = {(g.resource, g.id): g.key for g in grouping.groups}  # each device's container key
         self.ledger = AllocationLedger(frozenset(grouping.resources()))
         self.store = store
         self._saved_holds = SavedHolds(frozenset(), {})

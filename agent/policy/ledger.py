@@ -74,6 +74,12 @@ def conflict(key: DeviceKey, held: Mapping[DeviceKey, Iterable[Holder]],
     return None
 
 
+def admissible(resource: str, ids: Sequence[str], held: Mapping[DeviceKey, Iterable[Holder]],
+               overlap: Mapping[DeviceKey, Sequence[DeviceKey]]) -> list[str]:
+    """The ``ids`` of ``resource`` that Allocate would not refuse now (no overlapping device held)."""
+    return [i for i in ids if conflict((resource, i), held, overlap) is None]
+
+
 @dataclass(frozen=True, slots=True)
 class SavedHolds:
     """What a restarted agent needs to hold again: every held device, and the pods of the init-container holds."""

@@ -8,7 +8,12 @@ groups together), most important first:
 2. the smallest difference between the largest and the smallest group in cores (balanced
    tensor-parallel ranks);
 3. the fewest groups with ``vertical:low`` CPUs;
-4. the lowest sorted tuple of topology orders (``Group.order``).
+4. when some containers are in use already (``spoiled``: the drawers, books and sockets that hold or
+   lie inside a held or broken group, of any resource), the most containers left whole: the fewest
+   whole parents the answer touches, then the fewest whole grandparents (a socket of a book in use
+   before one of a whole book, a book of a drawer in use before one of a whole drawer), so that a
+   book or drawer request can still be met;
+5. the lowest sorted tuple of topology orders (``Group.order``).
 
 ``must_include`` ids are always part of the answer, which has exactly ``size`` ids: the
 ``must_include`` ids first, as given, then the chosen ones in topology order. Unknown available ids
@@ -49,6 +54,10 @@ O(d * P * m * N * (s + c) / 64) word operations, at most O(N^5 / 64) for contriv
 dominated by the rest on real ones (160 books: 0.1-0.15 ms either way). Polynomial for every
 request size; nothing is enumerated.
 
+With containers in use (4), the exhaustive search below decides up to 20,000 combinations (a few
+sockets or books out of a node's: every real request); above that, parents are walked with those
+left whole by the answer last, which keeps (1) to (3) optimal and (4) a best effort.
+
 The walk is exact when every parent's groups are one run in topology order. They are not only when
 two parents share a topology-order prefix (a topology file mixing null and -1 container ids: both
 are order -1); then the exhaustive search is kept up to 20,000 combinations (it also breaks the
@@ -59,7 +68,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from itertools import combinations, groupby
 from math import comb
 from operator import add
@@ -80,9 +89,11 @@ def preferred_allocation(
     must_include: Sequence[str],
     size: int,
     index: PreferenceIndex | None = None,
+    spoiled: Collection[tuple[int | None, ...]] = frozenset(),
 ) -> list[str]:
     """``size`` ids from ``available`` (known ids only) that contain ``must_include``. ``index`` is
-    ``table``'s :class:`PreferenceIndex` when the caller keeps one (made here otherwise)."""
+    ``table``'s :class:`PreferenceIndex` when the caller keeps one (made here otherwise); ``spoiled``
+    the container keys (key prefixes) in use already, see :func:`spoiled_containers`."""
     must = list(dict.fromkeys(must_include))
     unknown = [i for i in must if i not in table]
     if unknown:
@@ -100,7 +111,29 @@ def preferred_allocation(
         raise PreferenceError(f"allocation size {size} exceeds the {len(must) + len(rows)} available ids")
     if need == 0:
         return must
-    return must + [g.id for g in _Search(index, rows, [table[i] for i in must], need).run()]
+    spoiled = frozenset(spoiled)
+    if spoiled and comb(len(rows), need) > EXHAUSTIVE_LIMIT:  # parents left whole walked last (see above)
+        rows.sort(key=lambda r: (_whole(index.groups[r].key, spoiled), r))
+    chosen = _Search(index, rows, [table[i] for i in must], need, spoiled).run()
+    return must + [g.id for g in sorted(chosen, key=lambda g: index.rank[g.id])]
+
+
+def spoiled_containers(keys: Iterable[tuple[int | None, ...]]) -> frozenset[tuple[int | None, ...]]:
+    """Every container key (each prefix) of the groups ``keys``: the containers no longer whole."""
+    return frozenset(key[:n] for key in keys for n in range(1, len(key) + 1))
+
+
+def _whole(key: tuple[int | None, ...], spoiled: frozenset[tuple[int | None, ...]]) -> tuple[bool, ...]:
+    """Per ancestor of a group at ``key``, nearest first: is it whole (not in ``spoiled``)?"""
+    return tuple(key[:n] not in spoiled for n in range(len(key) - 1, 0, -1))
+
+
+def whole_touched(keys: Iterable[tuple[int | None, ...]], spoiled: frozenset[tuple[int | None, ...]]
+                  ) -> tuple[int, ...]:
+    """Criterion (4): per level above the groups, nearest first, the whole containers they touch."""
+    keys = list(keys)
+    depth = max((len(k) for k in keys), default=1)
+    return tuple(len({k[:n] for k in keys if len(k) > n and k[:n] not in spoiled}) for n in range(depth - 1, 0, -1))
 
 
 class PreferenceIndex:
@@ -207,8 +240,10 @@ class _MixedTables:
 class _Search:
     """One call's search over the free groups (rows of the table index), in topology order."""
 
-    def __init__(self, index: PreferenceIndex, rows: list[int], fixed: list[Group], need: int) -> None:
+    def __init__(self, index: PreferenceIndex, rows: list[int], fixed: list[Group], need: int,
+                 spoiled: frozenset[tuple[int | None, ...]] = frozenset()) -> None:
         self.need = need
+        self.spoiled = spoiled
         self.fixed = fixed
         self.groups = [index.groups[r] for r in rows]
         self.orders = [index.orders[r] for r in rows]
@@ -246,19 +281,19 @@ class _Search:
         self._fit: dict[tuple[int, int], bool] = {}
 
     def run(self) -> list[Group]:
-        if not self.contiguous and comb(len(self.groups), self.need) <= EXHAUSTIVE_LIMIT:
+        if (self.spoiled or not self.contiguous) and comb(len(self.groups), self.need) <= EXHAUSTIVE_LIMIT:
             return self._exhaustive()
         windows = self._windows()
-        best: tuple[int, list[tuple[tuple[int, ...], str]], list[int]] | None = None
+        best: tuple[int, list[int]] | None = None
         for lo, hi in windows:
             lows, rows = self._solve(lo, hi)
             if len(windows) == 1:
                 return [self.groups[r] for r in rows]
-            key = (lows, [(self.orders[r], self.groups[r].id) for r in rows], rows)
-            if best is None or key[:2] < best[:2]:
+            key = (lows, rows)  # rows in walk order (topology order unless reordered): the lowest set first
+            if best is None or key < best:
                 best = key
         assert best is not None, "a feasible request has a window"
-        return [self.groups[r] for r in best[2]]
+        return [self.groups[r] for r in best[1]]
 
     # --- (1) and (2): parents and size windows ---------------------------------------------
     def _slots(self, lo: int, hi: int) -> tuple[int, int]:
@@ -405,15 +440,20 @@ class _Search:
 
     # --- parents sharing a topology order prefix (null and -1 ids) ---------------------------
     def _exhaustive(self) -> list[Group]:
-        """Today's exhaustive search, for the rare tables whose parents are not runs in topology order."""
+        """The exhaustive search: for the rare tables whose parents are not runs in topology order, and
+        for criterion (4) (containers in use) on every request it can afford."""
         fixed = [(g.key[:-1], len(g.cores), _has_low(g), g.order) for g in self.fixed]
         rows = [(g.key[:-1], self.sizes[r], self.low[r], g.order) for r, g in enumerate(self.groups)]
 
-        def score(extra: tuple[int, ...]) -> tuple[int, int, int, tuple[tuple[int, ...], ...]]:
+        keys = [g.key for g in self.fixed]
+        spoiled = self.spoiled
+
+        def score(extra: tuple[int, ...]) -> tuple[int, int, int, tuple[int, ...], tuple[tuple[int, ...], ...]]:
             chosen = fixed + [rows[r] for r in extra]
             sizes = [s for _, s, _, _ in chosen]
+            whole = whole_touched(keys + [self.groups[r].key for r in extra], spoiled) if spoiled else ()
             return (len({p for p, _, _, _ in chosen}), max(sizes) - min(sizes), sum(lw for _, _, lw, _ in chosen),
-                    tuple(sorted(o for _, _, _, o in chosen)))
+                    whole, tuple(sorted(o for _, _, _, o in chosen)))
 
         best = min(combinations(range(len(rows)), self.need), key=score)
         return [self.groups[r] for r in best]
