@@ -156,6 +156,15 @@ def proc_status(env: E2EEnv, namespace: str, pod: str, field: str) -> str:
     return out.split(":", 1)[1].strip()
 
 
+def pinned_to(env: E2EEnv, namespace: str, pod: str, cpus: str | None) -> Callable[[], bool]:
+    """A condition: the pod's cpuset reads ``cpus`` (None: reads at all)."""
+    def check() -> bool:
+        seen = proc_status(env, namespace, pod, "Cpus_allowed_list")
+        return bool(seen) and (cpus is None or seen == cpus)
+
+    return check
+
+
 def settle_after_kubelet_restart(core: Any, node: str, since: float) -> None:
     """Wait until the restarted kubelet has the API server's pods again.
 
@@ -248,8 +257,8 @@ def test_kubelet_restart_keeps_pods_and_the_agent_reregisters(core: Any, pod_nam
     agent = agent_pod(core, local, node)
     held = book_pods_running(core, pod_namespace, pods, local, min(2, exp.allocatable[book]))
     for name, env in held:
-        wait_for(f"{name} pinned", lambda n=name, e=env: proc_status(
-            local, pod_namespace, n, "Cpus_allowed_list") == e["TOPOLOGY_CPUS"], timeout=10, interval=0.2)
+        wait_for(f"{name} pinned", pinned_to(local, pod_namespace, name, env["TOPOLOGY_CPUS"]), timeout=10,
+                 interval=0.2)
     before = metric(metrics(agent), "topology_agent_registrations_total", {"resource": book}) or 0
     since = time.time()
     local.restart_kubelet(node)
@@ -268,8 +277,8 @@ def test_kubelet_restart_keeps_pods_and_the_agent_reregisters(core: Any, pod_nam
         pod = core.read_namespaced_pod(name, pod_namespace)
         assert pod.status.phase == "Running", (name, pod.status.phase, pod.status.reason)
         assert pod.status.container_statuses[0].restart_count == 0
-        wait_for(f"{name} to show its cpuset again", lambda n=name: proc_status(
-            local, pod_namespace, n, "Cpus_allowed_list"), timeout=30, interval=0.3)
+        wait_for(f"{name} to show its cpuset again", pinned_to(local, pod_namespace, name, None), timeout=30,
+                 interval=0.3)
         assert proc_status(local, pod_namespace, name, "Cpus_allowed_list") == env["TOPOLOGY_CPUS"]
     listed = wait_for("pod-resources to list the pods again", lambda: (
         r := pod_resources()) and all(any(k[1] == n for k in r) for n, _ in held) and r, timeout=60, interval=0.5)

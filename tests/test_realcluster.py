@@ -1,0 +1,104 @@
+"""The real-cluster lane's own code, without a cluster: the pins agree with each other, the configs say what the
+README says they say, the PKI names the identities the authorizers expect, and a component that dies while
+starting ends the wait with its last log lines instead of a hang."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from topology_devkit.realcluster import configs, pki
+from topology_devkit.realcluster.layout import Layout
+from topology_devkit.realcluster.procs import ClusterError, running, start, stop, wait_until
+
+REPO = Path(__file__).resolve().parents[1]
+CLUSTER = REPO / "devkit" / "cluster"
+
+
+def versions() -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in (CLUSTER / "versions.env").read_text().splitlines()
+             if line and not line.startswith("#"))
+    return dict(pairs)
+
+
+@pytest.mark.parametrize(("module", "path", "key"), [
+    ("kubernetes", "k8s.io/kubernetes", "KUBERNETES_VERSION"),
+    ("etcd", "go.etcd.io/etcd/server/v3", "ETCD_VERSION"),
+    ("containerd", "github.com/containerd/containerd/v2", "CONTAINERD_VERSION"),
+    ("runc", "github.com/opencontainers/runc", "RUNC_VERSION"),
+    ("cni", "github.com/containernetworking/plugins", "CNI_PLUGINS_VERSION"),
+])
+def test_each_go_module_pins_the_version_the_build_stamps(module: str, path: str, key: str) -> None:
+    gomod = (CLUSTER / "go" / module / "go.mod").read_text()
+    assert f"require {path} v{versions()[key]}\n" in gomod
+    gosum = (CLUSTER / "go" / module / "go.sum").read_text()
+    assert f"{path} v{versions()[key]} h1:" in gosum, "go.sum must hold the module's own hash"
+
+
+def test_every_staging_module_is_replaced_by_its_published_tag() -> None:
+    gomod = (CLUSTER / "go" / "kubernetes" / "go.mod").read_text()
+    replaced = re.findall(r"^\t(k8s\.io/[a-z-]+) => (k8s\.io/[a-z-]+) (v\S+)$", gomod, re.MULTILINE)
+    minor = versions()["KUBERNETES_VERSION"].split(".", 1)[1]
+    assert len(replaced) >= 33
+    assert all(a == b and v == f"v0.{minor}" for a, b, v in replaced), replaced
+
+
+def test_kubelet_config_has_what_cgroup_v1_and_this_machine_need(tmp_path: Path) -> None:
+    text = configs.kubelet_config(Layout(tmp_path))
+    for line in ("failCgroupV1: false", "cgroupDriver: cgroupfs", "failSwapOn: false", "mode: Webhook",
+                 "readOnlyPort: 0", "imageGCHighThresholdPercent: 100"):
+        assert line in text.splitlines() or f"  {line}" in text.splitlines(), line
+
+
+def test_containerd_config_pins_the_sandbox_image_and_enables_nri(tmp_path: Path) -> None:
+    config = tomllib.loads(configs.containerd_config(Layout(tmp_path), tmp_path / "bin"))
+    plugins = config["plugins"]
+    assert plugins["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == "localhost/topology-e2e-pause:3.10"
+    assert plugins["io.containerd.nri.v1.nri"]["disable"] is False
+    runc = plugins["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["runc"]["options"]
+    assert runc["BinaryName"] == str(tmp_path / "bin" / "runc") and runc["SystemdCgroup"] is False
+    assert config["state"] == "/run/containerd", "the default state folder (0711) keeps the socket reachable"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_pki_names_the_identities_the_authorizers_expect(tmp_path: Path) -> None:
+    pki.make_pki(tmp_path, "node-a", ["127.0.0.1"], ["localhost"])
+
+    def subject(name: str) -> str:
+        return subprocess.run(["openssl", "x509", "-in", str(tmp_path / f"{name}.crt"), "-noout", "-subject"],
+                              capture_output=True, text=True, check=True).stdout
+
+    assert "CN = system:node:node-a" in subject("kubelet") and "O = system:nodes" in subject("kubelet")
+    assert "O = system:masters" in subject("admin")
+    assert "CN = system:kube-scheduler" in subject("scheduler")
+    verify = subprocess.run(["openssl", "verify", "-CAfile", str(tmp_path / "ca.crt"), str(tmp_path / "apiserver.crt")],
+                            capture_output=True, text=True, check=False)
+    assert verify.returncode == 0, verify.stderr
+    assert (tmp_path / "sa.pub").read_text().startswith("-----BEGIN PUBLIC KEY-----")
+
+
+def test_a_component_that_dies_while_starting_ends_the_wait_with_its_log(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    start(layout, "etcd", [sys.executable, "-c", "print('listen tcp 127.0.0.1:2379: address already in use'); "
+                                                 "raise SystemExit(1)"])
+    started = time.monotonic()
+    with pytest.raises(ClusterError) as failed:
+        wait_until("etcd to be healthy", lambda: False, 60, layout, "etcd", step=0.05)
+    assert time.monotonic() - started < 30, "a dead component must not be waited out to the deadline"
+    assert "etcd exited" in str(failed.value) and "address already in use" in str(failed.value)
+    assert running(layout, "etcd") is None
+
+
+def test_stop_ends_a_component_by_its_pid_file(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    pid = start(layout, "kubelet", [sys.executable, "-c", "import time; time.sleep(60)"])
+    assert running(layout, "kubelet") == pid
+    assert stop(layout, "kubelet", timeout=5)
+    assert running(layout, "kubelet") is None and not layout.pidfile("kubelet").exists()
