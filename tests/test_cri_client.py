@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -214,6 +217,24 @@ def test_a_missing_socket_is_a_one_line_error(tmp_path: Path) -> None:
             call()
         assert error.value.code == "NO_SOCKET"
         one_line(error.value, name, str(path), "NO_SOCKET")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_an_unreachable_socket_folder_is_a_one_line_error(tmp_path: Path) -> None:
+    """The real-cluster lane's first run: containerd made its socket's folder 0600 and the agent, uid 0 with every
+    capability dropped (the chart's securityContext), got a PermissionError traceback every enforcement step."""
+    folder = tmp_path / "run-containerd"
+    folder.mkdir(mode=0o600)
+    script = ("import sys; from pathlib import Path; from agent.cri.client import CriClient; "
+              "from agent.errors import CriError\n"
+              "try:\n    CriClient(Path(sys.argv[1]), timeout=1.0).version()\n"
+              "except CriError as e:\n    print(e.code); print(e)\n")
+    done = subprocess.run(["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--", sys.executable, "-c", script,
+                           str(folder / "containerd.sock")], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1], check=False)
+    assert done.returncode == 0, done.stderr
+    code, message = done.stdout.splitlines()[:2]
+    assert code == "NO_ACCESS" and "permission denied" in message and "Traceback" not in done.stderr
 
 
 def test_bad_cpu_lists_never_reach_the_runtime(tmp_path: Path) -> None:

@@ -171,7 +171,15 @@ class CriClient:
             channel.close()
 
     def _call(self, method: str, request: Any) -> Any:
-        if not self.socket.exists():
+        try:
+            present = self.socket.exists()
+        except PermissionError:
+            # Seen on the real-cluster lane: a runtime whose socket folder is 0600 (containerd makes the folder
+            # of a socket outside its state folder so) cannot be reached by uid 0 without CAP_DAC_OVERRIDE.
+            raise CriError(f"CRI {method} at {self.socket}: NO_ACCESS: permission denied on the socket's folder "
+                           "(the agent runs as uid 0 without capabilities: the folder needs the x bit for its "
+                           "owner, as containerd's default /run/containerd has)", "NO_ACCESS") from None
+        if not present:
             raise CriError(f"CRI {method} at {self.socket}: NO_SOCKET: the runtime's socket does not exist "
                            "(is the runtime running and its directory mounted?)", "NO_SOCKET")
         try:
