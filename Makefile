@@ -32,6 +32,7 @@ demo: $(STAMP)
 
 ## Lint, type-check (strict on the core), then the whole test suite (kind tests skip without Docker and kind).
 test: $(STAMP)
+	@test -n "$$HELM" || [ -x .tools/bin/helm ] || command -v helm >/dev/null || tools/get-helm.sh >/dev/null || echo "make test: no helm (tools/get-helm.sh failed above): the chart tests skip" >&2
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q

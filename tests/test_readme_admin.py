@@ -59,3 +59,13 @@ def test_no_example_selects_on_a_label_that_needs_node_labels() -> None:
             pod = spec["template"]["spec"] if "template" in spec else spec
             assert not [k for k in pod.get("nodeSelector", {}) if k.startswith(KEY_PREFIX)], path.name
             assert "affinity" not in pod, path.name
+
+
+def test_make_test_fetches_helm_and_the_readme_says_what_skipped_tests_need() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    recipe = makefile[makefile.index("\ntest:"):].split("\n\n", 1)[0]
+    assert "tools/get-helm.sh" in recipe and recipe.index("get-helm") < recipe.index("pytest")
+    section = FLAT[FLAT.index("What each group needs:"):]
+    for need in ("../shared/fixtures/s390x-real", "helm 3", "cel-python", "containerd", "libseccomp", "lscpu",
+                 "TOPOLOGY_E2E_KUBECONFIG", "grpcio-tools"):
+        assert need in section, need
