@@ -83,6 +83,38 @@ def _wait_log(ctd: Containerd, pod: PodContainer, text: str, timeout: float = 30
 
 
 # ------------------------------------------------------------------------------------------------
+# without the tools: the mirror, the naming
+
+
+def test_the_mirror_is_read_from_deb822_and_one_line_sources(tmp_path: Path) -> None:
+    deb822 = tmp_path / "debian.sources"
+    deb822.write_text("Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\n"
+                      "Components: main\n\nTypes: deb\nURIs: http://mirror.example/security\n"
+                      "Suites: bookworm-security\nComponents: main\n")
+    assert images.debian_mirror([deb822]) == ("http://mirror.example/debian", "http://mirror.example/security")
+    one_line = tmp_path / "sources.list"
+    one_line.write_text("# deb http://old.example/debian bookworm main\n"
+                        "deb [arch=amd64 signed-by=/k.gpg] http://one.example/debian/ bookworm main\n")
+    assert images.debian_mirror([one_line]) == ("http://one.example/debian", images.DEBIAN_SECURITY)
+    with pytest.raises(images.ImageError, match="no 'bookworm' entry"):
+        images.debian_mirror([tmp_path / "absent.list"])
+
+
+def test_an_archive_is_renamed_for_ctr_in_its_index_only(tmp_path: Path) -> None:
+    layer = oci.files_layer({"hello": (b"hi\n", 0o644)}, directories=["etc"])
+    source = oci.write_archive(tmp_path / "a.tar", "example/other:1", [layer], {"Cmd": ["/hello"]})
+    target = images.name_archive(source, tmp_path / "b.tar", images.BUSYBOX)
+    assert images.archive_names(target) == [images.BUSYBOX]
+    with tarfile.open(source) as a, tarfile.open(target) as b:
+        assert a.getnames() == b.getnames()
+        index = json.loads(b.extractfile("index.json").read())  # type: ignore[union-attr]
+        assert index["manifests"][0]["annotations"][oci.REF_NAME] == "latest"
+        for name in a.getnames():
+            if name.startswith("blobs/sha256/"):
+                assert a.extractfile(name).read() == b.extractfile(name).read()  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------------------------------------
 # the archives
 
 

@@ -31,31 +31,32 @@ first build pays for it (about a minute). What differs from the real base (``doc
 python:3.11-slim-bookworm``):
 
 * Python is Debian's python3.11 (3.11.2 with Debian's security patches, ``3.11.2-6+deb12uN``) in
-  /usr/bin, not python.org's CPython 3.11.x (the latest 3.11 patch release) built into /usr/local/bin;
-  ``python`` is python-is-python3's symlink to it. Debian splits the standard library: venv and ensurepip
-  come from python3.11-venv, distutils from python3-distutils, lib2to3 from python3-lib2to3; tkinter,
-  idle, the test suite are absent (so they are in the slim image, except the test suite).
-* pip in a venv is Debian's ensurepip wheel (pip 23.0.1 and setuptools 66.1.1 from python3-pip-whl and
-  python3-setuptools-whl), not the pip/setuptools/wheel the official image bundles; the base has no
-  system pip at all (the official image has /usr/local/bin/pip). The Dockerfile only uses pip inside
-  venvs, and installs its build backends from the hashed lock, so the wheels built are the same.
-* The standard library ships Debian's .pyc files in the package (the official image deletes every .pyc;
-  the Dockerfile compiles them anyway); site-packages is /usr/lib/python3/dist-packages.
-* No ``PYTHON_VERSION``/``GPG_KEY`` variables; ``Env`` is ``PATH`` (the official image's, /usr/local
-  first) and ``LANG=C.UTF-8``; ``Cmd ["python3"]``.
+  /usr/bin, not python.org's CPython 3.11.x (a later 3.11 patch release) built into /usr/local/bin;
+  ``python`` is python-is-python3's symlink. Debian splits the standard library: venv and ensurepip come
+  from python3.11-venv, distutils from python3-distutils, lib2to3 from python3-lib2to3; tkinter
+  (python3-tk), idlelib (idle-python3.11) and the test suite are absent (the official image has idlelib and
+  tkinter's Python files, without _tkinter, and strips the test suite too). The system site-packages is
+  /usr/lib/python3/dist-packages (empty), not /usr/local/lib/python3.11/site-packages.
+* pip inside a venv is the wheel Debian's ensurepip bundles (pip 23.0.1, setuptools 66.1.1, from
+  python3-pip-whl and python3-setuptools-whl), not the newer pip the official image bundles; there is no
+  system pip (the official image has /usr/local/bin/pip). The Dockerfile uses pip only inside venvs and
+  installs the locked build backends and dependencies by hash, so what lands in /opt/venv is the same.
+* The standard library's .pyc files are Debian's (py3compile at install, timestamp-based); the official
+  image ships none and the Dockerfile's compileall step makes them; here it finds nothing to do.
+* No ``PYTHON_VERSION``, ``PYTHON_SHA256``, ``GPG_KEY`` variables; ``Env`` is the official image's
+  ``PATH`` (/usr/local first) and ``LANG=C.UTF-8``; ``Cmd ["python3"]`` as there.
 * Packages: debootstrap's minbase plus :data:`STANDIN_PACKAGES` and their dependencies (openssl comes with
-  ca-certificates; libpython3.11 and its libraries), at today's bookworm point release; the official
-  image is debian:bookworm-slim plus ca-certificates, netbase, tzdata and the libraries its CPython links.
-  Both have bash, util-linux (lscpu) and libssl3.
-* One layer, files dated as packaged; the image's ``org.opencontainers.image.base.name`` label reads
-  ``docker.io/library/localhost/python-standin:...`` (the Dockerfile prefixes the build arg).
+  ca-certificates), at the current bookworm point release with its security updates, as of the first
+  build (the cache key has no date: delete the archive to refresh); the official image is
+  debian:bookworm-slim plus ca-certificates, netbase, tzdata and the libraries its CPython links. Both
+  have bash, util-linux (lscpu), libssl3 and apt.
+* One layer with the files' package times; the agent image's ``org.opencontainers.image.base.name`` label
+  reads ``docker.io/library/localhost/python-standin:...`` (the Dockerfile prefixes the build arg).
 * ``/etc/pip.conf`` says ``cert = /etc/ssl/certs/ca-certificates.crt`` (pip trusts the system bundle, as
   Debian's own pip does; the official image's pip uses its vendored certifi bundle), and the build
-  bind-mounts this machine's bundle (which may hold a TLS proxy's CA) over that file in the RUN steps only
-  (``buildah bud -v``): pip reaches PyPI through such a proxy, and the machine's bundle enters no image.
-  ``/etc/hostname``, ``/etc/resolv.conf`` and ``/etc/machine-id`` are empty files.
-* The standard library's .pyc files are Debian's (py3compile at install, timestamp-based); the official
-  image ships none, and the Dockerfile's compileall step finds nothing left to compile here.
+  bind-mounts this machine's bundle (which may hold a TLS proxy's CA, as here) over that file in the RUN
+  steps only (``buildah bud -v``): pip reaches PyPI through such a proxy, and the machine's bundle enters
+  no image. ``/etc/hostname``, ``/etc/resolv.conf`` and ``/etc/machine-id`` are empty files.
 
 VERSION, REVISION (HEAD), CREATED (the last commit's time) and SOURCE_DATE_EPOCH are passed as build args
 like ``make image`` does, but SOURCE_DATE_EPOCH is the time of the last commit that changed Dockerfile.s390x,
@@ -71,8 +72,10 @@ and the checks; push 2-3 s), 4 s when nothing changed; a new SOURCE_DATE_EPOCH c
 again); import into containerd 2.4.2 3 s (pause and busybox 0.1 s each).
 
 buildah runs with a storage of its own under the cache folder (``<cache>/buildah``, runroot under /run),
-so nothing touches /var/lib/containers. Needs root, buildah, debootstrap, gcc with libc6-dev (static libc),
-busybox-static and git: ``apt-get install buildah debootstrap gcc libc6-dev busybox-static git``.
+so nothing touches /var/lib/containers; the Dockerfile's ``RUN --mount=type=cache`` (pip's cache) lives
+where buildah 1.28 keeps cache mounts, /var/tmp/buildah-cache. Needs root, buildah, debootstrap, gcc with
+libc6-dev (static libc), busybox-static and git:
+``apt-get install buildah debootstrap gcc libc6-dev busybox-static git``.
 
 CLI::
 
