@@ -146,3 +146,27 @@ def test_the_chart_mounts_the_nri_socket_for_nri_and_auto_only(render: Render) -
     auto = mounts_of(render("--set", "cpusetEnforcement=auto"))
     assert {"nri-socket", "cri-socket", "kubelet-root"} <= auto.keys()
     assert auto["nri-socket"][1]["hostPath"]["path"] == "/var/run/nri"
+
+
+def test_auto_without_any_runtime_socket_is_off_with_one_warning_and_says_so() -> None:
+    from tests.plugin_harness import short_tmpdir
+    from topology_devkit.agent_process import AgentProcess, wait_until
+    from topology_devkit.kubelet_emulator import KubeletEmulator
+
+    root = short_tmpdir()
+    with KubeletEmulator(root) as k:
+        agent = AgentProcess(k, root, "--cpuset-enforcement", "auto", "--nri-socket", str(root / "no-nri.sock"),
+                             "--cri-socket", str(root / "no-cri.sock"),
+                             "--cpu-manager-state", str(root / "no-cpu-manager-state"))
+        try:
+            k.wait_registered("topology/book", timeout=30)
+            wait_until(lambda: agent.metric("topology_agent_cpuset_enforcement_mode", mode="none") == 1, 10,
+                       "the mode reported")
+            assert agent.metric("topology_agent_cpuset_enforcement_mode", mode="nri") == 0
+            warnings = [line for line in agent.log() if "cpuset enforcement off" in str(line.get("msg", ""))]
+            assert len(warnings) == 1 and warnings[0]["level"] == "warning", warnings
+            assert "neither an NRI socket answers nor a CRI socket exists" in warnings[0]["msg"]
+            status, body = agent.get("/readyz")
+            assert status == 200 and "cpuset enforcement" not in body
+        finally:
+            agent.stop()
