@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import cast
 
 import pytest
+from prometheus_client import generate_latest
 
 from agent.app.enforcement import IDLE_INTERVAL, CpusetEnforcement
 from agent.cri.client import ContainerInfo, ContainerStatusInfo, CriClient
 from agent.devices.table import NodeDevices
 from agent.errors import CriError
+from agent.observe.metrics import AgentMetrics
+from agent.observe.status import AgentStatus, EnforcementStatus
 from agent.plugin.servicer import render
 from agent.policy.allocation import AllocationSettings
 from agent.policy.cpuset import CpusetPlan, Update
@@ -211,3 +214,47 @@ def test_a_container_that_ends_between_the_list_and_its_status_is_skipped_not_a_
     plan = loop.step()
     assert plan is not None and plan.topology_containers == 0
     assert runtime.updates == [("alive", "0-7")]  # widened to the pool; the ended one left alone
+
+
+class RefusingRuntime(EndingRuntime):
+    """A runtime that refuses every update of one container (a sandboxed runtime, say) and takes the rest."""
+
+    def list_containers(self, running_only: bool = True) -> list[ContainerInfo]:
+        return [ContainerInfo(id=c, pod_sandbox_id=f"s-{c}", name=c, attempt=0, state="CONTAINER_RUNNING",
+                              created_at=0, labels={"io.kubernetes.pod.name": c,
+                                                    "io.kubernetes.pod.namespace": "ns",
+                                                    "io.kubernetes.container.name": c})
+                for c in ("sandboxed", "a", "b")]
+
+    def update_cpuset(self, container: str, cpus: str, mems: str = "") -> None:
+        if container == "sandboxed":
+            raise CriError(f"CRI UpdateContainerResources {container}: UNKNOWN: not supported by this runtime",
+                           "UNKNOWN")
+        super().update_cpuset(container, cpus, mems)
+
+
+def test_a_container_the_runtime_refuses_costs_that_container_only(caplog: pytest.LogCaptureFixture) -> None:
+    settings = GroupingSettings(levels=("book",))
+    devices = NodeDevices(group_topology(load_embedded("z16-lpar"), settings), settings, AllocationSettings(), render)
+    runtime = RefusingRuntime()
+    loop = CpusetEnforcement(cast(CriClient, runtime), devices, {}, "topology.s390x.ibm.com",
+                             online=lambda: frozenset(range(8)), reserved=frozenset(), shared_pool=True,
+                             cpu_manager_policy=lambda: None, interval=2.0)
+    with caplog.at_level("WARNING", logger="topology-agent.cpuset"):
+        for _ in range(3):
+            assert loop.step() is not None  # no step fails: no backoff grows
+    assert runtime.updates == [("a", "0-7"), ("b", "0-7")]  # pinned in the first step, the refused one aside
+    assert not loop.failing and loop.readiness_note() is None
+    assert loop.counters.container_refusals == 3 and loop.counters.refusing == 1
+    said = [r for r in caplog.records if "sandboxed" in r.getMessage()]
+    assert len(said) == 1  # once per container, not once per step
+    metrics = AgentMetrics()
+    metrics.read_status(lambda: AgentStatus(machine="z16", fidelity="full", dispatching="horizontal", smt=2, groups=(),
+                                            resources=(), ready=True, enforcement=EnforcementStatus(
+                                                refused=False, failing=False, topology_containers=0, pinned=0,
+                                                updates={}, pool_cpus=8, pool_empty=False,
+                                                container_refusals=loop.counters.container_refusals,
+                                                refusing=loop.counters.refusing)))
+    text = generate_latest(metrics.registry).decode()
+    assert "topology_agent_cpuset_container_refusals_total 3.0" in text
+    assert "topology_agent_cpuset_containers_refusing 1.0" in text

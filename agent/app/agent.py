@@ -212,7 +212,7 @@ class Agent:
         return EnforcementStatus(refused=c.refused is not None, failing=self.enforcement.failing and c.refused is None,
                                  topology_containers=c.topology_containers, pinned=c.pinned,
                                  updates=dict(c.updates), pool_cpus=c.pool_cpus, pool_empty=c.pool_empty,
-                                 steps=c.steps)
+                                 steps=c.steps, container_refusals=c.container_refusals, refusing=c.refusing)
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:

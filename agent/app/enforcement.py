@@ -3,9 +3,12 @@ that lists the running containers over CRI, plans their cpusets (:mod:`agent.pol
 applies what differs with ``UpdateContainerResources``, as kubelet's CPU manager does.
 
 Never on the Allocate path, and never in the way of device serving: a failing or absent runtime is
-retried with backoff and reported. It is refused while kubelet runs the static CPU manager policy
-(kubelet reconciles cpusets itself: the two would fight). Nothing is persisted: container ids and
-pins are rebuilt from pod-resources and the runtime after a restart.
+retried with backoff and reported. A runtime that refuses one container's update (a sandboxed
+runtime, say) costs that container only: it is said once, counted, and tried again at the next
+step, while every other container is still updated in the same step. It is refused while kubelet
+runs the static CPU manager policy (kubelet reconciles cpusets itself: the two would fight).
+Nothing is persisted: container ids and pins are rebuilt from pod-resources and the runtime after a
+restart.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ log = logging.getLogger("topology-agent.cpuset")
 
 RECHECK = 60.0  # seconds after which a container's cpuset is read from the runtime again
 IDLE_INTERVAL = 30.0  # seconds between looks while no device is held and nothing needed updating
+RUNTIME_DOWN = frozenset({"UNAVAILABLE", "CANCELLED", "NO_SOCKET", "NO_ACCESS"})  # codes that fail the whole step
 
 
 @dataclass
@@ -40,6 +44,8 @@ class EnforcementCounters:
     pool_cpus: int = 0  # CPUs in the shared pool at the last step
     pool_empty: bool = False
     refused: str | None = None  # why enforcement is refused (kubelet's static CPU manager), or None
+    container_refusals: int = 0  # calls the runtime refused for one container (the step went on)
+    refusing: int = 0  # containers whose last call the runtime refused
 
 
 class CpusetEnforcement:
@@ -66,6 +72,7 @@ class CpusetEnforcement:
         self._enforced: dict[DeviceKey, list[str]] = {}
         self._fast_until = 0.0
         self._failing: str | None = None
+        self._refusing: dict[str, str] = {}  # container id -> why the runtime refused its last call (said once)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -160,6 +167,8 @@ class CpusetEnforcement:
         alive = {c.id for c in containers}
         for gone in set(self._cache) - alive:
             del self._cache[gone]
+        for gone in set(self._refusing) - alive - {i.id for i in listed}:
+            del self._refusing[gone]
         self._first_pinned &= alive
         plan = plan_cpusets(containers, self.devices.holder_identities(), self.devices.held_keys(), self.groups,
                             self.online(), self.reserved, self.shared_pool)
@@ -177,8 +186,12 @@ class CpusetEnforcement:
                 if exc.code == "NOT_FOUND":  # the container ended meanwhile
                     self._cache.pop(update.container, None)
                     continue
-                raise
+                if exc.code in RUNTIME_DOWN:
+                    raise
+                self._refused(update.container, "/".join(update.identity), exc)
+                continue
             self._count(update.kind, "ok")
+            self._refusing.pop(update.container, None)
             if update.kind == "topology":
                 pinned += 1
             cpus = frozenset(parse_cpulist(update.cpus))
@@ -194,6 +207,7 @@ class CpusetEnforcement:
                     self.observe_pinned(max(0.0, time.time() - update.created_at))
         self.counters.topology_containers = plan.topology_containers
         self.counters.pinned = pinned
+        self.counters.refusing = len(self._refusing)
         self._record_enforced(containers)
         return plan
 
@@ -206,7 +220,10 @@ class CpusetEnforcement:
             except CriError as exc:
                 if exc.code == "NOT_FOUND":
                     return None
-                raise
+                if exc.code in RUNTIME_DOWN:
+                    raise
+                self._refused(info.id, f"{info.pod_namespace}/{info.pod_name}/{info.container_name}", exc)
+                return None
             cached = (frozenset(parse_cpulist(status.cpuset_cpus)), status.cpuset_mems, time.monotonic())
             self._cache[info.id] = cached
         groups = info.annotations.get(f"{self.domain}/groups", "")
@@ -215,6 +232,15 @@ class CpusetEnforcement:
             mems=cached[1], annotated_groups=tuple(g for g in groups.split(",") if g),
             annotated_resource=info.annotations.get(f"{self.domain}/resource", ""),
             created_at=info.created_at / 1e9)
+
+    def _refused(self, container: str, who: str, exc: CriError) -> None:
+        """The runtime refused a call for this container alone: said once per container, counted every time."""
+        self.counters.container_refusals += 1
+        if container not in self._refusing:
+            log.warning("the runtime refuses cpuset calls for %s (container %s), which stays as it is; the others "
+                        "are still updated, and this one is tried again at every step: %s", who, container[:13], exc,
+                        extra={"reason": str(exc)})
+        self._refusing[container] = str(exc)
 
     def _count(self, kind: str, result: str) -> None:
         key = (kind, result)

@@ -188,6 +188,11 @@ class StatusCollector(Collector):
                 for result in ("ok", "error"):
                     updates.add_metric([kind, result], e.updates.get((kind, result), 0))
             yield updates
+            yield CounterMetricFamily(f"{PREFIX}_cpuset_container_refusals",
+                                      "cpuset calls the runtime refused for one container (the others went on)",
+                                      value=e.container_refusals)
+            yield GaugeMetricFamily(f"{PREFIX}_cpuset_containers_refusing",
+                                    "Containers whose last cpuset call the runtime refused", value=e.refusing)
             yield GaugeMetricFamily(f"{PREFIX}_cpuset_shared_pool_cpus", "CPUs of the shared pool", value=e.pool_cpus)
             yield GaugeMetricFamily(f"{PREFIX}_cpuset_shared_pool_empty",
                                     "1 when the shared pool would be empty (nobody is shrunk)",

@@ -26,6 +26,8 @@ class EnforcementStatus:
     pool_cpus: int  # CPUs of the shared pool (every online CPU without --shared-pool)
     pool_empty: bool  # the pool would be empty: nobody is shrunk
     steps: int = 0  # looks at the runtime so far
+    container_refusals: int = 0  # calls the runtime refused for one container (the others went on)
+    refusing: int = 0  # containers whose last call the runtime refused
 
 
 @dataclass(frozen=True, slots=True)
