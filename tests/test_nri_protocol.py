@@ -250,7 +250,7 @@ def test_without_a_runtime_the_plugin_backs_off_and_stops_at_once() -> None:
 
 
 def test_a_registration_the_runtime_never_answers_times_out_and_is_retried(runtime: FakeRuntime) -> None:
-    plugin = NriPlugin(Recorder(), runtime.path, backoff=(0.05, 0.2))
+    plugin = NriPlugin(Recorder(), runtime.path, backoff=(0.05, 0.2), register_timeout=0.5)
     accepted = threading.Event()
 
     def silent() -> None:
@@ -266,6 +266,20 @@ def test_a_registration_the_runtime_never_answers_times_out_and_is_retried(runti
         wait_until(lambda: "cannot register" in plugin.state.last_error, 10, "the registration timed out")
         runtime.drop()
         runtime.handshake()  # the next attempt registers
+        assert plugin.wait_registered(5)
+    finally:
+        plugin.stop()
+
+
+def test_a_runtime_that_registers_but_never_synchronizes_is_dialed_again(runtime: FakeRuntime) -> None:
+    plugin = NriPlugin(Recorder(), runtime.path, backoff=(0.05, 0.2), register_timeout=0.3)
+    plugin.start()
+    try:
+        runtime.accept()
+        runtime.serve_register()  # then silence: no Configure, no Synchronize
+        wait_until(lambda: "no Synchronize" in plugin.state.last_error, 5, "the plugin gave up on it")
+        runtime.drop()
+        runtime.handshake()
         assert plugin.wait_registered(5)
     finally:
         plugin.stop()

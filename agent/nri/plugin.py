@@ -89,13 +89,14 @@ class PluginState:
 class NriPlugin:
     def __init__(self, handlers: Handlers, socket_path: Path = Path(DEFAULT_SOCKET), *, name: str = "topology-agent",
                  index: str = "10", dial_timeout: float = 1.0, backoff: tuple[float, float] = (0.1, 5.0),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 register_timeout: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.handlers = handlers
         self.socket_path = socket_path
         self.name = name
         self.index = index
         self.dial_timeout = dial_timeout
         self.backoff = backoff
+        self.register_timeout = register_timeout  # the runtime's own default registration timeout
         self.clock = clock
         self.state = PluginState()
         self._sync_parts: list[tuple[list[nri.PodSandbox], list[nri.Container]]] = []
@@ -158,16 +159,23 @@ class NriPlugin:
         self._sync_parts = []
         trunk = Trunk(sock, self.serve)
         self._trunk = trunk
+        if self._stop.is_set():  # stop() came before this trunk was known to it
+            trunk.close()
+            return False
         trunk.start()
         try:
             request = nri.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.index)
-            answer = trunk.call(RUNTIME_SERVICE, "RegisterPlugin", request.SerializeToString(), timeout=5.0)
+            answer = trunk.call(RUNTIME_SERVICE, "RegisterPlugin", request.SerializeToString(),
+                                timeout=self.register_timeout)
             if answer.code != OK:
                 raise TrunkClosed(f"registration refused: {answer.message} (code {answer.code})")
         except (TrunkClosed, CallTimeout) as exc:
             trunk.close(str(exc))
             self._failed(f"cannot register with {self.socket_path}: {exc}")
             return False
+        # Configure and Synchronize follow at once; a runtime that sends neither is dialed again.
+        if not self._synced.wait(2 * self.register_timeout) and not trunk.closed:
+            trunk.close(f"registered, but no Synchronize within {2 * self.register_timeout:.0f} s")
         trunk.wait_closed()
         synced = self._synced.is_set()
         self.state.registered = False
