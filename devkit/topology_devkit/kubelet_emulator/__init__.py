@@ -16,14 +16,39 @@ Example::
         env = kubelet.start_container("default", "p", "c")
 """
 
-from .calls import CallLog
-from .constants import HEALTHY, UNHEALTHY, VERSION
-from .emulator import KubeletEmulator
-from .errors import AdmissionError, ContainerStartError, KubeletNotRunningError
-from .model import Container, ContainerAllocation, PluginCall, Pod
-from .names import is_extended_resource_name
-from .ratelimit import TokenBucket
-from .runopts import RunContainerOptions
+from typing import TYPE_CHECKING, Any
+
+# Lazy (PEP 562): importing a grpc-free helper module of this package (``names``, ``constants``) must
+# not import grpc, so the s390x smoke lane (no grpcio) can run the pure tests that use them.
+_WHERE = {
+    "CallLog": "calls", "HEALTHY": "constants", "UNHEALTHY": "constants", "VERSION": "constants",
+    "KubeletEmulator": "emulator", "AdmissionError": "errors", "ContainerStartError": "errors",
+    "KubeletNotRunningError": "errors", "Container": "model", "ContainerAllocation": "model",
+    "PluginCall": "model", "Pod": "model", "is_extended_resource_name": "names", "TokenBucket": "ratelimit",
+    "RunContainerOptions": "runopts",
+}
+
+if TYPE_CHECKING:
+    from .calls import CallLog
+    from .constants import HEALTHY, UNHEALTHY, VERSION
+    from .emulator import KubeletEmulator
+    from .errors import AdmissionError, ContainerStartError, KubeletNotRunningError
+    from .model import Container, ContainerAllocation, PluginCall, Pod
+    from .names import is_extended_resource_name
+    from .ratelimit import TokenBucket
+    from .runopts import RunContainerOptions
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "HEALTHY",
