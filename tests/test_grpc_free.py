@@ -64,5 +64,6 @@ def test_the_emulator_package_still_exports_everything_lazily() -> None:
     import topology_devkit.kubelet_emulator as package
 
     assert sorted(package.__all__) == sorted(package._WHERE)
+    pytest.importorskip("grpc", reason="the emulator itself needs grpc (absent on the s390x lane)")
     for name in package.__all__:
         assert getattr(package, name) is not None
