@@ -162,7 +162,7 @@ def test_with_the_cri_path_the_first_line_is_every_cpu(ctd2: Containerd) -> None
             agent.stop()
 
 
-def test_auto_is_nri_when_the_socket_answers_and_the_shared_pool_holds_from_the_first_line(
+def test_auto_is_nri_when_the_socket_answers_and_the_shared_pool_holds_from_the_first_line_and_widens(
         ctd2: Containerd) -> None:
     root = short_tmpdir()
     topology, (a, b) = two_books(ctd2, root)
@@ -180,6 +180,11 @@ def test_auto_is_nri_when_the_socket_answers_and_the_shared_pool_holds_from_the_
             assert ctd2.wait_cpus_allowed(web.container_id, other, timeout=5) == other  # moved in llm's reply
             plain = ctd2.run_pod("plain", container="c", command=FIRST_LINE)  # started after: never on llm's book
             assert first_line(ctd2, plain) == other
+            k.delete_pod("default", "llm")  # kubelet no longer lists it: its book is free, no runtime event comes
+            both = format_cpulist([a, b])
+            assert ctd2.wait_cpus_allowed(web.container_id, both, timeout=10) == both  # unsolicited, containerd 2.4
+            assert ctd2.wait_cpus_allowed(plain.container_id, both, timeout=5) == both
+            assert agent.metric("topology_agent_cpuset_updates_total", kind="widen", result="ok") >= 2
             for pod in (plain, llm, web):
                 ctd2.remove_pod(pod)
         finally:

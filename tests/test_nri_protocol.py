@@ -15,7 +15,7 @@ import pytest
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
 from agent.nri import wire
-from agent.nri.plugin import EVENTS, PLUGIN_SERVICE, RUNTIME_SERVICE, NriPlugin
+from agent.nri.plugin import EVENTS, PLUGIN_SERVICE, RUNTIME_SERVICE, NriPlugin, nri_version_at_least
 from agent.nri.wire import Demux, Request, Response, messages, mux_frames, ttrpc_message
 from tests.plugin_harness import short_tmpdir
 from topology_devkit.agent_process import wait_until
@@ -283,3 +283,10 @@ def test_a_runtime_that_registers_but_never_synchronizes_is_dialed_again(runtime
         assert plugin.wait_registered(5)
     finally:
         plugin.stop()
+
+
+def test_unsolicited_updates_only_from_nri_v0_12_1_on() -> None:
+    """Before NRI v0.12.1 (containerd before 2.4) an unsolicited UpdateContainers can deadlock the runtime."""
+    assert nri_version_at_least("v0.12.3", (0, 12, 1)) and nri_version_at_least("v0.13.0-rc.1", (0, 12, 1))
+    assert not nri_version_at_least("v0.12.0", (0, 12, 1))
+    assert not nri_version_at_least("", (0, 12, 1)) and not nri_version_at_least("unknown", (0, 12, 1))

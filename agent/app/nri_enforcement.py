@@ -12,8 +12,10 @@ containers the runtime told about), never from I/O inside a handler.
   Remove forget the container, and their replies widen the others when the pool grew back.
 
 Refused, like the CRI loop, while kubelet runs the static CPU manager policy (it answers nothing).
-Nothing is sent unsolicited: the pool widens at the next event, not when pod-resources notices a
-pod has gone (an unsolicited UpdateContainers can deadlock containerd before 2.4).
+When devices change hands outside any event (pod-resources notices a pod has gone, its group is
+free), the others are widened back with an unsolicited ``UpdateContainers`` from a thread of its
+own, only on runtimes whose NRI is v0.12.1 or later (containerd 2.4+: before, it can deadlock
+containerd); on older runtimes the pool widens at the next event's reply.
 """
 
 from __future__ import annotations
@@ -82,16 +84,44 @@ class NriEnforcement:
         self.plugin = NriPlugin(self, socket_path, index=plugin_index)
         self._containers: dict[str, RunningContainer] = {}
         self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     # --- lifecycle (as the CRI loop's) ----------------------------------------------------------
     def start(self) -> None:
         self.plugin.start()
+        if self.shared_pool:
+            self.devices.add_listener(self.changed)
+            self._thread = threading.Thread(target=self._run, name="nri-pool", daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
         self.plugin.stop()
 
     def changed(self) -> None:
-        """Devices changed hands: nothing to do now (the next event's reply carries what follows)."""
+        """Devices changed hands (never blocks: the publishing thread calls it)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        """Widen (or confine) the known containers when the pool changed outside any event."""
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop.is_set() or not self.plugin.state.registered or not self.plugin.unsolicited_safe:
+                continue
+            try:
+                updates = self._others_now()
+                if updates:
+                    failed = self.plugin.update_containers(updates)
+                    log.info("updated %d containers to the shared pool outside an event%s", len(updates),
+                             f" ({len(failed)} failed)" if failed else "", extra={"reason": "pool"})
+            except Exception as exc:  # the next event's reply carries them anyway
+                log.warning("could not update containers to the shared pool now (%s); the next event will", exc)
 
     # --- what it reports ----------------------------------------------------------------------------
     @property

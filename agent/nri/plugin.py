@@ -82,6 +82,7 @@ class PluginState:
     synchronizations: int = 0
     request_timeout: float = 2.0  # the runtime's, from Configure
     last_error: str = ""
+    nri_version: str = ""  # the runtime's NRI module version, from Configure (NRI v0.12+)
     events: dict[str, int] = field(default_factory=dict)  # method -> count
     slowest: float = 0.0  # seconds: the slowest answer so far
 
@@ -185,6 +186,27 @@ class NriPlugin:
         trunk.join()
         return synced
 
+    @property
+    def unsolicited_safe(self) -> bool:
+        """The runtime takes unsolicited UpdateContainers without the deadlock of NRI before v0.12.1
+        (containerd before 2.4)."""
+        return nri_version_at_least(self.state.nri_version, (0, 12, 1))
+
+    def update_containers(self, updates: list[nri.ContainerUpdate], timeout: float = 2.0) -> list[str]:
+        """Unsolicited updates (never from inside an event handler: containerd holds its NRI lock for the
+        whole event); the ids the runtime failed. Raises TrunkClosed, CallTimeout or RuntimeError."""
+        trunk = self._trunk
+        if trunk is None or not self.state.registered:
+            raise TrunkClosed("not registered")
+        if not self.unsolicited_safe:
+            raise RuntimeError(f"the runtime's NRI {self.state.nri_version or '(unknown)'} can deadlock on "
+                               "unsolicited updates (before v0.12.1)")
+        answer = trunk.call(RUNTIME_SERVICE, "UpdateContainers",
+                            nri.UpdateContainersRequest(update=updates).SerializeToString(), timeout)
+        if answer.code != OK:
+            raise RuntimeError(f"UpdateContainers refused: {answer.message} (code {answer.code})")
+        return [u.container_id for u in nri.UpdateContainersResponse.FromString(answer.payload).failed]
+
     def _failed(self, reason: str) -> None:
         if reason != self.state.last_error:
             log.warning("NRI: %s; dialing again with backoff", reason, extra={"reason": reason})
@@ -263,6 +285,7 @@ class NriPlugin:
     def _configure(self, request: nri.ConfigureRequest) -> nri.ConfigureResponse:
         self.state.runtime = f"{request.runtime_name} {request.runtime_version}".strip()
         self.state.request_timeout = request.request_timeout / 1000 if request.request_timeout > 0 else 2.0
+        self.state.nri_version = request.NRI_version
         log.info("NRI: configured by %s (request timeout %.1f s)", self.state.runtime or "the runtime",
                  self.state.request_timeout)
         return nri.ConfigureResponse(events=EVENTS)
@@ -289,6 +312,16 @@ class NriPlugin:
 
 
 _NO_UPDATES: list[nri.ContainerUpdate] = []
+
+
+def nri_version_at_least(text: str, wanted: tuple[int, int, int]) -> bool:
+    """``v0.12.3`` (or ``v0.12.3-0.2026...`` pseudo-versions) is at least ``wanted``; unknown is not."""
+    parts = text.removeprefix("v").split("-", 1)[0].split(".")
+    try:
+        numbers = tuple(int(p) for p in parts[:3])
+    except ValueError:
+        return False
+    return len(numbers) == 3 and numbers >= wanted
 
 
 class _Unimplemented(Exception):
