@@ -112,6 +112,7 @@ class Refusal(AgentError):
 
     ``invalid``: ids that are unknown, duplicated or missing (INVALID_ARGUMENT).
     ``conflict``: a device overlapping a held one (FAILED_PRECONDITION).
+    ``unhealthy``: a group that lost CPUs since it was advertised (FAILED_PRECONDITION).
     """
 
     def __init__(self, kind: str, message: str) -> None:

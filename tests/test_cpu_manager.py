@@ -182,3 +182,15 @@ def test_reserved_system_cpus_malformed(tmp_path: Path, text: str, message: str)
     path.write_text(text)
     with pytest.raises(KubeletConfigError, match=message):
         read_reserved_system_cpus(path)
+
+
+def test_a_changed_policy_is_noticed_without_rescans() -> None:
+    from tests.plugin_harness import running_node, short_tmpdir
+
+    state = short_tmpdir() / "cpu_manager_state"
+    state.write_text(NONE)
+    with running_node(rescan_interval=0.0, cpu_manager_state=state) as node:
+        assert node.agent.reporter.cpu_manager_policy == "none"
+        state.write_text(STATIC)  # kubelet restarted with cpuManagerPolicy: static (--rescan-interval 0)
+        node.kubelet.wait_for(lambda: node.agent.reporter.cpu_manager_policy == "static", timeout=10,
+                              what="the static policy noticed")

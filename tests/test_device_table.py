@@ -238,3 +238,20 @@ def test_a_socket_request_leaves_the_most_whole_books_free() -> None:
     books = devices.table(BOOK)
     books.admit([["drawer1-book4"]])
     assert books.preferred(sorted(set(books.groups) - {"drawer1-book4"}), [], 1) == ["drawer1-book5"]
+
+
+def test_allocate_of_a_group_whose_cpus_went_offline_is_refused() -> None:
+    import dataclasses
+
+    from agent.topology.model import Topology
+    base = load_embedded("z16-lpar")
+    devices = node()
+    devices.apply_topology(Topology(machine=base.machine, cpus=tuple(
+        dataclasses.replace(c, online=c.cpu != 13) for c in base.cpus)))  # cpu 13: drawer0-book1(-socket0)
+    with pytest.raises(Refusal) as refused:
+        devices.table(BOOK).admit([["drawer0-book1"]])  # kubelet acting on a snapshot from before the rescan
+    assert refused.value.kind == "unhealthy" and "offline" in refused.value.message
+    assert devices.held_keys() == frozenset()  # nothing recorded
+    devices.table(BOOK).admit([["drawer0-book0"]])  # whole groups are still handed out
+    devices.apply_topology(base)
+    devices.table(BOOK).admit([["drawer0-book2"]])

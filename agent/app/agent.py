@@ -115,7 +115,17 @@ class Agent:
         if self.pod_resources_loop.current_delay > self.config.pod_resources_interval:
             self.pod_resources_loop.wake()  # it was idling slowly: back to the fast pace now
 
+    def check_cpu_manager(self) -> None:
+        """Read kubelet's CPU manager state again when its file changed (a stat per file otherwise): kubelet
+        takes a new policy only when it restarts, so this runs with every List and every rescan, and a
+        changed policy is seen with rescans off (``--rescan-interval 0``) too."""
+        policy = self.reporter.cpu_manager_policy
+        self.reporter.check_cpu_manager()
+        if policy != self.reporter.cpu_manager_policy:
+            self.label_loop.wake()
+
     def sync_pod_resources(self) -> None:
+        self.check_cpu_manager()
         started = time.monotonic()
         rows = self.pod_resources.list()
         if self.pod_resources.replaced:  # kubelet restarted: seen here too, in case this List beat the plugin manager
@@ -133,10 +143,7 @@ class Agent:
         full read runs when it changed, every ``full_rescan_every`` rescans (PR/SM can move CPUs
         between books without any of those changing), and when ``full`` is asked (SIGHUP).
         """
-        policy = self.reporter.cpu_manager_policy
-        self.reporter.check_cpu_manager()
-        if policy != self.reporter.cpu_manager_policy:
-            self.label_loop.wake()
+        self.check_cpu_manager()
         if self.loader is None:
             return
         fingerprint = self.fingerprint() if self.fingerprint is not None else None

@@ -106,15 +106,23 @@ class DeviceTable(Generic[W]):
     def admit(self, requests: Sequence[Sequence[str]]) -> list[Answer[W]]:
         """The answers for one Allocate's container requests, after recording their devices as held.
 
-        All or nothing: Refusal("invalid") for bad ids, Refusal("conflict") when a device overlaps a
-        device of another resource that is held; then nothing is recorded.
+        All or nothing: Refusal("invalid") for bad ids, Refusal("unhealthy") for a group that lost CPUs
+        (offline, standby, moved: its answer would name CPUs that are gone), Refusal("conflict") when a
+        device overlaps a device of another resource that is held; then nothing is recorded.
         """
         node = self._node
         if not requests:
             raise Refusal("invalid", f"{self.resource}: Allocate request has no container requests")
         answers = [self._answers.get(tuple(ids)) or self._answer(ids) for ids in requests]
         with node.lock:
-            admission = node.ledger.admit(self.resource, [a.plan.groups for a in answers], node.clock(), node.overlap)
+            broken = next(((self.resource, d) for a in answers for d in a.plan.groups
+                           if (self.resource, d) in node.broken), None)
+            why = node.broken.get(broken) if broken is not None else None
+            if why is None:
+                admission = node.ledger.admit(self.resource, [a.plan.groups for a in answers], node.clock(),
+                                              node.overlap)
+        if broken is not None:  # kubelet acted on a snapshot from before the rescan that found it
+            raise Refusal("unhealthy", f"{self.resource}: {broken[1]} is not whole: {why}")
         if admission.refused is not None:
             raise Refusal("conflict", f"{self.resource}: {admission.refused}")
         if admission.changed:  # publish the new blocked set right after, off this path

@@ -24,7 +24,8 @@ log = logging.getLogger("topology-agent.plugin")
 # containers' wires and nothing is built or serialized again per call.
 Wire = bytes
 SERVICE = "v1beta1.DevicePlugin"
-REFUSAL_CODES = {"invalid": grpc.StatusCode.INVALID_ARGUMENT, "conflict": grpc.StatusCode.FAILED_PRECONDITION}
+REFUSAL_CODES = {"invalid": grpc.StatusCode.INVALID_ARGUMENT, "conflict": grpc.StatusCode.FAILED_PRECONDITION,
+                 "unhealthy": grpc.StatusCode.FAILED_PRECONDITION}
 
 
 class Observer(Protocol):
