@@ -6,9 +6,10 @@ index) on conn 2; the runtime sends ``Configure`` (we answer the event mask) and
 (every pod and container: we answer updates for the existing ones, all in the final reply of a
 split sync). Then the events: ``CreateContainer`` (the adjustment of the new container and updates
 of others, in the reply), ``UpdateContainer``, ``StopContainer``, ``RemoveContainer``, and the
-deprecated ``StateChange`` of runtimes before NRI v0.12. Nothing is ever sent unsolicited (an
-``UpdateContainers`` from a plugin can deadlock containerd before 2.4, and waits for containerd's
-lock from inside an event).
+deprecated ``StateChange`` of runtimes before NRI v0.12. Changes to containers go in the events'
+replies; :meth:`NriPlugin.update_containers` (unsolicited) refuses runtimes before NRI v0.12.1,
+where it can deadlock containerd, and must never be called from inside an event handler (containerd
+holds its NRI lock for the whole event).
 
 Every answer comes from :class:`Handlers`, whose methods decide from memory; a handler that raises
 gets an empty answer (the container is created unadjusted, never failed by our bug). The runtime
