@@ -37,6 +37,7 @@ DEFAULT_CLUSTER = "topology-e2e"
 HOW = ("run `make e2e` (a real cluster on this machine) or `make kind-test` (tests/e2e/run.sh, needs Docker, kind "
        "and kubectl)")
 REPO = Path(__file__).resolve().parents[2]
+WORKER_LABEL = "topology-e2e/worker"
 
 
 def _run(argv: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str]:
@@ -208,6 +209,29 @@ def pod_namespace(core: Any, e2e_env: E2EEnv) -> Iterator[str]:
             raise
     yield name
     core.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def node(core: Any, e2e_env: E2EEnv) -> str:
+    """The first worker (the local lane has one)."""
+    nodes = sorted(n.metadata.name for n in core.list_node(label_selector=f"{WORKER_LABEL}=true").items)
+    assert nodes, f"no node labelled {WORKER_LABEL}=true"
+    return nodes[0]
+
+
+@pytest.fixture(scope="session")
+def exp(e2e_env: E2EEnv, node: str) -> Any:
+    """What that node advertises (tests.e2e.snapshots.Expected)."""
+    from tests.e2e.snapshots import expected
+
+    return expected(e2e_env.snapshots, node, e2e_env.prefix)
+
+
+@pytest.fixture(scope="session")
+def local(e2e_env: E2EEnv) -> E2EEnv:
+    if e2e_env.lane != "local":
+        pytest.skip(f"needs the node's own files and processes (the local lane), not {e2e_env.lane}")
+    return e2e_env
 
 
 @pytest.fixture(autouse=True)

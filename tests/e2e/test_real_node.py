@@ -20,33 +20,14 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import E2EEnv
-from tests.e2e.snapshots import Expected, expected
-from tests.e2e.test_e2e import ENV_CONTRACT, WORKER_LABEL, delete_pods, free_cpu_millis, wait_for
+from tests.e2e.snapshots import Expected
+from tests.e2e.test_e2e import ENV_CONTRACT, delete_pods, free_cpu_millis, wait_for
 
 pytestmark = pytest.mark.e2e
 
 KUBELET_ROOT = Path("/var/lib/kubelet")
 POD_RESOURCES = KUBELET_ROOT / "pod-resources" / "kubelet.sock"
 AGENT_PREFIX = "topology.s390x.ibm.com"
-
-
-@pytest.fixture(scope="module")
-def node(core: Any, e2e_env: E2EEnv) -> str:
-    nodes = sorted(n.metadata.name for n in core.list_node(label_selector=f"{WORKER_LABEL}=true").items)
-    assert nodes, f"no node labelled {WORKER_LABEL}=true"
-    return nodes[0]
-
-
-@pytest.fixture(scope="module")
-def exp(e2e_env: E2EEnv, node: str) -> Expected:
-    return expected(e2e_env.snapshots, node, e2e_env.prefix)
-
-
-@pytest.fixture(scope="module")
-def local(e2e_env: E2EEnv) -> E2EEnv:
-    if e2e_env.lane != "local":
-        pytest.skip(f"needs the node's own files and processes (the local lane), not {e2e_env.lane}")
-    return e2e_env
 
 
 def agent_pod(core: Any, env: E2EEnv, node: str, timeout: float = 120) -> Any:
