@@ -166,16 +166,21 @@ class Agent:
         return exclusivity_confirmed(self.config, self.devices)
 
     def readiness(self) -> tuple[bool, str]:
-        """Ready: every advertised resource is registered and kubelet watches it, and pod-resources
-        confirms who holds what (trivially ready with nothing to advertise). The text says why not."""
+        """Ready: every advertised resource is registered and kubelet watches it (trivially ready with
+        nothing to advertise). The text says why not, and what else is amiss.
+
+        Readiness gates DaemonSet rollouts (and ``helm --wait``) and nothing else: no Service routes
+        to the agent. Whether pod-resources confirms who holds what is therefore said in the text, in
+        ``topology_agent_exclusivity_confirmed`` and in the node annotation, not with a 503: a wrong
+        kubelet root would otherwise stall every rollout while devices are served and holds kept."""
         if not self.devices.tables:
             return True, "ready (nothing to advertise)"
         if not self.manager.ready():
             return False, "not registered with kubelet"
-        if not self.exclusivity_confirmed():
-            return False, ("exclusivity unconfirmed: pod-resources does not answer, so devices handed out stay "
-                           "held and their overlapping devices blocked until it does")
         note = self.enforcement.readiness_note() if self.enforcement is not None else None
+        if not self.exclusivity_confirmed():
+            note = ("exclusivity unconfirmed: pod-resources does not answer, so devices handed out stay held and "
+                    "their overlapping devices blocked until it does" + (f"; {note}" if note else ""))
         return True, f"ready ({note})" if note else "ready"
 
         if note is None and self.enforcement_mode != "none":
