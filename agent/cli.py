@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
     from agent.app.config import AgentConfig
     from agent.policy.allocation import AllocationSettings
+    from agent.policy.dra import PoolPlan
+    from agent.policy.grouping import Grouping
 
 ENV_PREFIX = "TOPOLOGY_AGENT_"
 
@@ -157,6 +159,28 @@ def enforcement_line(enforcement: dict[str, str]) -> str:
     return f"cpuset enforcement: {enforcement['mode']} ({enforcement['reason']})\n"
 
 
+def add_mode_flag(parser: argparse.ArgumentParser) -> None:
+    _add(parser, "--mode", "deviceplugin", choices=("deviceplugin", "dra"),
+         help="deviceplugin: advertise groups over kubelet's device-plugin API; dra: publish them as Dynamic "
+              "Resource Allocation devices (ResourceSlices, a kubelet DRA plugin; README \"DRA mode\"). One "
+              "node serves its resource names by one of them only")
+
+
+def dra_plan(args: argparse.Namespace, topology: Topology, grouping: Grouping) -> PoolPlan | None:
+    """What DRA mode would publish for this node (None in device-plugin mode)."""
+    if getattr(args, "mode", "deviceplugin") != "dra":
+        return None
+    import socket
+
+    from agent.policy.dra import SliceSettings, build_pool
+
+    node = os.environ.get("NODE_NAME") or socket.gethostname().lower()
+    try:
+        return build_pool(grouping, topology, SliceSettings(node))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_discover(args: argparse.Namespace) -> int:
     from agent.observe.report import grouping_dict, table
 
@@ -164,11 +188,18 @@ def cmd_discover(args: argparse.Namespace) -> int:
     topology = topology_from(args)
     grouping = group_topology(topology, settings)
     enforcement = enforcement_here(args)
+    plan = dra_plan(args, topology, grouping)
     if args.format == "json":
-        sys.stdout.write(json.dumps({**grouping_dict(topology, grouping), "cpuset_enforcement": enforcement},
-                                    indent=2) + "\n")
+        from agent.policy.dra import pool_dict
+
+        dra = {"dra": pool_dict(plan)} if plan is not None else {}
+        sys.stdout.write(json.dumps({**grouping_dict(topology, grouping), "cpuset_enforcement": enforcement,
+                                     **dra}, indent=2) + "\n")
     else:
-        sys.stdout.write(table(topology, grouping) + enforcement_line(enforcement))
+        from agent.policy.dra import describe
+
+        sys.stdout.write(table(topology, grouping) + enforcement_line(enforcement)
+                         + (describe(plan) if plan is not None else ""))
     return 0
 
 
@@ -178,8 +209,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     settings = grouping_settings(args)
     allocation = allocation_settings(args)
     topology = topology_from(args)
-    sys.stdout.write(explain(topology, group_topology(topology, settings), allocation)
-                     + enforcement_line(enforcement_here(args)))
+    grouping = group_topology(topology, settings)
+    plan = dra_plan(args, topology, grouping)
+    from agent.policy.dra import describe
+
+    sys.stdout.write(explain(topology, grouping, allocation) + enforcement_line(enforcement_here(args))
+                     + (describe(plan) if plan is not None else ""))
     return 0
 
 
@@ -436,6 +471,7 @@ def _discover_flags(p: argparse.ArgumentParser) -> None:
     add_policy_flags(p)
     p.add_argument("--format", choices=("table", "json"), default="table", help="table (default) or json")
     add_enforcement_flags(p)
+    add_mode_flag(p)
     p.set_defaults(func=cmd_discover)
 
 
@@ -444,6 +480,7 @@ def _explain_flags(p: argparse.ArgumentParser) -> None:
     add_policy_flags(p)
     add_allocation_flags(p)
     add_enforcement_flags(p)
+    add_mode_flag(p)
     p.set_defaults(func=cmd_explain)
 
 
@@ -458,6 +495,7 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     add_policy_flags(p)
     add_allocation_flags(p)
     add_service_flags(p)
+    add_mode_flag(p)
     p.set_defaults(func=cmd_serve)
 
 
