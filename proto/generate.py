@@ -32,6 +32,10 @@ PROTO_FILES: tuple[str, ...] = (
     "deviceplugin/v1beta1/api.proto",
     "podresources/v1/api.proto",
     "runtime/v1/api.proto",
+    # DRA mode's kubelet plugin (k8s.io/kubelet v0.37.2, byte for byte; plain proto3, no gogo imports).
+    "pluginregistration/v1/api.proto",
+    "dra/v1/api.proto",
+    "dra/v1beta1/api.proto",
 )
 
 GENERATED_SUFFIXES: tuple[str, ...] = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")

@@ -47,7 +47,7 @@ def test_regeneration_is_byte_identical() -> None:
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         out_root = Path(tmp)
         produced = gen.generate(out_root)
-        assert len(produced) == 10  # three gRPC protos, three files each; NRI's messages, one file
+        assert len(produced) == 19  # six gRPC protos, three files each; NRI's messages, one file
         for path in produced:
             rel = path.relative_to(out_root)
             committed = REPO / rel
@@ -62,6 +62,9 @@ def test_generated_imports_use_agent_package_path() -> None:
         "agent/_proto/deviceplugin/v1beta1/api_pb2_grpc.py",
         "agent/_proto/podresources/v1/api_pb2_grpc.py",
         "agent/_proto/runtime/v1/api_pb2_grpc.py",
+        "agent/_proto/pluginregistration/v1/api_pb2_grpc.py",
+        "agent/_proto/dra/v1/api_pb2_grpc.py",
+        "agent/_proto/dra/v1beta1/api_pb2_grpc.py",
     ):
         text = (REPO / rel).read_text()
         package = rel.rsplit("/", 1)[0].replace("/", ".")
@@ -578,3 +581,53 @@ def test_nri_events() -> None:
     assert {name: events[name] for name in ("CREATE_CONTAINER", "UPDATE_CONTAINER", "STOP_CONTAINER",
                                             "REMOVE_CONTAINER")} == {
         "CREATE_CONTAINER": 4, "UPDATE_CONTAINER": 8, "STOP_CONTAINER": 10, "REMOVE_CONTAINER": 11}
+
+
+# ---------------------------------------------------------------------------------------------
+# DRA mode: pluginregistration v1 and the DRA plugin v1/v1beta1, k8s.io/kubelet v0.37.2 byte for byte
+
+KUBELET_MODULE = Path("/root/.cache/s390x-topology-agent/cluster/gomod/k8s.io/kubelet@v0.37.2/pkg/apis")
+DRA_PROTOS = {  # vendored path -> sha256 of k8s.io/kubelet v0.37.2's file
+    "pluginregistration/v1/api.proto": "7a67a0000a1a167c155286834bc9ccb489f8bcdb394e006daba270189c272afa",
+    "dra/v1/api.proto": "b3066ad7f6abcfd0003c47b06ceb801d76997d78d6be505597478d3905b9cc57",
+    "dra/v1beta1/api.proto": "7900b11793ad897d0375d67b3bbae675869b574e21dfb1bf5334cc1556138c42",
+}
+
+
+def test_dra_protos_are_upstream_bytes() -> None:
+    import hashlib
+
+    for rel, digest in DRA_PROTOS.items():
+        assert hashlib.sha256((PROTO_DIR / rel).read_bytes()).hexdigest() == digest, rel
+        upstream = KUBELET_MODULE / rel
+        if upstream.is_file():  # the real-cluster lane's Go module cache
+            assert upstream.read_bytes() == (PROTO_DIR / rel).read_bytes(), rel
+
+
+def test_dra_services() -> None:
+    from agent._proto.dra.v1 import api_pb2 as dra1
+    from agent._proto.dra.v1beta1 import api_pb2 as dra1b
+    from agent._proto.pluginregistration.v1 import api_pb2 as reg
+
+    assert _file(reg).package == "pluginregistration"
+    assert _methods(_file(reg), "Registration") == {
+        "GetInfo": ("pluginregistration.InfoRequest", "pluginregistration.PluginInfo", False, False),
+        "NotifyRegistrationStatus": ("pluginregistration.RegistrationStatus",
+                                     "pluginregistration.RegistrationStatusResponse", False, False),
+    }
+    info = _file(reg).message_types_by_name["PluginInfo"]
+    assert [(f.name, f.number) for f in info.fields] == [
+        ("type", 1), ("name", 2), ("endpoint", 3), ("supported_versions", 4)]
+    for module, package in ((dra1, "k8s.io.kubelet.pkg.apis.dra.v1"), (dra1b, "k8s.io.kubelet.pkg.apis.dra.v1beta1")):
+        assert _file(module).package == package
+        assert _methods(_file(module), "DRAPlugin") == {
+            "NodePrepareResources": (f"{package}.NodePrepareResourcesRequest",
+                                     f"{package}.NodePrepareResourcesResponse", False, False),
+            "NodeUnprepareResources": (f"{package}.NodeUnprepareResourcesRequest",
+                                       f"{package}.NodeUnprepareResourcesResponse", False, False),
+        }
+        claim = _file(module).message_types_by_name["Claim"]
+        assert [(f.name, f.number) for f in claim.fields] == [("namespace", 1), ("uid", 2), ("name", 3)]
+        device = _file(module).message_types_by_name["Device"]
+        assert [(f.name, f.number) for f in device.fields][:4] == [
+            ("request_names", 1), ("pool_name", 2), ("device_name", 3), ("cdi_device_ids", 4)]
