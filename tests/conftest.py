@@ -33,12 +33,17 @@ def real_fixtures_available() -> bool:
     return REAL_FIXTURES.is_dir()
 
 
+def real_fixtures() -> Path:
+    """The folder of real s390x dumps; when absent the test is skipped here and fails under CI=true."""
+    if not REAL_FIXTURES.is_dir():
+        missing(f"real s390x dumps at {REAL_FIXTURES}", "they live in ../shared/fixtures, or set S390X_FIXTURES")
+    return REAL_FIXTURES
+
+
 def real_dump(name: str) -> tuple[Path, Path]:
-    """(dump dir, host root) of a real dump, skipping the test when ../shared is absent."""
-    if not real_fixtures_available():
-        pytest.skip(f"real s390x dumps not found at {REAL_FIXTURES} (they live in ../shared/fixtures)")
+    """(dump dir, host root) of a real dump (see :func:`real_fixtures`)."""
     dump_dir, root = REAL_DUMPS[name]
-    return REAL_FIXTURES / dump_dir, REAL_FIXTURES / root
+    return real_fixtures() / dump_dir, real_fixtures() / root
 
 
 def missing(what: str, how: str) -> NoReturn:

@@ -67,7 +67,7 @@ def test_many_list_and_watch_streams_never_starve_allocate() -> None:
             answer = stub.Allocate(request(["drawer0-book0"]), timeout=3)
             assert answer.container_responses[0].envs["TOPOLOGY_GROUPS"] == "drawer0-book0"
             # kubelet's own stream was never ended: it still sees the new blocked sockets.
-            wait_until(lambda: k.devices(SOCKET)["drawer0-book0-socket0"] == "Unhealthy", 10, "kubelet's stream")
+            wait_until(lambda: k.devices(SOCKET).get("drawer0-book0-socket0") == "Unhealthy", 10, "kubelet's stream")
             assert k.registrations(BOOK) == 1
         finally:
             for stream in streams:

@@ -28,7 +28,7 @@ from agent.topology.lscpu import (
     repair_lscpu_json,
 )
 from agent.topology.model import POLARIZATIONS, Cpu, Machine, Topology
-from tests.conftest import REAL_DUMPS, REAL_FIXTURES, real_dump, real_fixtures_available
+from tests.conftest import REAL_DUMPS, real_dump, real_fixtures
 from topology_devkit.shape import canonical_shape
 
 Row = dict[str, Any]
@@ -265,9 +265,7 @@ def test_real_machine_facts() -> None:
 
 
 def test_vllm_pr_snippet_string_dialect() -> None:
-    if not real_fixtures_available():
-        pytest.skip(f"real s390x dumps not found at {REAL_FIXTURES}")
-    path = REAL_FIXTURES / "vllm-pr-snippets" / "pr39781-wjhrdy-lscpu-J-e-CPU,CORE,NODE,BOOK.json"
+    path = real_fixtures() / "vllm-pr-snippets" / "pr39781-wjhrdy-lscpu-J-e-CPU,CORE,NODE,BOOK.json"
     topo = parse_lscpu_json(path.read_text(), source=path.name)
     assert [c.cpu for c in topo.cpus] == [0, 2, 4, 6]
     assert [c.core for c in topo.cpus] == [0, 2, 4, 6]
@@ -278,9 +276,7 @@ def test_vllm_pr_snippet_string_dialect() -> None:
 
 
 def test_truncated_real_snippet_is_a_clean_error() -> None:
-    if not real_fixtures_available():
-        pytest.skip(f"real s390x dumps not found at {REAL_FIXTURES}")
-    path = REAL_FIXTURES / "vllm-pr-snippets" / "pr39781-R3hankhan123-lscpu-J.partial.txt"
+    path = real_fixtures() / "vllm-pr-snippets" / "pr39781-R3hankhan123-lscpu-J.partial.txt"
     with pytest.raises(TopologyReadError, match=r"R3hankhan123.*not valid lscpu JSON"):
         parse_lscpu_json(path.read_text(), source=path.name)
 

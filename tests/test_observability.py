@@ -51,7 +51,7 @@ def test_metrics_after_registration_allocations_restart_and_a_bad_allocate() -> 
 
         pod = k.admit_pod("default", "p", [Container("c", {BOOK: 1})])
         (book,) = pod.devices("c", BOOK)
-        k.wait_for(lambda: k.devices(SOCKET)[f"{book}-socket0"] == "Unhealthy")
+        k.wait_for(lambda: k.devices(SOCKET).get(f"{book}-socket0") == "Unhealthy")
         m = scrape(node)
         assert value(m, "topology_agent_rpc_calls_total", method="Allocate", resource=BOOK, code="OK") == 1
         assert value(m, "topology_agent_rpc_calls_total", method="GetPreferredAllocation", resource=BOOK,

@@ -115,7 +115,7 @@ def test_list_and_watch_streams_are_full_snapshots_and_end_cleanly() -> None:
                 update = next(stream)
                 health = {d.ID: d.health for d in update.devices}
                 assert len(health) == 8 and health["drawer0-book1"] == "Unhealthy"
-            node.kubelet.wait_for(lambda: node.kubelet.devices(BOOK)["drawer0-book1"] == "Unhealthy")
+            node.kubelet.wait_for(lambda: node.kubelet.devices(BOOK).get("drawer0-book1") == "Unhealthy")
             assert node.kubelet.allocatable(BOOK) == 7 and node.kubelet.capacity(BOOK) == 8
             first.cancel()
             node.kubelet.wait_for(lambda: servicer.streams.open == 2, what="cancelled stream ended")
@@ -130,7 +130,7 @@ def test_twenty_kubelet_restarts_in_a_row_lose_nothing() -> None:
         k = node.kubelet
         pod = k.admit_pod("default", "keep", [Container("c", {BOOK: 1})])
         (book,) = pod.devices("c", BOOK)
-        k.wait_for(lambda: k.devices(SOCKET)[f"{book}-socket0"] == "Unhealthy", what="its sockets blocked")
+        k.wait_for(lambda: k.devices(SOCKET).get(f"{book}-socket0") == "Unhealthy", what="its sockets blocked")
         before = {r: k.devices(r) for r in (BOOK, SOCKET)}
         for i in range(20):
             k.restart(down_for=0.05 if i % 2 else 0.0)

@@ -118,3 +118,18 @@ def test_every_group_gets_a_real_memory_node() -> None:
         topology = read_sysfs(root)
         for g in group_topology(topology, GroupingSettings(levels=("book", "socket"))).groups:
             assert g.memory_nodes and set(g.memory_nodes) <= set(topology.machine.memory_nodes)
+
+
+def test_missing_real_dumps_fail_under_ci(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tests import conftest
+
+    monkeypatch.setattr(conftest, "REAL_FIXTURES", tmp_path / "no-shared")
+    monkeypatch.setattr(conftest, "IN_CI", True)
+    outcomes = []
+    for ci in (True, False):
+        monkeypatch.setattr(conftest, "IN_CI", ci)
+        try:
+            conftest.real_dump("s390-lpar")
+        except BaseException as outcome:  # a skip is a BaseException: caught here to be asserted
+            outcomes.append((type(outcome).__name__, "CI=true" in str(outcome)))
+    assert outcomes == [("Failed", True), ("Skipped", False)]  # failed under CI=true, skipped elsewhere
