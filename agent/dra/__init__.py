@@ -1,0 +1,1 @@
+"""DRA mode: the second adapter beside agent/plugin (ResourceSlices, the kubelet DRA plugin, CDI)."""
