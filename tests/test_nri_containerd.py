@@ -282,3 +282,13 @@ def test_the_build_is_the_one_the_lane_pins() -> None:
     assert info["containerd"] == "v2.4.2", info
     if IN_CI:
         assert (folder / "containerd").is_file()
+
+
+def test_a_build_folder_without_the_binaries_is_said_with_how_to_build_them(tmp_path: Path) -> None:
+    from topology_devkit.containerd import unavailable_reason
+
+    (tmp_path / "containerd").write_text("")
+    reason = unavailable_reason(tmp_path)
+    if reason is not None and "needs" in reason and "lacks" not in reason:
+        pytest.skip(reason)  # not Linux, or not root: checked before the folder
+    assert reason == f"{tmp_path} lacks containerd-shim-runc-v2, ctr, runc (build them: make cluster-build)"
