@@ -215,6 +215,26 @@ def test_the_plugin_reconnects_after_a_runtime_restart_and_synchronize_repairs(c
             agent.stop()
 
 
+def test_a_container_created_while_the_agent_was_away_is_pinned_at_its_synchronize(ctd2: Containerd) -> None:
+    root = short_tmpdir()
+    topology, _ = two_books(ctd2, root)
+    with KubeletEmulator(root) as k:
+        agent = start_agent(k, root, ctd2, topology, "nri")
+        try:
+            wait_nri_registered(agent)
+            cpus, annotations = admit(k, "llm")
+        finally:
+            agent.stop()
+        pod = ctd2.run_pod("llm", container="c", annotations=annotations, command=FIRST_LINE)
+        assert first_line(ctd2, pod) == ctd2.default_cpus()  # nobody adjusted it
+        agent = start_agent(k, root, ctd2, topology, "nri")
+        try:
+            wait_nri_registered(agent)
+            assert ctd2.wait_cpus_allowed(pod.container_id, cpus, timeout=5) == cpus  # in the Synchronize reply
+            ctd2.remove_pod(pod)
+        finally:
+            agent.stop()
+
 class SlowOnce:
     """Handlers that answer the first CreateContainer past containerd's request timeout, then pin
     every container named 'c' to one CPU (in CreateContainer and in Synchronize)."""
