@@ -1,0 +1,234 @@
+"""NodePrepareResources and NodeUnprepareResources: a ResourceClaim's allocation -> CDI spec files, checkpointed.
+
+For a claim the kubelet names (namespace, name, uid), the agent GETs the ResourceClaim, takes the results of its
+``status.allocation.devices`` that are this driver's and this node's pool, and, per request, plans the container
+environment with the device-plugin mode's own planning (:func:`agent.policy.allocation.plan_allocation`: one rank
+list per device in topology order, README "What a container gets"). Each request becomes one CDI device
+``<driver>/<level>=<claim uid>-<request>`` whose ``containerEdits.env`` is that environment, written to
+``<cdi dir>/<driver>-<level>_<claim uid>.json`` (a transient spec per claim and class, as CDI names them). The CDI ids
+go back to the kubelet per device, so a container that references one request gets that request's environment.
+
+Idempotent and checkpointed: what was prepared is saved (atomically) in the agent's state directory before the
+answer goes out, so a second NodePrepareResources for a prepared claim (a kubelet restart, an agent restart)
+answers from the checkpoint without reading the claim again, and rewrites a CDI file that went missing; unprepare
+removes the files and the entry, and unpreparing an unknown claim succeeds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.policy.allocation import AllocationSettings, plan_allocation
+from agent.policy.grouping import Group
+
+log = logging.getLogger("topology-agent.dra")
+
+CDI_VERSION = "0.6.0"  # env-only specs need 0.3.0; 0.6.0 is what containerd 1.7 and 2.x both read
+CHECKPOINT_VERSION = 1
+MAX_CHECKPOINT = 4 * 1024 * 1024
+
+JSON = dict[str, Any]
+
+
+class PrepareError(Exception):
+    """A claim that cannot be prepared: the message goes back to the kubelet in the claim's error field."""
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    request: str
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    uid: str
+    namespace: str
+    name: str
+    devices: tuple[PreparedDevice, ...]
+    files: Mapping[str, JSON]  # file name -> the CDI spec written there
+
+    def to_json(self) -> JSON:
+        return {"uid": self.uid, "namespace": self.namespace, "name": self.name,
+                "devices": [{"request": d.request, "pool": d.pool, "device": d.device, "cdiIds": list(d.cdi_ids)}
+                            for d in self.devices], "files": dict(self.files)}
+
+    @classmethod
+    def from_json(cls, doc: JSON) -> PreparedClaim:
+        return cls(uid=str(doc["uid"]), namespace=str(doc["namespace"]), name=str(doc["name"]),
+                   devices=tuple(PreparedDevice(str(d["request"]), str(d["pool"]), str(d["device"]),
+                                                tuple(map(str, d["cdiIds"]))) for d in doc["devices"]),
+                   files={str(k): v for k, v in doc["files"].items()})
+
+
+def cdi_name(text: str) -> str:
+    """A CDI device name from a claim uid and request (``[A-Za-z0-9][A-Za-z0-9_.:-]*``)."""
+    return "".join(ch if ch.isalnum() or ch in "-_.:" else "_" for ch in text)
+
+
+def plan_claim(claim: JSON, *, driver: str, pool: str, groups: Mapping[str, Group],
+               allocation: AllocationSettings) -> tuple[tuple[PreparedDevice, ...], dict[str, JSON]]:
+    """The devices (with CDI ids) and the CDI spec files of an allocated claim. Pure."""
+    meta = claim.get("metadata") or {}
+    uid = str(meta.get("uid") or "")
+    results = ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or [])
+    ours = [r for r in results if r.get("driver") == driver]
+    if not ours:
+        raise PrepareError(f"claim {meta.get('namespace')}/{meta.get('name')} has no device of driver {driver} "
+                           "allocated (not allocated yet, or to another driver)")
+    by_request: dict[str, list[Group]] = {}
+    for r in ours:
+        if r.get("pool") != pool:
+            raise PrepareError(f"device {r.get('device')} is in pool {r.get('pool')}, not this node's pool {pool}")
+        group = groups.get(str(r.get("device")))
+        if group is None:
+            raise PrepareError(f"device {r.get('device')} is not one this node publishes (published: "
+                               f"{', '.join(sorted(groups)[:8])}{', ...' if len(groups) > 8 else ''})")
+        by_request.setdefault(str(r.get("request")), []).append(group)
+    files: dict[str, JSON] = {}
+    cdi_of: dict[str, str] = {}
+    for request, members in by_request.items():
+        levels = {g.level for g in members}
+        level = levels.pop() if len(levels) == 1 else "group"
+        plan = plan_allocation(members, allocation)
+        name = cdi_name(f"{uid}-{request}")
+        kind = f"{driver}/{level}"
+        file_name = f"{driver}-{level}_{uid}.json"
+        spec = files.setdefault(file_name, {"cdiVersion": CDI_VERSION, "kind": kind, "devices": []})
+        spec["devices"].append({"name": name, "containerEdits": {
+            "env": [f"{k}={v}" for k, v in plan.envs.items()]}})
+        cdi_of[request] = f"{kind}={name}"
+    devices = tuple(PreparedDevice(str(r["request"]), str(r["pool"]), str(r["device"]), (cdi_of[str(r["request"])],))
+                    for r in ours)
+    return devices, files
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class ClaimPreparer:
+    """The prepare/unprepare logic behind both DRAPlugin versions (thread-safe)."""
+
+    def __init__(self, *, driver: str, pool: str, groups: Mapping[str, Group], allocation: AllocationSettings,
+                 read_claim: Callable[[str, str], JSON], cdi_dir: Path, checkpoint: Path) -> None:
+        self.driver = driver
+        self.pool = pool
+        self.groups = groups
+        self.allocation = allocation
+        self.read_claim = read_claim
+        self.cdi_dir = Path(cdi_dir)
+        self.checkpoint = Path(checkpoint)
+        self._lock = threading.Lock()
+        self.claims: dict[str, PreparedClaim] = self._load()
+        self.prepares = 0  # claims prepared from the API (not from the checkpoint)
+        self.unprepares = 0
+
+    # --- checkpoint ------------------------------------------------------------------------------
+    def _load(self) -> dict[str, PreparedClaim]:
+        try:
+            raw = self.checkpoint.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            log.warning("cannot read the DRA checkpoint %s (%s): starting without prepared claims", self.checkpoint,
+                        exc)
+            return {}
+        try:
+            if len(raw) > MAX_CHECKPOINT:
+                raise ValueError("too large")
+            doc = json.loads(raw)
+            if doc.get("version") != CHECKPOINT_VERSION:
+                raise ValueError(f"version {doc.get('version')!r}")
+            claims = {c["uid"]: PreparedClaim.from_json(c) for c in doc["claims"]}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("the DRA checkpoint %s cannot be trusted (%s): not used", self.checkpoint, exc)
+            return {}
+        log.info("restored %d prepared claim(s) from %s", len(claims), self.checkpoint)
+        return claims
+
+    def _save(self) -> None:
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"version": CHECKPOINT_VERSION, "claims": [c.to_json() for c in self.claims.values()]}
+        _write_atomically(self.checkpoint, json.dumps(doc, sort_keys=True).encode())
+
+    # --- CDI files -----------------------------------------------------------------------------
+    def _write_files(self, claim: PreparedClaim) -> None:
+        self.cdi_dir.mkdir(parents=True, exist_ok=True)
+        for name, spec in claim.files.items():
+            path = self.cdi_dir / name
+            data = json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n"
+            try:
+                if path.read_bytes() == data:
+                    continue
+            except OSError:
+                pass
+            _write_atomically(path, data)
+
+    def _remove_files(self, claim: PreparedClaim) -> None:
+        for name in claim.files:
+            with contextlib.suppress(FileNotFoundError):
+                (self.cdi_dir / name).unlink()
+
+    # --- the calls -----------------------------------------------------------------------------
+    def prepare(self, namespace: str, name: str, uid: str) -> PreparedClaim:
+        with self._lock:
+            known = self.claims.get(uid)
+            if known is not None:
+                self._write_files(known)  # idempotent; restores a file somebody removed
+                return known
+        claim = self.read_claim(namespace, name)
+        got = str((claim.get("metadata") or {}).get("uid") or "")
+        if got != uid:
+            raise PrepareError(f"claim {namespace}/{name} has uid {got or '(none)'}, not {uid}: it was replaced")
+        devices, files = plan_claim(claim, driver=self.driver, pool=self.pool, groups=self.groups,
+                                    allocation=self.allocation)
+        prepared = PreparedClaim(uid, namespace, name, devices, files)
+        with self._lock:
+            known = self.claims.get(uid)
+            if known is not None:
+                return known
+            self._write_files(prepared)
+            self.claims[uid] = prepared
+            self._save()
+            self.prepares += 1
+        log.info("prepared claim %s/%s (%s): %s", namespace, name, uid,
+                 ", ".join(f"{d.device} for {d.request}" for d in devices))
+        return prepared
+
+    def unprepare(self, uid: str) -> None:
+        with self._lock:
+            claim = self.claims.pop(uid, None)
+            if claim is None:
+                return
+            self._remove_files(claim)
+            self._save()
+            self.unprepares += 1
+        log.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, uid)
+
+    def prepared_devices(self) -> dict[str, list[tuple[str, str]]]:
+        """Claim uid -> the (pool, device) it holds."""
+        with self._lock:
+            return {uid: [(d.pool, d.device) for d in c.devices] for uid, c in self.claims.items()}

@@ -1,0 +1,190 @@
+"""The DRA kubelet plugin (agent/dra/kubelet_plugin.py, agent/dra/prepare.py), driven the way kubelet drives it:
+GetInfo and NotifyRegistrationStatus on the registration socket, then NodePrepareResources and
+NodeUnprepareResources on the DRA socket (v1 and v1beta1); CDI files, checkpoint, idempotence, restarts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from agent._proto.dra.v1 import api_pb2 as dra_v1
+from agent._proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
+from agent._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
+from agent._proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from agent._proto.pluginregistration.v1 import api_pb2 as reg_pb2
+from agent._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from agent.dra.kubeclient import ApiError
+from agent.dra.kubelet_plugin import KubeletPlugin
+from agent.dra.prepare import ClaimPreparer, plan_claim
+from agent.policy.allocation import AllocationSettings, plan_allocation
+from agent.policy.dra import DRIVER
+from agent.policy.grouping import Group, GroupingSettings, group_topology
+from agent.topology.embedded import load_embedded
+from tests.plugin_harness import short_tmpdir
+
+
+def groups() -> dict[str, Group]:
+    topology = load_embedded("pr40714")
+    return {g.id: g for g in group_topology(topology, GroupingSettings(levels=("book", "socket"))).groups}
+
+
+def claim(uid: str, *devices: tuple[str, str], namespace: str = "ns", name: str = "c",
+          driver: str = DRIVER, pool: str = "node-a") -> dict[str, Any]:
+    return {"metadata": {"namespace": namespace, "name": name, "uid": uid},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": req, "driver": driver, "pool": pool, "device": dev} for req, dev in devices]}}}}
+
+
+class Claims:
+    def __init__(self) -> None:
+        self.items: dict[tuple[str, str], dict[str, Any]] = {}
+        self.reads = 0
+
+    def read(self, namespace: str, name: str) -> dict[str, Any]:
+        self.reads += 1
+        try:
+            return self.items[(namespace, name)]
+        except KeyError:
+            raise ApiError(404, f'resourceclaims.resource.k8s.io "{name}" not found') from None
+
+
+def env_of(spec: dict[str, Any], device: str) -> dict[str, str]:
+    (d,) = [d for d in spec["devices"] if d["name"] == device]
+    return dict(e.split("=", 1) for e in d["containerEdits"]["env"])
+
+
+def test_plan_claim_matches_allocate_contract() -> None:
+    g = groups()
+    devices, files = plan_claim(claim("u1", ("tp", "drawer0-book1"), ("tp", "drawer0-book0")), driver=DRIVER,
+                                pool="node-a", groups=g, allocation=AllocationSettings())
+    assert [d.device for d in devices] == ["drawer0-book1", "drawer0-book0"]
+    assert {d.cdi_ids for d in devices} == {(f"{DRIVER}/book=u1-tp",)}
+    (name, spec), = files.items()
+    assert name == f"{DRIVER}-book_u1.json"
+    assert spec["cdiVersion"] == "0.6.0" and spec["kind"] == f"{DRIVER}/book"
+    expected = plan_allocation([g["drawer0-book0"], g["drawer0-book1"]]).envs
+    assert env_of(spec, "u1-tp") == dict(expected)
+    env = env_of(spec, "u1-tp")
+    assert env["TOPOLOGY_GROUPS"] == "drawer0-book0,drawer0-book1"  # topology order, one rank list per device
+    assert env["TOPOLOGY_RANKS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"].count("|") == 1
+
+
+def test_plan_claim_per_request_and_foreign_devices() -> None:
+    g = groups()
+    mixed = claim("u2", ("a", "drawer0-book0-socket0"), ("b", "drawer0-book1"))
+    mixed["status"]["allocation"]["devices"]["results"].append(
+        {"request": "gpu", "driver": "gpu.example.com", "pool": "x", "device": "gpu-0"})
+    devices, files = plan_claim(mixed, driver=DRIVER, pool="node-a", groups=g, allocation=AllocationSettings())
+    assert [(d.request, d.cdi_ids) for d in devices] == [("a", (f"{DRIVER}/socket=u2-a",)),
+                                                          ("b", (f"{DRIVER}/book=u2-b",))]
+    assert sorted(files) == [f"{DRIVER}-book_u2.json", f"{DRIVER}-socket_u2.json"]
+
+
+@pytest.fixture
+def dirs() -> Iterator[dict[str, Path]]:
+    root = short_tmpdir()
+    yield {"registry": root / "plugins_registry", "plugin": root / "plugins" / DRIVER, "cdi": root / "cdi",
+           "state": root / "state" / "dra-claims.json"}
+
+
+def make_plugin(dirs: dict[str, Path], claims: Claims) -> KubeletPlugin:
+    preparer = ClaimPreparer(driver=DRIVER, pool="node-a", groups=groups(), allocation=AllocationSettings(),
+                             read_claim=claims.read, cdi_dir=dirs["cdi"], checkpoint=dirs["state"])
+    return KubeletPlugin(driver=DRIVER, registry_dir=dirs["registry"], plugin_dir=dirs["plugin"], preparer=preparer)
+
+
+def test_registration_and_prepare_unprepare_v1(dirs: dict[str, Path]) -> None:
+    claims = Claims()
+    claims.items[("ns", "one-book")] = claim("uid-1", ("book", "drawer0-book1"), name="one-book")
+    plugin = make_plugin(dirs, claims)
+    plugin.start()
+    try:
+        reg_sock = dirs["registry"] / f"{DRIVER}-reg.sock"
+        with grpc.insecure_channel(f"unix://{reg_sock}") as ch:
+            stub = reg_grpc.RegistrationStub(ch)
+            info = stub.GetInfo(reg_pb2.InfoRequest(), timeout=5)
+            assert (info.type, info.name) == ("DRAPlugin", DRIVER)
+            assert info.endpoint == str(dirs["plugin"] / "dra.sock")
+            assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+            stub.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(plugin_registered=True), timeout=5)
+        assert plugin.registered and plugin.registrations == 1
+        with grpc.insecure_channel(f"unix://{info.endpoint}") as ch:
+            dra = dra_v1_grpc.DRAPluginStub(ch)
+            req = dra_v1.NodePrepareResourcesRequest(claims=[
+                dra_v1.Claim(namespace="ns", name="one-book", uid="uid-1"),
+                dra_v1.Claim(namespace="ns", name="gone", uid="uid-9")])
+            answer = dra.NodePrepareResources(req, timeout=5)
+            ok = answer.claims["uid-1"]
+            assert ok.error == ""
+            assert [(d.pool_name, d.device_name, list(d.request_names), list(d.cdi_device_ids)) for d in ok.devices] \
+                == [("node-a", "drawer0-book1", ["book"], [f"{DRIVER}/book=uid-1-book"])]
+            assert "not found" in answer.claims["uid-9"].error
+            spec_file = dirs["cdi"] / f"{DRIVER}-book_uid-1.json"
+            spec = json.loads(spec_file.read_text())
+            assert env_of(spec, "uid-1-book")["TOPOLOGY_CPUS"] == "24-47"
+            # Again (kubelet retries after its own restart): the same answer, no API read.
+            reads = claims.reads
+            again = dra.NodePrepareResources(dra_v1.NodePrepareResourcesRequest(claims=[req.claims[0]]), timeout=5)
+            assert again.claims["uid-1"] == ok and claims.reads == reads
+            un = dra.NodeUnprepareResources(dra_v1.NodeUnprepareResourcesRequest(claims=[req.claims[0]]), timeout=5)
+            assert un.claims["uid-1"].error == ""
+            assert not spec_file.exists()
+            un = dra.NodeUnprepareResources(dra_v1.NodeUnprepareResourcesRequest(claims=[req.claims[0]]), timeout=5)
+            assert un.claims["uid-1"].error == ""  # unknown now: still fine
+    finally:
+        plugin.stop()
+    assert not (dirs["registry"] / f"{DRIVER}-reg.sock").exists()
+    assert not (dirs["plugin"] / "dra.sock").exists()
+
+
+def test_v1beta1_and_restart_keeps_prepared_claims(dirs: dict[str, Path]) -> None:
+    claims = Claims()
+    claims.items[("ns", "s")] = claim("uid-2", ("s", "drawer0-book0-socket1"), name="s")
+    plugin = make_plugin(dirs, claims)
+    plugin.start()
+    try:
+        with grpc.insecure_channel(f"unix://{plugin.dra_path}") as ch:
+            dra = dra_v1beta1_grpc.DRAPluginStub(ch)
+            req = dra_v1beta1.NodePrepareResourcesRequest(claims=[dra_v1beta1.Claim(namespace="ns", name="s",
+                                                                                    uid="uid-2")])
+            first = dra.NodePrepareResources(req, timeout=5)
+            assert list(first.claims["uid-2"].devices[0].cdi_device_ids) == [f"{DRIVER}/socket=uid-2-s"]
+    finally:
+        plugin.stop()
+    spec_file = dirs["cdi"] / f"{DRIVER}-socket_uid-2.json"
+    spec_file.unlink()  # /var/run is a tmpfs: a node reboot empties it
+    # A restarted agent: the checkpoint answers, the file comes back, the claim is not read again.
+    del claims.items[("ns", "s")]
+    plugin = make_plugin(dirs, claims)
+    plugin.start()
+    try:
+        assert plugin.preparer.prepares == 0 and "uid-2" in plugin.preparer.claims
+        with grpc.insecure_channel(f"unix://{plugin.dra_path}") as ch:
+            again = dra_v1beta1_grpc.DRAPluginStub(ch).NodePrepareResources(req, timeout=5)
+        assert again.claims["uid-2"] == first.claims["uid-2"]
+        assert spec_file.exists() and plugin.preparer.prepares == 0
+    finally:
+        plugin.stop()
+
+
+def test_wrong_uid_and_other_pool(dirs: dict[str, Path]) -> None:
+    claims = Claims()
+    claims.items[("ns", "c")] = claim("new-uid", ("r", "drawer0-book0"))
+    claims.items[("ns", "p")] = claim("p-uid", ("r", "drawer0-book0"), name="p", pool="other-node")
+    preparer = make_plugin(dirs, claims).preparer
+    with pytest.raises(Exception, match="replaced"):
+        preparer.prepare("ns", "c", "old-uid")
+    with pytest.raises(Exception, match="not this node's pool"):
+        preparer.prepare("ns", "p", "p-uid")
+    assert not dirs["state"].exists()
+
+
+def test_untrusted_checkpoint_is_ignored(dirs: dict[str, Path]) -> None:
+    dirs["state"].parent.mkdir(parents=True)
+    dirs["state"].write_text("{not json")
+    assert make_plugin(dirs, Claims()).preparer.claims == {}
