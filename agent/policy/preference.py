@@ -54,9 +54,9 @@ O(d * P * m * N * (s + c) / 64) word operations, at most O(N^5 / 64) for contriv
 dominated by the rest on real ones (160 books: 0.1-0.15 ms either way). Polynomial for every
 request size; nothing is enumerated.
 
-With containers in use (4), the exhaustive search below decides up to 20,000 combinations (a few
-sockets or books out of a node's: every real request); above that, parents are walked with those
-left whole by the answer last, which keeps (1) to (3) optimal and (4) a best effort.
+With containers in use (4), the exhaustive search below decides up to 2,000 combinations (one or
+two sockets or books out of a node's, a few ms); above that, parents are walked with those whose
+containers are in use first, which keeps (1) to (3) optimal and (4) a best effort.
 
 The walk is exact when every parent's groups are one run in topology order. They are not only when
 two parents share a topology-order prefix (a topology file mixing null and -1 container ids: both
@@ -79,6 +79,7 @@ from agent.policy.grouping import Group
 
 LOW = "vertical:low"
 EXHAUSTIVE_LIMIT = 20_000  # parents that share a topology-order prefix only (see the module docstring)
+IN_USE_LIMIT = 2_000  # combinations decided exhaustively for criterion (4): a few ms at most
 
 IN, OPEN, DEAD = 0, 1, 2  # a parent's state during the walk
 
@@ -112,7 +113,7 @@ def preferred_allocation(
     if need == 0:
         return must
     spoiled = frozenset(spoiled)
-    if spoiled and comb(len(rows), need) > EXHAUSTIVE_LIMIT:  # parents left whole walked last (see above)
+    if spoiled and comb(len(rows), need) > IN_USE_LIMIT:  # parents left whole walked last (see above)
         rows.sort(key=lambda r: (_whole(index.groups[r].key, spoiled), r))
     chosen = _Search(index, rows, [table[i] for i in must], need, spoiled).run()
     return must + [g.id for g in sorted(chosen, key=lambda g: index.rank[g.id])]
@@ -281,7 +282,9 @@ class _Search:
         self._fit: dict[tuple[int, int], bool] = {}
 
     def run(self) -> list[Group]:
-        if (self.spoiled or not self.contiguous) and comb(len(self.groups), self.need) <= EXHAUSTIVE_LIMIT:
+        combinations_ = comb(len(self.groups), self.need)
+        if (self.spoiled and combinations_ <= IN_USE_LIMIT) or (
+                not self.contiguous and combinations_ <= EXHAUSTIVE_LIMIT):
             return self._exhaustive()
         windows = self._windows()
         best: tuple[int, list[int]] | None = None
