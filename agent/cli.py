@@ -166,6 +166,27 @@ def add_mode_flag(parser: argparse.ArgumentParser) -> None:
               "node serves its resource names by one of them only")
 
 
+def add_dra_flags(parser: argparse.ArgumentParser) -> None:
+    from agent.app.paths import DEFAULT_CDI_DIR, DEFAULT_DRA_PLUGIN_DIR, DEFAULT_DRA_REGISTRY_DIR
+
+    group = parser.add_argument_group("DRA mode (--mode dra)")
+    _add(group, "--dra-registry-dir", DEFAULT_DRA_REGISTRY_DIR, metavar="DIR",
+         help="kubelet's plugin registration directory (the agent serves <driver>-reg.sock there)")
+    _add(group, "--dra-plugin-dir", DEFAULT_DRA_PLUGIN_DIR, metavar="DIR",
+         help="where dra.sock is served; mount it at the host's path: kubelet dials the path the agent gives")
+    _add(group, "--cdi-dir", DEFAULT_CDI_DIR, metavar="DIR", help="where prepared claims' CDI spec files go")
+    _add(group, "--dra-interval", "60", metavar="SECONDS",
+         help="seconds between looks at the node's ResourceSlices (one List; a write only when they differ)")
+
+
+def dra_text(plan: PoolPlan | None) -> str:
+    if plan is None:
+        return ""
+    from agent.policy.dra import describe
+
+    return describe(plan)
+
+
 def dra_plan(args: argparse.Namespace, topology: Topology, grouping: Grouping) -> PoolPlan | None:
     """What DRA mode would publish for this node (None in device-plugin mode)."""
     if getattr(args, "mode", "deviceplugin") != "dra":
@@ -196,10 +217,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps({**grouping_dict(topology, grouping), "cpuset_enforcement": enforcement,
                                      **dra}, indent=2) + "\n")
     else:
-        from agent.policy.dra import describe
-
-        sys.stdout.write(table(topology, grouping) + enforcement_line(enforcement)
-                         + (describe(plan) if plan is not None else ""))
+        sys.stdout.write(table(topology, grouping) + enforcement_line(enforcement) + dra_text(plan))
     return 0
 
 
@@ -211,10 +229,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     topology = topology_from(args)
     grouping = group_topology(topology, settings)
     plan = dra_plan(args, topology, grouping)
-    from agent.policy.dra import describe
-
     sys.stdout.write(explain(topology, grouping, allocation) + enforcement_line(enforcement_here(args))
-                     + (describe(plan) if plan is not None else ""))
+                     + dra_text(plan))
     return 0
 
 
@@ -399,6 +415,7 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
     from pathlib import Path
 
     from agent.app.config import AgentConfig
+    from agent.app.paths import DEFAULT_CDI_DIR, DEFAULT_DRA_PLUGIN_DIR, DEFAULT_DRA_REGISTRY_DIR
 
     return AgentConfig(kubelet_dir=Path(args.kubelet_dir), grouping=grouping_settings(args),
                        allocation=allocation_settings(args), pod_resources_socket=Path(args.pod_resources_socket),
@@ -414,7 +431,12 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
                        cpuset_enforcement=args.cpuset_enforcement, cri_socket=cri_socket(args.cri_socket),
                        nri_socket=Path(args.nri_socket or DEFAULT_NRI_SOCKET),
                        shared_pool=_bool_env("--shared-pool", False) if args.shared_pool is None else args.shared_pool,
-                       cpuset_interval=_positive_seconds("--cpuset-interval", args.cpuset_interval))
+                       cpuset_interval=_positive_seconds("--cpuset-interval", args.cpuset_interval),
+                       mode=getattr(args, "mode", None) or "deviceplugin",
+                       dra_registry_dir=Path(getattr(args, "dra_registry_dir", None) or DEFAULT_DRA_REGISTRY_DIR),
+                       dra_plugin_dir=Path(getattr(args, "dra_plugin_dir", None) or DEFAULT_DRA_PLUGIN_DIR),
+                       cdi_dir=Path(getattr(args, "cdi_dir", None) or DEFAULT_CDI_DIR),
+                       dra_interval=_positive_seconds("--dra-interval", getattr(args, "dra_interval", None) or "60"))
 
 
 def cri_socket(text: str) -> Path | None:
@@ -496,6 +518,7 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     add_allocation_flags(p)
     add_service_flags(p)
     add_mode_flag(p)
+    add_dra_flags(p)
     p.set_defaults(func=cmd_serve)
 
 

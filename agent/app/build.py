@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from agent.app.agent import Agent, LatestTopology, exclusivity_confirmed
 from agent.app.config import AgentConfig
@@ -109,8 +110,14 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
         devices.restore_holds(holds)
     metrics = AgentMetrics()
     metrics.prepare(grouping.resources())
-    manager = PluginManager(config.kubelet_dir, devices.tables, metrics, config.timing,
-                            on_kubelet_restart=devices.kubelet_restarted)
+    if config.mode == "dra":  # the second adapter: ResourceSlices and a kubelet DRA plugin (agent/dra)
+        from agent.dra.build import build_dra_manager
+
+        # DraManager has the face of PluginManager the agent uses (start, stop, ready, alive, registrations, ...).
+        manager = cast(PluginManager, build_dra_manager(config, topology, grouping, devices, pod_resources))
+    else:
+        manager = PluginManager(config.kubelet_dir, devices.tables, metrics, config.timing,
+                                on_kubelet_restart=devices.kubelet_restarted)
     kubelet_age = socket_age(config.kubelet_dir / "kubelet.sock")
     if kubelet_age is not None and kubelet_age < devices.ledger.restart_settle:
         devices.kubelet_restarted(kubelet_age)  # the node rebooted, or kubelet restarted with us: its List is not news

@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.app.paths import DEFAULT_NRI_SOCKET, DEFAULT_POD_RESOURCES_SOCKET
+from agent.app.paths import (
+    DEFAULT_CDI_DIR,
+    DEFAULT_DRA_PLUGIN_DIR,
+    DEFAULT_DRA_REGISTRY_DIR,
+    DEFAULT_NRI_SOCKET,
+    DEFAULT_POD_RESOURCES_SOCKET,
+)
 from agent.plugin.timing import Timing
 from agent.policy.allocation import AllocationSettings
 from agent.policy.grouping import GroupingSettings
@@ -35,3 +41,8 @@ class AgentConfig:
     cri_socket: Path | None = None  # the runtime's CRI socket (None: the first usual one that exists at start)
     shared_pool: bool = False  # with enforcement: confine every other container to the CPUs no held group has
     cpuset_interval: float = 2.0  # seconds between looks at the runtime (fast for a while after an Allocate)
+    mode: str = "deviceplugin"  # "dra": ResourceSlices and a kubelet DRA plugin instead of the device-plugin API
+    dra_registry_dir: Path = Path(DEFAULT_DRA_REGISTRY_DIR)  # kubelet's plugins_registry
+    dra_plugin_dir: Path = Path(DEFAULT_DRA_PLUGIN_DIR)  # where dra.sock is served (the kubelet's path too)
+    cdi_dir: Path = Path(DEFAULT_CDI_DIR)  # CDI spec files of prepared claims
+    dra_interval: float = 60.0  # seconds between looks at the ResourceSlices (a List; writes only on change)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from agent.errors import AgentError
+from agent.errors import AgentError, StartupError
 
 JSON = dict[str, Any]
 FIELD_MANAGER = "topology-agent"
@@ -59,12 +59,16 @@ class KubernetesDraApi:
         try:
             from kubernetes import client, config
         except ImportError as exc:  # pragma: no cover - depends on the install
-            raise AgentError("DRA mode needs the kubernetes package: pip install 's390x-topology-agent[dra]'"
-                             ) from exc
+            raise StartupError("--mode dra needs the kubernetes package: pip install "
+                               "'s390x-topology-agent[dra]'") from exc
         try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
+            config.load_incluster_config()
         except config.ConfigException:
-            config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+            try:
+                config.load_kube_config(config_file=kubeconfig)
+            except (config.ConfigException, OSError) as exc:
+                raise StartupError(f"--mode dra needs the API server: not in a pod, and no kubeconfig ({exc})"
+                                   ) from None
         self._client = client
         self.api_client = client.ApiClient()
         self.resource = client.ResourceV1Api(self.api_client)

@@ -23,6 +23,9 @@ class PodResourcesClient:
         self._channel: grpc.Channel | None = None
         self._socket: tuple[int, int] | None = None  # the socket the last List answered on
         self.replaced = False  # the last List answered on a socket other than the one before: kubelet restarted
+        # DRA mode: the driver whose claimed devices count as holds, and its device names -> resource names.
+        self.dra_driver: str | None = None
+        self.dra_devices: dict[str, str] = {}
 
     def _stub(self) -> api_pb2_grpc.PodResourcesListerStub:
         with self._lock:
@@ -58,10 +61,17 @@ class PodResourcesClient:
         self._socket = socket
         rows: list[ListedDevice] = []
         for pod in answer.pod_resources:
+            before = len(rows)
             rows.extend(ListedDevice(pod.namespace, pod.name, container.name, devices.resource_name,
                                      tuple(devices.device_ids))
                         for container in pod.containers for devices in container.devices)
-            if not any(container.devices for container in pod.containers):  # the pod is there, holding nothing
+            if self.dra_driver:  # DRA claims per container: our devices, as if allocated by the device plugin
+                rows.extend(ListedDevice(pod.namespace, pod.name, container.name, self.dra_devices[r.device_name],
+                                         (r.device_name,))
+                            for container in pod.containers for claim in container.dynamic_resources
+                            for r in claim.claim_resources
+                            if r.driver_name == self.dra_driver and r.device_name in self.dra_devices)
+            if len(rows) == before:  # the pod is there, holding nothing
                 rows.append(ListedDevice(pod.namespace, pod.name, "", "", ()))
         return rows
 

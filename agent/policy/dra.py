@@ -128,7 +128,7 @@ def _label(text: str) -> str:
 
 def _socket_of(cpu_socket: dict[int, SocketKey], core: tuple[int, ...], group: Group) -> SocketKey:
     """The socket a core of ``group`` is in (the group's own key for a socket)."""
-    return group.key if group.level == "socket" else cpu_socket[core[0]]
+    return group.key if group.level == "socket" else cpu_socket.get(core[0], group.key)
 
 
 def _socket_counter_name(key: SocketKey) -> str:
