@@ -123,3 +123,13 @@ def test_the_metrics() -> None:
                for f in text_string_to_metric_families(generate_latest(metrics.registry).decode()) for s in f.samples}
     assert samples[("topology_agent_groups_not_uniform", (("resource", BOOK),))] == 5
     assert samples[("topology_agent_uniform_group_cpus", (("resource", BOOK),))] == 12
+
+
+def test_a_snapshot_run_reads_the_groups_saved_before_these_flags() -> None:
+    """--topology-file turns allow_non_s390x on: the saved settings must not change for it (fake-topology mode
+    upgrades keep their groups), and uniform_groups appears in them only when on."""
+    from agent.policy.saved import settings_key
+
+    before = settings_key(GroupingSettings())
+    assert settings_key(GroupingSettings(allow_non_s390x=True)) == before
+    assert "uniform_groups" not in before

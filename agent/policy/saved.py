@@ -32,8 +32,6 @@ def settings_key(settings: GroupingSettings) -> dict[str, Any]:
     }
     if settings.uniform_groups:  # only when on: files saved before the flag existed stay valid
         key["uniform_groups"] = True
-    if settings.allow_non_s390x:
-        key["allow_non_s390x"] = True
     return key
 
 
