@@ -95,6 +95,22 @@ true
 {{- end -}}
 {{- end }}
 
+{{/* DRA mode (mode: dra): ResourceSlices and a kubelet DRA plugin instead of the device-plugin API. */}}
+{{- define "topology-agent.dra" -}}
+{{- if eq (.Values.mode | default "deviceplugin") "dra" -}}true{{- end -}}
+{{- end }}
+
+{{/* The DRA driver name (agent/policy/dra.py DRIVER), and the kubelet plugin directory on the host. */}}
+{{- define "topology-agent.draDriver" -}}topology.s390x.ibm.com{{- end }}
+{{- define "topology-agent.draPluginDir" -}}
+{{- printf "%s/plugins/%s" (include "topology-agent.kubeletRoot" .) (include "topology-agent.draDriver" .) -}}
+{{- end }}
+
+{{/* Whether the agent calls the API server at all: node labels, or DRA mode (its ResourceSlices and claims). */}}
+{{- define "topology-agent.apiAccess" -}}
+{{- if or .Values.agent.nodeLabels (include "topology-agent.dra" .) -}}true{{- end -}}
+{{- end }}
+
 {{/* The domain of the agent's node labels and annotations (agent/node/labels.py KEY_PREFIX). */}}
 {{- define "topology-agent.nodeKeyPrefix" -}}topology.s390x.ibm.com/{{- end }}
 
@@ -103,7 +119,7 @@ Whether the node-restriction ValidatingAdmissionPolicy is rendered: enabled, the
 it has no RBAC and no token), and the API is served or admissionPolicy.force is set.
 */}}
 {{- define "topology-agent.nodeRestrictionPolicyEnabled" -}}
-{{- if and .Values.nodeRestrictionPolicy.enabled .Values.agent.nodeLabels (or .Values.admissionPolicy.force (include "topology-agent.admissionApiServed" .)) -}}
+{{- if and .Values.nodeRestrictionPolicy.enabled (include "topology-agent.apiAccess" .) (or .Values.admissionPolicy.force (include "topology-agent.admissionApiServed" .)) -}}
 true
 {{- end -}}
 {{- end }}

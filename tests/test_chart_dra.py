@@ -1,0 +1,73 @@
+"""The chart in DRA mode (mode: dra): DeviceClasses, the kubelet plugin's mounts, RBAC, the ResourceSlice policy;
+device-plugin mode renders none of it. (The real API server judges them in tests/e2e/test_dra.py.)"""
+
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+
+from agent.policy.dra import DRIVER, deviceclass
+from tests.test_chart import FAKE_ARGS, Render, agent_container, env_of, helm, kinds, mounts_of, one, render
+
+__all__ = ["helm", "render"]  # the fixtures
+
+DRA = ("--set", "mode=dra")
+
+
+def test_deviceplugin_mode_renders_no_dra(render: Render) -> None:
+    docs = render()
+    assert "DeviceClass" not in kinds(docs)
+    assert env_of(agent_container(docs))["TOPOLOGY_AGENT_MODE"] == "deviceplugin"
+    assert not {"dra-registry", "dra-plugin", "cdi"} & set(mounts_of(docs))
+    rules = one(docs, "ClusterRole")["rules"]
+    assert all("resource.k8s.io" not in r["apiGroups"] for r in rules)
+
+
+@pytest.mark.parametrize("extra", [(), ("--set", "agent.nodeLabels=false"), FAKE_ARGS],
+                         ids=["default", "no-node-labels", "fake-topology"])
+def test_dra_mode(render: Render, extra: tuple[str, ...]) -> None:
+    docs = render(*DRA, *extra)
+    classes = {d["metadata"]["name"]: d for d in kinds(docs)["DeviceClass"]}
+    assert sorted(classes) == [f"book.{DRIVER}", f"drawer.{DRIVER}", f"socket.{DRIVER}"]
+    for level in ("book", "socket", "drawer"):
+        ours = deviceclass(level, extended_resource=None if level == "drawer" else f"topology/{level}")
+        assert classes[f"{level}.{DRIVER}"]["spec"] == ours["spec"]  # the chart and discover --mode dra agree
+        kubernetes_validate.validate(classes[f"{level}.{DRIVER}"], "1.37", strict=True)
+    env = env_of(agent_container(docs))
+    assert env["TOPOLOGY_AGENT_MODE"] == "dra"
+    assert env["TOPOLOGY_AGENT_DRA_REGISTRY_DIR"] == "/var/lib/kubelet/plugins_registry"
+    assert env["TOPOLOGY_AGENT_DRA_PLUGIN_DIR"] == f"/var/lib/kubelet/plugins/{DRIVER}"
+    assert env["TOPOLOGY_AGENT_CDI_DIR"] == "/var/run/cdi"
+    mounts = mounts_of(docs)
+    for name, path in (("dra-registry", "/var/lib/kubelet/plugins_registry"),
+                       ("dra-plugin", f"/var/lib/kubelet/plugins/{DRIVER}"), ("cdi", "/var/run/cdi")):
+        mount, volume = mounts[name]
+        assert mount["mountPath"] == path == volume["hostPath"]["path"]  # the host's path: kubelet dials it
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True
+    assert one(docs, "ServiceAccount")["automountServiceAccountToken"] is True
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in one(docs, "ClusterRole")["rules"]}
+    assert rules[(("resource.k8s.io",), ("resourceslices",))] == {"get", "list", "watch", "create", "update",
+                                                                   "delete"}
+    assert rules[(("resource.k8s.io",), ("resourceclaims",))] == {"get", "list", "watch"}
+    assert rules[(("resource.k8s.io",), ("deviceclasses",))] == {"get"}
+    assert "get" in rules[(("",), ("nodes",))]
+    policies = {p["metadata"]["name"]: p for p in kinds(docs)["ValidatingAdmissionPolicy"]}
+    slices = policies["t-s390x-topology-agent-resourceslices"]
+    rule = slices["spec"]["matchConstraints"]["resourceRules"][0]
+    assert rule["resources"] == ["resourceslices"] and set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    assert slices["spec"]["failurePolicy"] == "Fail"
+    bindings = {b["spec"]["policyName"]: b for b in kinds(docs)["ValidatingAdmissionPolicyBinding"]}
+    assert bindings["t-s390x-topology-agent-resourceslices"]["spec"]["validationActions"] == ["Deny"]
+    node_policy = "t-s390x-topology-agent-node-restriction"
+    assert (node_policy in policies) == ("agent.nodeLabels=false" not in extra)
+
+
+def test_mode_is_checked_by_the_schema(helm: str) -> None:
+    import subprocess
+
+    from tests.test_chart import CHART
+
+    result = subprocess.run([helm, "template", "t", str(CHART), "--set", "mode=both"], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode != 0 and "mode" in result.stderr
