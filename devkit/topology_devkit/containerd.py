@@ -73,6 +73,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 POD_NAME, POD_NAMESPACE, POD_UID, CONTAINER_NAME = (
     "io.kubernetes.pod.name", "io.kubernetes.pod.namespace", "io.kubernetes.pod.uid", "io.kubernetes.container.name")
 START_TIMEOUT = 15.0
+IMAGE_TIMEOUT = 10.0  # an imported image reaching the CRI plugin's store
 CALL_TIMEOUT = 30.0  # a CRI call of the harness (creating a container can take a second on a loaded machine)
 
 T = TypeVar("T")
@@ -450,10 +451,14 @@ class Containerd:
                                str(tarball)], capture_output=True, text=True, timeout=60, check=False)
         if done.returncode != 0:
             raise ContainerdUnavailable(f"ctr images import failed: {done.stderr.strip()[-300:]}")
-        status = self._call("ImageStatus", cri.ImageStatusRequest(image=cri.ImageSpec(image=self.image)),
-                            service="image")
-        if not status.image.id:
-            raise ContainerdUnavailable(f"the CRI plugin does not see the imported image {self.image}")
+        def seen() -> bool:  # containerd 2.x's CRI image store learns of an import from an event, a moment later
+            status = self._call("ImageStatus", cri.ImageStatusRequest(image=cri.ImageSpec(image=self.image)),
+                                service="image")
+            return bool(status.image.id)
+
+        if not poll_until(seen, IMAGE_TIMEOUT, step=0.05):
+            raise ContainerdUnavailable(f"the CRI plugin does not see the imported image {self.image} "
+                                        f"within {IMAGE_TIMEOUT:.0f} s")
 
     # -- CRI calls ----------------------------------------------------------------------------------
 
