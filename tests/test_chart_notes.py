@@ -114,6 +114,12 @@ def test_rendered_notes_follow_the_readme_contract(install: Callable[..., Instal
     notes = install(*chart_install("-n", "topo", "--set", "agent.openmpEnv=true"),
                     namespaces={"topo": PRIVILEGED}).notes
     check_rendered(notes, openmp=True)
+    assert "agent.uniformGroups=true" in notes and "agent.uniformGroups is on" not in notes
+    notes = install(*chart_install("-n", "topo", "--set", "agent.uniformGroups=true"),
+                    namespaces={"topo": PRIVILEGED}).notes
+    check_rendered(notes, openmp=False)
+    assert "agent.uniformGroups is on: every advertised group of a resource on a node has the same CPUs" in (
+        " ".join(notes.split()))
     prefixed = install(*chart_install("-n", "topo", "--set", "agent.resourcePrefix=ibm.example.com"),
                        namespaces={"topo": PRIVILEGED}).notes
     assert_pod_follows_the_contract(example_pod_spec(prefixed, "ibm.example.com/"), "ibm.example.com/")
