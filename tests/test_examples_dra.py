@@ -9,6 +9,7 @@ import celpy
 import kubernetes_validate
 import pytest
 import yaml
+from celpy.adapter import json_to_cel
 
 from agent.policy.dra import DRIVER, SliceSettings, build_pool
 from agent.policy.grouping import GroupingSettings, group_topology
@@ -31,7 +32,7 @@ def test_validate(path: Path) -> None:
 
 def cel_device(device: dict[str, Any]) -> Any:
     attrs = {k: next(iter(v.values())) for k, v in device["attributes"].items()}
-    return celpy.json_to_cel({"driver": DRIVER, "attributes": {DRIVER: attrs}})
+    return json_to_cel({"driver": DRIVER, "attributes": {DRIVER: attrs}})
 
 
 def matches(expression: str, device: dict[str, Any]) -> bool:
