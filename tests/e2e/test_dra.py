@@ -1,0 +1,263 @@
+"""DRA mode on the real cluster (issue 22 "Shown by"): the release switched to ``mode: dra`` and back.
+
+Off by default, so the e2e run (``make e2e``) is untouched; on the local lane (a real single-node cluster on this
+machine, README "A real cluster on one machine") with the chart installed and the image built from this tree::
+
+    TOPOLOGY_E2E_DRA=1 TOPOLOGY_E2E_KUBECONFIG=.cluster/kubeconfig TOPOLOGY_E2E_LANE=local \\
+    TOPOLOGY_E2E_SNAPSHOTS=.cluster/snapshots TOPOLOGY_E2E_HELM=.tools/bin/helm \\
+    TOPOLOGY_E2E_KUBECTL="$(devkit/cluster/build.sh --print)/kubectl" \\
+    TOPOLOGY_E2E_WORKLOAD_IMAGE=localhost/topology-e2e-busybox:latest \\
+    .venv/bin/pytest -m e2e tests/e2e/test_dra.py -v -p no:cacheprovider
+
+(or ``PYTEST_ARGS=tests/e2e/test_dra.py TOPOLOGY_E2E_DRA=1 make e2e``). The module's fixture runs ``helm upgrade`` with
+``--set mode=dra --set-json agent.levels=["book","socket"]`` and puts the release back in device-plugin mode at the end.
+The node's fake topology is one single-threaded book (with one socket) per real CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import E2EEnv
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(os.environ.get("TOPOLOGY_E2E_DRA") != "1", reason="DRA mode e2e: set TOPOLOGY_E2E_DRA=1"),
+]
+
+DRIVER = "topology.s390x.ibm.com"
+DRA_VALUES = ("--set", "mode=dra", "--set-json", 'agent.levels=["book","socket"]')
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 90, every: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except subprocess.CalledProcessError as exc:
+            last = exc.stderr
+        else:
+            if last:
+                return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+
+
+def kjson(env: E2EEnv, *args: str) -> Any:
+    return json.loads(env.kubectl(*args, "-o", "json").stdout)
+
+
+def apply(env: E2EEnv, doc: dict[str, Any]) -> None:
+    subprocess.run([os.environ.get("TOPOLOGY_E2E_KUBECTL") or "kubectl", "--kubeconfig", str(env.kubeconfig),
+                    "apply", "-f", "-"], input=json.dumps(doc), text=True, check=True, capture_output=True,
+                   timeout=60)
+
+
+def agent_pod(env: E2EEnv) -> dict[str, Any]:
+    pods = kjson(env, "-n", env.namespace, "get", "pods", "-l", f"app.kubernetes.io/instance={env.release}")["items"]
+    running = [p for p in pods if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+    assert running, "no running agent pod"
+    return running[0]
+
+
+def agent_ready(env: E2EEnv) -> bool:
+    try:
+        pod = agent_pod(env)
+    except AssertionError:
+        return False
+    return all(c.get("ready") for c in pod["status"].get("containerStatuses", []))
+
+
+def slices(env: E2EEnv, node: str) -> list[dict[str, Any]]:
+    items = kjson(env, "get", "resourceslices", "--field-selector", f"spec.nodeName={node},spec.driver={DRIVER}")
+    return sorted(items["items"], key=lambda s: s["metadata"]["name"])
+
+
+@pytest.fixture(scope="module")
+def dra(local: E2EEnv, node: str, pod_namespace: str) -> Iterator[E2EEnv]:
+    """The release in DRA mode for this module; device-plugin mode again afterwards."""
+    local.helm_upgrade(*DRA_VALUES)
+    try:
+        wait_for("the agent in DRA mode to be ready", lambda: agent_ready(local) and len(slices(local, node)) == 2,
+                 timeout=180)
+        yield local
+    finally:
+        local.kubectl("delete", "pods,resourceclaims", "--all", "-n", "topology-e2e-pods", "--wait=true",
+                      "--ignore-not-found", timeout=120)
+        local.helm_upgrade()
+        wait_for("the agent in device-plugin mode to be ready", lambda: agent_ready(local), timeout=180)
+
+
+def claim(name: str, device_class: str, selector: str | None = None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": 1}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "topology-e2e-pods"},
+            "spec": {"devices": {"requests": [{"name": "r", "exactly": exactly}]}}}
+
+
+def pod(name: str, image: str, claim_name: str | None = None, limits: dict[str, Any] | None = None,
+        cpu: str = "100m") -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": "main", "image": image, "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", "sleep 3600"],
+        "resources": {"requests": {"cpu": cpu, "memory": "16Mi"}, "limits": {"memory": "32Mi", **(limits or {})}}}
+    spec: dict[str, Any] = {"containers": [container], "terminationGracePeriodSeconds": 1,
+                            "nodeSelector": {"topology-e2e/worker": "true"}}
+    if claim_name:
+        spec["resourceClaims"] = [{"name": "c", "resourceClaimName": claim_name}]
+        container["resources"]["claims"] = [{"name": "c"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "topology-e2e-pods"},
+            "spec": spec}
+
+
+def running(env: E2EEnv, name: str) -> dict[str, Any]:
+    def check() -> Any:
+        p = kjson(env, "-n", "topology-e2e-pods", "get", "pod", name)
+        return p if p["status"].get("phase") == "Running" else None
+    return wait_for(f"pod {name} Running", check, timeout=120)
+
+
+def container_view(env: E2EEnv, name: str) -> tuple[dict[str, str], str]:
+    out = env.kubectl("-n", "topology-e2e-pods", "exec", name, "--", "sh", "-c",
+                      "env; grep Cpus_allowed_list /proc/self/status").stdout
+    envs = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    allowed = next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Cpus_allowed_list"))
+    return envs, allowed
+
+
+def allocated_device(env: E2EEnv, claim_name: str) -> str:
+    c = wait_for(f"claim {claim_name} allocated", lambda: (lambda c: c if c.get("status", {}).get("allocation")
+                                                            else None)(kjson(env, "-n", "topology-e2e-pods", "get",
+                                                                              "resourceclaim", claim_name)))
+    (result,) = c["status"]["allocation"]["devices"]["results"]
+    assert result["driver"] == DRIVER
+    return str(result["device"])
+
+
+def delete(env: E2EEnv, *what: str) -> None:
+    env.kubectl("-n", "topology-e2e-pods", "delete", *what, "--wait=true", "--ignore-not-found", timeout=120)
+
+
+def test_slices_validate_with_attributes_and_counters(dra: E2EEnv, node: str) -> None:
+    items = slices(dra, node)
+    assert [s["metadata"]["name"] for s in items] == [f"{node}-topology-counters-0", f"{node}-topology-devices-0"]
+    counters, devices = items
+    assert {s["spec"]["pool"]["name"] for s in items} == {node}
+    assert len({s["spec"]["pool"]["generation"] for s in items}) == 1
+    assert counters["spec"]["sharedCounters"] == [{"name": "drawer0", "counters": {
+        "book0-socket0": {"value": "1"}, "book1-socket0": {"value": "1"}}}]
+    by_name = {d["name"]: d for d in devices["spec"]["devices"]}
+    assert sorted(by_name) == ["drawer0-book0", "drawer0-book0-socket0", "drawer0-book1", "drawer0-book1-socket0"]
+    book = by_name["drawer0-book1"]
+    assert book["attributes"]["level"] == {"string": "book"} and book["attributes"]["cores"] == {"int": 1}
+    assert book["capacity"]["cores"]["value"] == "1"
+    assert book["consumesCounters"] == [{"counterSet": "drawer0", "counters": {"book1-socket0": {"value": "1"}}}]
+    owner = devices["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("Node", node)
+    classes = {c["metadata"]["name"]: c for c in kjson(dra, "get", "deviceclasses")["items"]}
+    assert classes[f"book.{DRIVER}"]["spec"]["extendedResourceName"] == "topology/book"
+    assert classes[f"socket.{DRIVER}"]["spec"]["extendedResourceName"] == "topology/socket"
+    assert "extendedResourceName" not in classes[f"drawer.{DRIVER}"]["spec"]
+
+
+def test_node_restriction_policy_holds_slices_to_the_agents_node(dra: E2EEnv, node: str) -> None:
+    ds = kjson(dra, "-n", dra.namespace, "get", "daemonset", "-l", f"app.kubernetes.io/instance={dra.release}")
+    account = ds["items"][0]["spec"]["template"]["spec"]["serviceAccountName"]
+    token = dra.kubectl("-n", dra.namespace, "create", "token", account, "--bound-object-kind", "Pod",
+                        "--bound-object-name", agent_pod(dra)["metadata"]["name"]).stdout.strip()
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "e2e-foreign-slice"},
+            "spec": {"driver": DRIVER, "nodeName": "some-other-node",
+                     "pool": {"name": "some-other-node", "generation": 1, "resourceSliceCount": 1}, "devices": []}}
+    result = subprocess.run([os.environ.get("TOPOLOGY_E2E_KUBECTL") or "kubectl", "--kubeconfig",
+                             str(dra.kubeconfig), "--token", token, "create", "-f", "-"], input=json.dumps(body),
+                            text=True, capture_output=True, timeout=60, check=False)
+    assert result.returncode != 0
+    assert ("the topology agent running on node " + node + " may not create a ResourceSlice of node some-other-node"
+            in result.stderr), result.stderr
+
+
+def test_book_claim_prepared_with_environment_and_cpuset(dra: E2EEnv, node: str) -> None:
+    apply(dra, claim("one-book", f"book.{DRIVER}"))
+    apply(dra, pod("book-pod", dra.workload_image, "one-book"))
+    running(dra, "book-pod")
+    device = allocated_device(dra, "one-book")
+    uid = kjson(dra, "-n", "topology-e2e-pods", "get", "resourceclaim", "one-book")["metadata"]["uid"]
+    book_cpu = device.removeprefix("drawer0-book")  # one CPU per book: book N is CPU N
+    envs, _ = container_view(dra, "book-pod")
+    assert envs["TOPOLOGY_GROUPS"] == device and envs["TOPOLOGY_CPUS"] == book_cpu
+    assert envs["TOPOLOGY_RANKS"] == "1" and envs["CPU_VISIBLE_MEMORY_NODES"] == "0"
+    wait_for("the container's cpuset to be the book's CPUs",
+             lambda: container_view(dra, "book-pod")[1] == book_cpu, timeout=60)
+    cdi = f"/var/run/cdi/{DRIVER}-book_{uid}.json"
+    spec = json.loads(dra.node_shell(node, f"cat {cdi}"))
+    assert spec["kind"] == f"{DRIVER}/book"
+
+
+def test_socket_inside_the_held_book_stays_pending_another_is_allocated(dra: E2EEnv, node: str) -> None:
+    held = allocated_device(dra, "one-book")  # from the test above
+    book = int(held.removeprefix("drawer0-book"))
+    apply(dra, claim("inside", f"socket.{DRIVER}", f'device.attributes["{DRIVER}"].book == {book}'))
+    apply(dra, pod("inside-pod", dra.workload_image, "inside"))
+    other = 1 - book
+    apply(dra, claim("outside", f"socket.{DRIVER}", f'device.attributes["{DRIVER}"].book == {other}'))
+    apply(dra, pod("outside-pod", dra.workload_image, "outside"))
+    running(dra, "outside-pod")
+    assert allocated_device(dra, "outside") == f"drawer0-book{other}-socket0"
+
+    def unschedulable() -> Any:
+        p = kjson(dra, "-n", "topology-e2e-pods", "get", "pod", "inside-pod")
+        conds = [c for c in p["status"].get("conditions", []) if c["type"] == "PodScheduled"]
+        return conds[0] if conds and conds[0]["status"] == "False" and conds[0].get("message") else None
+
+    cond = wait_for("the scheduler's reason for inside-pod", unschedulable, timeout=60)
+    print(f"inside-pod Pending: {cond['reason']}: {cond['message']}")
+    time.sleep(5)
+    assert kjson(dra, "-n", "topology-e2e-pods", "get", "pod", "inside-pod")["status"]["phase"] == "Pending"
+    assert not kjson(dra, "-n", "topology-e2e-pods", "get", "resourceclaim", "inside").get("status", {}).get(
+        "allocation")
+    delete(dra, "pod/inside-pod", "pod/outside-pod", "resourceclaim/inside", "resourceclaim/outside")
+
+
+def test_agent_restart_same_slices_no_reprepare(dra: E2EEnv, node: str) -> None:
+    before = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in slices(dra, node)}
+    old = agent_pod(dra)["metadata"]["name"]
+    dra.kubectl("-n", dra.namespace, "delete", "pod", old, "--wait=true", timeout=120)
+    wait_for("a new agent ready", lambda: agent_ready(dra) and agent_pod(dra)["metadata"]["name"] != old, timeout=180)
+    time.sleep(3)
+    after = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in slices(dra, node)}
+    assert after == before  # the same slices: not one write
+    logs = dra.kubectl("-n", dra.namespace, "logs", agent_pod(dra)["metadata"]["name"]).stdout
+    assert "restored 1 prepared claim(s)" in logs, logs[-2000:]
+    assert "prepared claim topology-e2e-pods/one-book" not in logs
+    envs, _ = container_view(dra, "book-pod")
+    assert envs["TOPOLOGY_GROUPS"] == allocated_device(dra, "one-book")
+
+
+def test_claim_deleted_unprepared_and_cdi_file_gone(dra: E2EEnv, node: str) -> None:
+    uid = kjson(dra, "-n", "topology-e2e-pods", "get", "resourceclaim", "one-book")["metadata"]["uid"]
+    cdi = f"/var/run/cdi/{DRIVER}-book_{uid}.json"
+    delete(dra, "pod/book-pod", "resourceclaim/one-book")
+    wait_for("the CDI file removed", lambda: dra.node_shell(node, f"test -e {cdi} && echo present || echo gone")
+             .strip() == "gone", timeout=60)
+
+
+def test_extended_resource_pod_served_through_dra(dra: E2EEnv, node: str) -> None:
+    apply(dra, pod("ext-pod", dra.workload_image, limits={"topology/book": 1}, cpu="1"))
+    p = running(dra, "ext-pod")
+    status = p["status"].get("extendedResourceClaimStatus")
+    assert status and status["resourceClaimName"], p["status"]
+    envs, _ = container_view(dra, "ext-pod")
+    assert envs["TOPOLOGY_GROUPS"] in ("drawer0-book0", "drawer0-book1")
+    book_cpu = envs["TOPOLOGY_GROUPS"].removeprefix("drawer0-book")
+    wait_for("the extended-resource pod's cpuset", lambda: container_view(dra, "ext-pod")[1] == book_cpu, timeout=60)
+    delete(dra, "pod/ext-pod")
