@@ -710,3 +710,21 @@ def test_directories_and_sockets(kubelet: KubeletEmulator) -> None:
     assert kubelet.pod_resources_socket == kubelet.root / "pod-resources" / "kubelet.sock"
     assert is_socket(kubelet.device_plugin_dir / "kubelet.sock")
     assert stat.S_IMODE(os.stat(kubelet.device_plugin_dir).st_mode) & 0o007 == 0
+
+
+def test_after_a_restart_pod_resources_shows_no_pod_until_the_pods_are_synced(
+        kubelet: KubeletEmulator, plugins: list[FakePlugin]) -> None:
+    # kubelet's List walks its pod manager, empty after a restart until the API server resends the pods
+    # (server_v1.go List: podsProvider.GetPods()); the device manager has the allocations at once.
+    start_plugin(kubelet, plugins)
+    kubelet.admit_pod("default", "p", [Container("c", {BOOK: 2})])
+    kubelet.pods_resync = 2.0
+    kubelet.restart()
+    channel, stub = pod_resources_stub(kubelet)
+    with channel:
+        assert list(stub.List(pr.ListPodResourcesRequest(), timeout=WAIT).pod_resources) == []
+        assert not kubelet.pods_synced()
+        assert [p.name for p in kubelet.pods()] == ["p"]  # the allocations are kept meanwhile
+        kubelet.wait_for(kubelet.pods_synced, WAIT, "pods synced again")
+        listed = stub.List(pr.ListPodResourcesRequest(), timeout=WAIT)
+        assert [(p.namespace, p.name) for p in listed.pod_resources] == [("default", "p")]
