@@ -280,3 +280,26 @@ def test_a_book_held_by_a_plain_init_container_stays_held_for_the_pods_lifetime(
         k.delete_pod("default", "warm")
         k.wait_for(lambda: not k.unhealthy_devices(SOCKET), timeout=10, what="released with the pod")
 
+
+
+def test_mixed_book_and_socket_pods_admitted_back_to_back_all_fit() -> None:
+    # Each admission comes right after the one before: kubelet's available list may still hold the devices
+    # the last Allocate blocked (it learns of them from the next ListAndWatch message), and the preference
+    # must not offer them (before, 6 of 100 such pods failed with UnexpectedAdmissionError).
+    with running_node(topology="z16-400") as node:
+        k = node.kubelet
+        failures = []
+        order = random.Random(20)
+        for r in range(5):
+            kinds = [BOOK] * 6 + [SOCKET] * 14  # 13 of the 16 books at most
+            order.shuffle(kinds)
+            for n, resource in enumerate(kinds):
+                try:
+                    k.admit_pod("default", f"r{r}-p{n}", [Container("c", {resource: 1})])
+                except AdmissionError as err:
+                    failures.append(f"{resource}: {err}")
+            for pod in k.pods():
+                k.delete_pod(pod.namespace, pod.name)
+            k.wait_for(lambda: not k.unhealthy_devices(BOOK) and not k.unhealthy_devices(SOCKET), timeout=20,
+                       what="the node free again")
+        assert failures == []
