@@ -91,6 +91,8 @@ def test_an_empty_list_right_after_a_kubelet_restart_releases_nothing() -> None:
         ledger.apply_list([], started=t, now=t + 0.1)
         assert set(ledger.held()) == {(BOOK, "drawer0-book0"), (SOCKET, "drawer1-book5-socket0")}
     assert ledger.admit(SOCKET, [["drawer0-book0-socket1"]], 112.5, OVERLAP).refused is not None
+    # The cpuset enforcement still knows the book's container meanwhile.
+    assert ledger.containers() == {(BOOK, "drawer0-book0"): frozenset({Holder("ml", "llm", "c")})}
     # kubelet has its pods again: the book is listed, the socket pod is gone for good.
     ledger.apply_list([ListedDevice("ml", "llm", "c", BOOK, ("drawer0-book0",))], started=115.0, now=115.1)
     ledger.apply_list([ListedDevice("ml", "llm", "c", BOOK, ("drawer0-book0",))], started=116.0, now=116.1)

@@ -309,10 +309,11 @@ class NodeDevices(Generic[W]):
             return frozenset(self.ledger.held())
 
     def holder_identities(self) -> dict[tuple[str, str, str], set[DeviceKey]]:
-        """kubelet's namespace/pod/container -> the devices pod-resources lists it holding."""
+        """kubelet's namespace/pod/container -> the devices pod-resources lists it holding (or listed before a
+        kubelet restart whose List has not settled yet)."""
         result: dict[tuple[str, str, str], set[DeviceKey]] = {}
         with self.lock:
-            for key, holders in self.ledger.listed.items():
+            for key, holders in self.ledger.containers().items():
                 for h in holders:
                     result.setdefault((h.namespace, h.pod, h.container), set()).add(key)
         return result

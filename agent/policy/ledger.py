@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from agent.policy.health import DeviceKey, Holder
 
 PENDING = Holder("", "not yet listed by kubelet", "")
-KEPT = "(kept across a kubelet restart)"
 INIT = "(init container)"
 PodRef = tuple[str, str]  # (namespace, pod)
 
@@ -187,7 +186,7 @@ class AllocationLedger:
         """kubelet restarted at ``at`` (its socket was re-created): keep every hold known now until its
         List has settled again."""
         for key, holders in self.listed.items():
-            self.kept[key] = self.kept.get(key, frozenset()) | {Holder(h.namespace, h.pod, KEPT) for h in holders}
+            self.kept[key] = self.kept.get(key, frozenset()) | holders
         self.restarted_at = at if self.restarted_at is None else max(self.restarted_at, at)
         self._settling = None
         self._rebuild()
@@ -204,6 +203,16 @@ class AllocationLedger:
             if key[0] in self.resources and key not in self.pod_held:
                 self.pending.setdefault(key, now - self.visibility_grace)
         self._rebuild()
+
+    def containers(self) -> Mapping[DeviceKey, frozenset[Holder]]:
+        """The containers known to hold each device: listed, and those listed before a kubelet restart
+        that has not settled yet (the same containers, most likely, still running)."""
+        if self.restarted_at is None or not self.kept:
+            return self.listed
+        merged = dict(self.kept)
+        for key, holders in self.listed.items():
+            merged[key] = merged.get(key, frozenset()) | holders
+        return merged
 
     def saved(self) -> SavedHolds:
         """Every hold, for saving: an agent restarted while pod-resources is away must know them all."""
