@@ -384,8 +384,17 @@ def test_static_cpu_manager_is_labelled_and_refused(core: Any, pod_namespace: st
         agent = agent_pod(core, local, node)
         text = metrics(agent)
         assert metric(text, "topology_agent_cpuset_enforcement_refused") == 1, text[:400]
-        logs = core.read_namespaced_pod_log(agent.metadata.name, local.namespace)
-        assert "static" in logs
+
+        def warned() -> bool:
+            from kubernetes.client.exceptions import ApiException
+
+            try:  # right after a kubelet restart its log endpoint can answer 404 for a moment
+                logs = core.read_namespaced_pod_log(agent_pod(core, local, node).metadata.name, local.namespace)
+            except ApiException:
+                return False
+            return "static policy" in (logs or "")
+
+        wait_for("the agent to warn about the static policy", warned, timeout=60, interval=0.5)
     finally:
         since = time.time()
         local.restart_kubelet(node, cpu_manager_policy="none")
