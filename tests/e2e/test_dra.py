@@ -235,10 +235,23 @@ def test_agent_restart_same_slices_no_reprepare(dra: E2EEnv, node: str) -> None:
     wait_for("a new agent ready", lambda: agent_ready(dra) and agent_pod(dra)["metadata"]["name"] != old, timeout=180)
     time.sleep(3)
     after = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in slices(dra, node)}
+    print(f"slices before the agent restart {before}, after {after}")
     assert after == before  # the same slices: not one write
     logs = dra.kubectl("-n", dra.namespace, "logs", agent_pod(dra)["metadata"]["name"]).stdout
     assert "restored 1 prepared claim(s)" in logs, logs[-2000:]
     assert "prepared claim topology-e2e-pods/one-book" not in logs
+    envs, _ = container_view(dra, "book-pod")
+    assert envs["TOPOLOGY_GROUPS"] == allocated_device(dra, "one-book")
+
+
+def test_kubelet_restart_keeps_the_claim_and_restores_the_slices(dra: E2EEnv, node: str) -> None:
+    """kubelet wipes every driver's slices of its node at its start: the registration that follows republishes."""
+    registered_before = agent_pod(dra)["metadata"]["name"]
+    dra.restart_kubelet(node)
+    wait_for("the node's slices back", lambda: len(slices(dra, node)) == 2, timeout=120)
+    wait_for("the agent ready again", lambda: agent_ready(dra), timeout=120)
+    assert agent_pod(dra)["metadata"]["name"] == registered_before  # the same agent, not restarted
+    assert kjson(dra, "-n", "topology-e2e-pods", "get", "pod", "book-pod")["status"]["phase"] == "Running"
     envs, _ = container_view(dra, "book-pod")
     assert envs["TOPOLOGY_GROUPS"] == allocated_device(dra, "one-book")
 
