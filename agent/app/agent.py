@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from agent.app.config import AgentConfig
 from agent.app.enforcement import CpusetEnforcement
-from agent.app.loops import PeriodicLoop
+from agent.app.loops import PeriodicLoop, backoff_delay
 from agent.app.nri_enforcement import NriEnforcement
 from agent.devices.table import NodeDevices
 from agent.errors import PodResourcesError, TopologyReadError
@@ -96,7 +96,7 @@ class Agent:
         self.rescan_loop = PeriodicLoop("topology rescan", config.rescan_interval, self._periodic_rescan,
                                         (TopologyReadError, OSError))
         self.label_loop = PeriodicLoop("node labels", config.label_interval if config.node_labels else 0,
-                                       self.reporter.sync_labels, ())
+                                       self.reporter.sync_labels, (), pace=self._label_pace)
         metrics.read_status(self.status)
 
     # --- the loops' steps ---------------------------------------------------------------------
@@ -109,6 +109,11 @@ class Agent:
             return fast
         self.pod_resources.close()  # no connection kept open between slow Lists (the next one dials)
         return max(fast, SLOW_POD_RESOURCES)
+
+    def _label_pace(self) -> float:
+        """The next label sync: every --label-interval, backing off while the API server fails (away,
+        refusing, denying: the labeler said so once), to 10 intervals at most (5 min by default)."""
+        return backoff_delay(self.config.label_interval, self.reporter.failed_syncs)
 
     def _devices_changed(self) -> None:
         self._last_change = time.monotonic()

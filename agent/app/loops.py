@@ -9,6 +9,16 @@ from collections.abc import Callable
 
 log = logging.getLogger("topology-agent")
 
+BACKOFF_FACTOR_CAP = 10  # a failing source is looked at again after at most 10 intervals (5 min at 30 s)
+
+
+def backoff_delay(interval: float, failures: int, cap_factor: float = BACKOFF_FACTOR_CAP) -> float:
+    """The wait after ``failures`` failures in a row: the interval when none, then doubling from twice
+    the interval, capped at ``cap_factor`` intervals (so a source that comes back is noticed within it)."""
+    if failures <= 0:
+        return interval
+    return min(interval * 2.0 ** min(failures, 32), interval * cap_factor)
+
 
 class PeriodicLoop:
     """Calls ``step`` every ``interval`` seconds (and when woken) until stopped.

@@ -193,6 +193,11 @@ def kubeconfig_api() -> NodeApi:
     except (config.ConfigException, OSError, ValueError) as exc:
         raise NodeLabelerError(f"no usable kubeconfig ({exc})") from None
     configuration.retries = 1  # one retry for a dropped connection; the default (3) stretches a timeout to 4x
+    # urllib3 warns of every retry ("Retrying (Retry(total=0, ...)) after connection broken by ..."): with
+    # the API server away that is a warning per sync; the labeler says it once and when it comes back.
+    import logging
+
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     return _ClientNodeApi(client.CoreV1Api(client.ApiClient(configuration)))
 
 

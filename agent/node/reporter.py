@@ -60,6 +60,7 @@ class NodeReporter:
         self._labeler_broken = False
         self._said_missing = False
         self._syncs = 0
+        self.failed_syncs = 0  # label syncs failed in a row (the loop backs off on them)
         self._event_posted = False  # the "nothing advertised" Event, once per start
         self._read_identity: tuple[object, object] | None = None  # the files as last read
 
@@ -115,6 +116,7 @@ class NodeReporter:
         if self.exclusivity is not None:
             exclusivity = "confirmed" if self.exclusivity() else "unconfirmed"
         synced = self._labeler.sync(self.labels(), node_annotations(self.topology, self.grouping, exclusivity))
+        self.failed_syncs = 0 if synced else self.failed_syncs + 1
         nothing = not_advertised(self.topology, self.grouping)
         if synced and nothing is not None and not self._event_posted:
             from datetime import UTC, datetime
