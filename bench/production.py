@@ -250,6 +250,37 @@ class FakeApiServer:
         self.httpd.server_close()
 
 
+def refused_port() -> int:
+    """A port on 127.0.0.1 that refuses connections (bound, then closed: nothing listens there)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def write_kubeconfig(path: Path, port: int, token: str, ca: Path | None) -> Path:
+    """A kubeconfig for ``https://127.0.0.1:PORT`` with a bearer token (a developer's, or a local run's)."""
+    cluster = f"certificate-authority: {ca}" if ca is not None else "insecure-skip-tls-verify: true"
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters:
+- name: bench
+  cluster:
+    server: https://127.0.0.1:{port}
+    {cluster}
+users:
+- name: bench
+  user:
+    token: {token}
+contexts:
+- name: bench
+  context: {{cluster: bench, user: bench}}
+current-context: bench
+""")
+    return path
+
+
 # --------------------------------------------------------------------------- the pod's mount namespace
 
 def unshare_problem() -> str | None:
@@ -332,7 +363,15 @@ class Production:
     """What stays the same for every agent a bench starts: the install, the API server, the secrets,
     kubelet's files. :meth:`agent` starts one agent with them."""
 
-    def __init__(self, workdir: Path, *, labels: bool = True) -> None:
+    def __init__(self, workdir: Path, *, labels: bool = True, api: str = "up") -> None:
+        """``api``: ``up`` (the fake API server), ``refused`` (the pod's service account and environment,
+        but the API server's port refuses connections) or ``refused-kubeconfig`` (no service account: a
+        ``KUBECONFIG`` naming a port that refuses connections)."""
+        if api not in ("up", "refused", "refused-kubeconfig"):
+            raise ValueError(f"api must be up, refused or refused-kubeconfig, not {api!r}")
+        self.api_mode = api
+        self.kubeconfig: Path | None = None
+        self.refused = 0  # the refusing port, when api is not up
         self.workdir = workdir
         self.install = image_install()
         self.kubelet_files = workdir / "kubelet-root"
@@ -359,16 +398,36 @@ class Production:
                 self.wrapper = write_wrapper(workdir, secrets)
                 self.labels_note = ("node labels over TLS to a fake API server, service account on a tmpfs in a "
                                     "private mount namespace")
+                if api != "up":
+                    self.refused = refused_port()
+                    self.api.close()  # nothing listens: the agent's requests are refused
+                    if api == "refused-kubeconfig":
+                        self.wrapper = None  # no service account: the kubeconfig is the agent's only way
+                        self.kubeconfig = write_kubeconfig(workdir / "kubeconfig", self.refused, self.api.token, cert)
+                        self.labels_note = (f"node labels on, KUBECONFIG naming https://127.0.0.1:{self.refused}, "
+                                            f"which refuses connections (no service account)")
+                    else:
+                        self.labels_note = (f"node labels on, service account as in a pod, KUBERNETES_SERVICE_PORT "
+                                            f"{self.refused}, which refuses connections")
 
     @property
     def labels(self) -> bool:
         return self.api is not None
 
+    @property
+    def api_up(self) -> bool:
+        return self.api is not None and self.api_mode == "up"
+
     def env(self) -> dict[str, str]:
         env = self.install.run_env()
+        env.pop("KUBECONFIG", None)
         env["NODE_NAME"] = NODE_NAME
         if self.api is not None:
-            env.update(KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT=str(self.api.port))
+            if self.kubeconfig is not None:
+                env["KUBECONFIG"] = str(self.kubeconfig)
+            else:
+                port = self.api.port if self.api_mode == "up" else self.refused
+                env.update(KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT=str(port))
         return env
 
     def entry(self) -> list[str]:
@@ -395,7 +454,7 @@ class Production:
                             env=self.env(), cwd=self.workdir, rescan_interval=None, metrics_address=None)
 
     def close(self) -> None:
-        if self.api is not None:
+        if self.api is not None and self.api_mode == "up":
             self.api.close()
 
     def __enter__(self) -> Production:
