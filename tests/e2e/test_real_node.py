@@ -381,9 +381,10 @@ def test_static_cpu_manager_is_labelled_and_refused(core: Any, pod_namespace: st
         wait_for(f"{node} to be labelled {label}=static",
                  lambda: (core.read_node(node).metadata.labels or {}).get(label) == "static", timeout=90,
                  interval=0.5)
-        agent = agent_pod(core, local, node)
-        text = metrics(agent)
-        assert metric(text, "topology_agent_cpuset_enforcement_refused") == 1, text[:400]
+        # The enforcement loop of a node where nothing is held looks every 30 s: the refusal follows by then.
+        wait_for("the agent to refuse cpuset enforcement", lambda: metric(
+            metrics(agent_pod(core, local, node)), "topology_agent_cpuset_enforcement_refused") == 1, timeout=60,
+            interval=0.5)
 
         def warned() -> bool:
             from kubernetes.client.exceptions import ApiException
