@@ -367,6 +367,13 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
                        help="name the holders (namespace/pod/container) in /allocations; off: device ids, states "
                             "and counts only, since anyone who reaches the port can read it "
                             "(default: off) [env TOPOLOGY_AGENT_ALLOCATIONS_POD_NAMES=true|false]")
+    group = parser.add_argument_group("uninstall (README \"Upgrading and uninstalling\")")
+    _add(group, "--release-daemonset", "", metavar="NAME",
+         help="the agent's DaemonSet (namespace: POD_NAMESPACE): after a signal, when it is being deleted (helm "
+              "uninstall's hook), remove the state files, the seccomp profile and the node labels; otherwise, and "
+              "without it, keep them all (a rolling update keeps every hold)")
+    _add(group, "--seccomp-profile-dir", "", metavar="DIR",
+         help="where the seccomp profile was installed (removed with the rest when the DaemonSet is deleted)")
     group = parser.add_argument_group("logging")
     _add(group, "--log-level", "info", choices=("debug", "info", "warning", "error"), help="log level")
     _add(group, "--log-format", "text", choices=("text", "json"), help="log format")
@@ -466,7 +473,55 @@ def cmd_serve(args: argparse.Namespace) -> int:
                            "other roots)")
     setup_logging(args.log_level, args.log_format)
     source = topology_source(args)
-    return run_until_signalled(build_agent(source.load(), config, loader=source.load, fingerprint=source.fingerprint))
+    code = run_until_signalled(build_agent(source.load(), config, loader=source.load, fingerprint=source.fingerprint))
+    if args.release_daemonset:
+        cleanup_after_stop(args, config)
+    return code
+
+
+def cleanup_after_stop(args: argparse.Namespace, config: AgentConfig) -> None:
+    """After serve stopped: clean the node up only if the agent's DaemonSet is being deleted (agent/node/uninstall)."""
+    from pathlib import Path
+
+    from agent.errors import NodeLabelerError
+    from agent.node.uninstall import LeanReleaseApi, cleanup_if_released, log
+
+    namespace = os.environ.get("POD_NAMESPACE")
+    if not namespace:
+        log.warning("kept everything: --release-daemonset needs POD_NAMESPACE (the downward API's metadata.namespace)")
+        return
+    try:
+        api = LeanReleaseApi.in_cluster()
+    except NodeLabelerError as exc:
+        log.warning("kept everything: cannot reach the API server to look at DaemonSet %s: %s",
+                    args.release_daemonset, exc)
+        return
+    cleanup_if_released(api, namespace=namespace, daemonset=args.release_daemonset, node_name=config.node_name,
+                        kubelet_dir=config.kubelet_dir, resource_prefix=config.grouping.resource_prefix,
+                        dra=config.mode == "dra", node_labels=config.node_labels,
+                        seccomp_dir=Path(args.seccomp_profile_dir) if args.seccomp_profile_dir else None)
+
+
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    """The chart's pre-delete hook: delete the DaemonSet in the foreground, wait, remove leftover node labels."""
+    from agent.errors import NodeLabelerError
+    from agent.node.uninstall import LeanReleaseApi, run_uninstall_hook
+    from agent.policy.uninstall import parse_label_selector
+
+    namespace = args.namespace or os.environ.get("POD_NAMESPACE") or ""
+    if not namespace:
+        raise UsageError("--namespace: not given and POD_NAMESPACE is not set")
+    try:
+        selector = parse_label_selector(args.node_selector)
+    except ValueError as exc:
+        raise UsageError(f"--node-selector: {exc}") from None
+    timeout = _seconds("--timeout", args.timeout)
+    try:
+        api = LeanReleaseApi.in_cluster()
+    except NodeLabelerError as exc:
+        raise StartupError(f"uninstall runs in a pod of the cluster: {exc}") from None
+    return run_uninstall_hook(api, namespace=namespace, daemonset=args.daemonset, node_selector=selector,
+                              timeout=timeout, say=lambda line: print(line, flush=True))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -529,6 +584,16 @@ def _seccomp_flags(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_seccomp_profile)
 
 
+def _uninstall_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--daemonset", required=True, metavar="NAME", help="the agent's DaemonSet")
+    p.add_argument("--namespace", default="", metavar="NAMESPACE", help="its namespace (default: POD_NAMESPACE)")
+    p.add_argument("--node-selector", default="", metavar="K=V,...",
+                   help="the DaemonSet's node selector: the nodes whose leftover labels are removed (default: all)")
+    p.add_argument("--timeout", default="120", metavar="SECONDS",
+                   help="how long to wait for the agents to stop and clean up (default: 120)")
+    p.set_defaults(func=cmd_uninstall)
+
+
 def _demo_flags(p: argparse.ArgumentParser) -> None:
     add_topology_flags(p)
     add_policy_flags(p)
@@ -544,6 +609,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "seccomp-profile": ("print or install the seccomp profile vLLM pods need (RuntimeDefault plus the NUMA calls)",
                         _seccomp_flags),
     "demo": ("run the agent on a bundled z16-shaped snapshot against an emulated kubelet", _demo_flags),
+    "uninstall": ("the chart's pre-delete hook: stop every agent so it cleans its node up, then remove leftover "
+                  "node labels", _uninstall_flags),
 }
 
 

@@ -1,0 +1,72 @@
+"""What an uninstall removes, and when: pure decisions over API objects and paths (no I/O).
+
+A stopping agent keeps everything (a rolling update, a restart, a node shutdown: the next agent needs its holds)
+unless its DaemonSet is being deleted, which is what ``helm uninstall``'s pre-delete hook does first (a foreground
+delete: the DaemonSet stays visible, with a deletionTimestamp, until its last pod is gone). Then the agent removes
+its state files, the seccomp profile it installed and its node's labels and annotations, in that order (a node that
+still carries the labels is one whose agent did not finish: the hook names it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import PurePath
+from typing import Any
+
+
+def release_deleted(daemonset: Mapping[str, Any] | None) -> bool:
+    """Whether the agent's DaemonSet is going away: gone (None, a 404) or marked for deletion. Anything else,
+    including an answer that is not a DaemonSet, keeps everything."""
+    if daemonset is None:
+        return True
+    meta = daemonset.get("metadata")
+    return isinstance(meta, Mapping) and bool(meta.get("deletionTimestamp"))
+
+
+def removal_patch(labels: Mapping[str, str], annotations: Mapping[str, str], prefix: str) -> dict[str, Any] | None:
+    """The JSON merge patch that removes every ``prefix`` label and annotation (None: there are none)."""
+    body: dict[str, Any] = {}
+    ours_labels = {k: None for k in sorted(labels) if k.startswith(prefix)}
+    ours_annotations = {k: None for k in sorted(annotations) if k.startswith(prefix)}
+    if ours_labels:
+        body["labels"] = ours_labels
+    if ours_annotations:
+        body["annotations"] = ours_annotations
+    return {"metadata": body} if body else None
+
+
+def state_paths(state_root: PurePath, prefix_dir: str, dra: bool, groups_file: str) -> tuple[PurePath, ...]:
+    """The agent's own entries under ``state_root`` (``<kubelet dir>/s390x-topology-agent``): its prefix's
+    directory, DRA mode's claims directory, the 0.1.0 groups file. Another instance's prefix is not among them."""
+    paths: list[PurePath] = [state_root / prefix_dir]
+    if dra:
+        paths.append(state_root / "dra")
+    paths.append(state_root / groups_file)
+    return tuple(paths)
+
+
+def label_selector(node_selector: Mapping[str, str]) -> str:
+    """A node selector (key: value) as a label selector string (``k=v,k2=v2``)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(node_selector.items()))
+
+
+def parse_label_selector(text: str) -> dict[str, str]:
+    """``k=v,k2=v2`` back to a mapping; ValueError naming the item that is not ``key=value``."""
+    selector: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or "=" in value:
+            raise ValueError(f"{item!r} is not key=value")
+        selector[key.strip()] = value.strip()
+    return selector
+
+
+def leftover_nodes(nodes: Iterable[tuple[str, Mapping[str, str], Mapping[str, str]]],
+                   prefix: str) -> list[tuple[str, dict[str, Any]]]:
+    """(node name, removal patch) for every node that still carries ``prefix`` keys, by name."""
+    left = []
+    for name, node_labels, node_annotations in nodes:
+        patch = removal_patch(node_labels, node_annotations, prefix)
+        if patch is not None:
+            left.append((name, patch))
+    return sorted(left, key=lambda item: item[0])
