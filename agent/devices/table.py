@@ -76,6 +76,8 @@ def check_ids(ids: Sequence[str], known: Mapping[str, object], resource: str) ->
     """Raise Refusal("invalid") naming the bad ids (at most a few of them)."""
     if not ids:
         raise Refusal("invalid", f"{resource}: container request has no device ids")
+    if len(set(ids)) == len(ids) and all(i in known for i in ids):  # the usual request: nothing to name
+        return
     unknown = sorted({i for i in ids if i not in known})
     seen: set[str] = set()
     duplicates = sorted({i for i in ids if i in seen or seen.add(i)})  # type: ignore[func-returns-value]
@@ -423,9 +425,9 @@ class NodeDevices(Generic[W]):
                              f" ({state.reason})" if state.reason else "",
                              extra={"resource": key[0], "device": key[1], "before": before, "after": state.state,
                                     "reason": state.reason})
+            self._save_holds()  # first: whatever kubelet is shown blocked is on disk, should the agent die now
             for table in self.tables:
                 table.publish({dev: s.health for (res, dev), s in new.items() if res == table.resource})
-            self._save_holds()
             if not changed:
                 return
         for listener in self._listeners:  # devices changed hands, or health
