@@ -76,6 +76,8 @@ def check_ids(ids: Sequence[str], known: Mapping[str, object], resource: str) ->
     """Raise Refusal("invalid") naming the bad ids (at most a few of them)."""
     if not ids:
         raise Refusal("invalid", f"{resource}: container request has no device ids")
+    if len(set(ids)) == len(ids) and all(i in known for i in ids):  # the usual request: nothing to name
+        return
     unknown = sorted({i for i in ids if i not in known})
     seen: set[str] = set()
     duplicates = sorted({i for i in ids if i in seen or seen.add(i)})  # type: ignore[func-returns-value]

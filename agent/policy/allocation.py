@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import chain
 
 from agent.policy.grouping import Group
 from agent.topology.cpulist import cpu_ranges, format_cpulist, format_ranges
@@ -137,7 +139,7 @@ def _union_ranges(parts: list[GroupPart]) -> tuple[tuple[tuple[int, int], ...], 
             else:  # out of order or overlapping
                 cpus = sorted({c for p in parts for c in p.group.cpus})
                 return cpu_ranges(cpus), tuple(cpus)
-    return tuple(merged), tuple(c for p in parts for c in p.group.cpus)
+    return tuple(merged), tuple(chain.from_iterable(p.group.cpus for p in parts))  # C speed: ~100 CPUs
 
 
 def plan_allocation(groups: Iterable[Group], settings: AllocationSettings | None = None) -> ContainerPlan:
@@ -146,45 +148,69 @@ def plan_allocation(groups: Iterable[Group], settings: AllocationSettings | None
     return plan_parts([group_part(g, settings) for g in groups], settings)
 
 
+@lru_cache(maxsize=8)
+def _annotation_keys(domain: str) -> tuple[str, str, str, str, str, str]:
+    """The annotation keys under ``domain`` (cpus, memory-nodes, groups, resource, rank-cores, warning)."""
+    return (f"{domain}/cpus", f"{domain}/memory-nodes", f"{domain}/groups", f"{domain}/resource",
+            f"{domain}/rank-cores", f"{domain}/warning")
+
+
 def plan_parts(parts: Iterable[GroupPart], settings: AllocationSettings) -> ContainerPlan:
     """:func:`plan_allocation` from groups' parts (``settings`` already validated, the parts made with them)."""
     ordered = sorted(parts, key=lambda p: p.sort_key)
     if not ordered:
         raise ValueError("an allocation needs at least one group")
     ranges, cpus = _union_ranges(ordered)
-    nodes = sorted({n for p in ordered for n in p.group.memory_nodes})
-    ranks = tuple(p.rank for p in ordered)
-    rank_cores = tuple(len(p.group.cores) for p in ordered)
-    threads = str(sum(len(rank) for rank in ranks))
-    places = ",".join(p.rank_places for p in ordered)
+    # One pass over the groups (a first-time Allocate plans on kubelet's clock).
+    id_parts: list[str] = []
+    rank_parts: list[tuple[int, ...]] = []
+    core_counts: list[int] = []
+    place_parts: list[str] = []
+    bind_parts: list[str] = []
+    node_set: set[int] = set()
+    n_threads = 0
+    for part in ordered:
+        group = part.group
+        id_parts.append(group.id)
+        rank_parts.append(part.rank)
+        core_counts.append(len(group.cores))
+        place_parts.append(part.rank_places)
+        bind_parts.append(part.rank_cpulist)
+        node_set.update(group.memory_nodes)
+        n_threads += len(part.rank)
+    ranks = tuple(rank_parts)
+    rank_cores = tuple(core_counts)
+    threads = str(n_threads)
+    places = ",".join(place_parts)
     cpulist = format_ranges(ranges)
-    node_list = ",".join(map(str, nodes))
-    ids = tuple(p.group.id for p in ordered)
+    node_list = ",".join(map(str, sorted(node_set)))
+    ids = tuple(id_parts)
     id_list = ",".join(ids)
     envs = {
         ENV_CPUS: cpulist,
         ENV_GROUPS: id_list,
         ENV_MEMORY_NODES: node_list,
-        ENV_VLLM_BIND: "|".join(p.rank_cpulist for p in ordered),
+        ENV_VLLM_BIND: "|".join(bind_parts),
         ENV_TOPOLOGY_RANKS: str(len(ranks)),
         ENV_OMP_NUM_THREADS: threads,  # binds nothing; keeps a runtime from a thread per node CPU
         ENV_TOPOLOGY_OMP_NUM_THREADS: threads,
         ENV_TOPOLOGY_OMP_PLACES: places,
-        ENV_TOPOLOGY_OMP_PLACES_BY_GROUP: "|".join(p.rank_places for p in ordered),
+        ENV_TOPOLOGY_OMP_PLACES_BY_GROUP: "|".join(place_parts),
     }
     if settings.openmp_env:
         envs[ENV_OMP_PLACES] = places
         envs[ENV_OMP_PROC_BIND] = "close"
-    domain = settings.annotation_domain
+    cpus_key, nodes_key, groups_key, resource_key, rank_cores_key, warning_key = _annotation_keys(
+        settings.annotation_domain)
     annotations = {
-        f"{domain}/cpus": cpulist,
-        f"{domain}/memory-nodes": node_list,
-        f"{domain}/groups": id_list,
-        f"{domain}/resource": ordered[0].group.resource,
-        f"{domain}/rank-cores": ",".join(map(str, rank_cores)),
+        cpus_key: cpulist,
+        nodes_key: node_list,
+        groups_key: id_list,
+        resource_key: ordered[0].group.resource,
+        rank_cores_key: ",".join(map(str, rank_cores)),
     }
     warning = rank_imbalance(ids, rank_cores)
     if warning is not None:
-        annotations[f"{domain}/warning"] = warning
+        annotations[warning_key] = warning
     return ContainerPlan(groups=ids, cpus=cpus, ranks=ranks, rank_cores=rank_cores, envs=envs,
                          annotations=annotations, imbalance=warning)
