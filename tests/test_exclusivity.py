@@ -156,6 +156,9 @@ def test_random_walk_never_hands_out_an_id_twice() -> None:
                 for r in (BOOK, SOCKET):
                     k.wait_for(functools.partial(registered_since, k, r, before[r]), timeout=10,
                                what=f"{r} registered again at step {step}")
+                # Until kubelet has its pods back a deleted pod keeps its devices (the emulator models it as kubelet
+                # does): the walk goes on once they are synced, so that its admissions measure the agent.
+                k.wait_for(k.pods_synced, timeout=10, what=f"the pods synced again at step {step}")
             if live and rnd.random() < 0.45:
                 name = live.pop(rnd.randrange(len(live)))
                 k.delete_pod("default", name)

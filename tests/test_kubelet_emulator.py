@@ -728,3 +728,27 @@ def test_after_a_restart_pod_resources_shows_no_pod_until_the_pods_are_synced(
         kubelet.wait_for(kubelet.pods_synced, WAIT, "pods synced again")
         listed = stub.List(pr.ListPodResourcesRequest(), timeout=WAIT)
         assert [(p.namespace, p.name) for p in listed.pod_resources] == [("default", "p")]
+
+
+def test_a_pod_deleted_before_the_pods_are_synced_keeps_its_devices_until_then(
+        kubelet: KubeletEmulator, plugins: list[FakePlugin]) -> None:
+    # kubelet frees no device while its pod sources are not ready (devicemanager/manager.go UpdateAllocatedDevices:
+    # `if !m.sourcesReady.AllReady() { return }`): the real kubelet 1.37.2 refused a pod admitted right then with
+    # UnexpectedAdmissionError "requested number of devices unavailable" (the real-cluster lane's first run).
+    plugin = start_plugin(kubelet, plugins)
+    kubelet.admit_pod("default", "p", [Container("c", {BOOK: 2})])
+    kubelet.pods_resync = 30.0
+    kubelet.restart()
+    plugin.stop()
+    plugin.serve()
+    plugin.register()
+    kubelet.wait_registered(BOOK)
+    kubelet.delete_pod("default", "p")
+    assert [p.name for p in kubelet.pods()] == ["p"], "its devices stay allocated until the pods are synced"
+    with pytest.raises(AdmissionError):
+        kubelet.admit_pod("default", "q", [Container("c", {BOOK: 4})])
+    kubelet._pods_synced_at = 0.0  # the API server sent the pods back
+    assert kubelet.pods_synced()
+    assert kubelet.pods() == []
+    q = kubelet.admit_pod("default", "q", [Container("c", {BOOK: 4})])  # the freed devices are there again
+    assert sorted(q.devices("c", BOOK)) == ["b0", "b1", "b2", "b3"]

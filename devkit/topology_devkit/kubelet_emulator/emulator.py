@@ -7,6 +7,7 @@ device manager's allocation algorithm and simulates kubelet restarts. See ../sha
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -160,6 +161,8 @@ class KubeletEmulator:
         self._restarts = 0
         self.pods_resync = pods_resync
         self._pods_synced_at = 0.0  # time.monotonic() from which List shows the pods again
+        self._deferred_deletions: list[tuple[str, str]] = []  # pods deleted before the pods were synced
+        self._deferred_lock = threading.Lock()
 
     # ------------------------------------------------------------------ context manager / lifecycle
 
@@ -294,8 +297,16 @@ class KubeletEmulator:
         self._notify()
 
     def pods_synced(self) -> bool:
-        """pod-resources shows the pods (False for ``pods_resync`` seconds after a restart)."""
-        return time.monotonic() >= self._pods_synced_at
+        """pod-resources shows the pods (False for ``pods_resync`` seconds after a restart). Once they are, the
+        devices of pods deleted meanwhile are freed (see :meth:`delete_pod`)."""
+        synced = time.monotonic() >= self._pods_synced_at
+        if synced and self._deferred_deletions:
+            with self._deferred_lock:
+                deferred, self._deferred_deletions = self._deferred_deletions, []
+            for namespace, name in dict.fromkeys(deferred):
+                with contextlib.suppress(KeyError):
+                    self._manager.delete_pod(namespace, name)
+        return synced
 
     def _take_down(self) -> None:
         self._serving = False
@@ -423,6 +434,7 @@ class KubeletEmulator:
         are rolled back. Raises ValueError for a duplicate pod, KubeletNotRunningError while down.
         """
         self._require_serving()
+        self.pods_synced()  # frees what pods deleted before the sync held, once synced
         return self._manager.admit(namespace, name, containers)
 
     def start_container(self, namespace: str, name: str, container: str) -> dict[str, str]:
@@ -432,7 +444,23 @@ class KubeletEmulator:
         return self._manager.start_container(namespace, name, container)
 
     def delete_pod(self, namespace: str, name: str) -> None:
-        """Remove a pod; its ids are free again. The plugin is never told. KeyError if unknown."""
+        """Remove a pod; its ids are free again. The plugin is never told. KeyError if unknown.
+
+        After a restart, until the pods are synced, a deleted pod keeps its devices: kubelet's device manager frees
+        nothing while its pod sources are not ready (kubernetes pkg/kubelet/cm/devicemanager/manager.go,
+        ``UpdateAllocatedDevices``: ``if !m.sourcesReady.AllReady() { return }``), so a pod admitted meanwhile is
+        refused. Seen on the real-cluster lane (kubelet 1.37.2), for a pod admitted the moment a restarted kubelet
+        had its pods from the API server: ``"Pod admission denied" ... reason="UnexpectedAdmissionError"
+        message="Allocate failed due to requested number of devices unavailable for topology/book. Requested: 1,
+        Available: 0, which is unexpected"``. The ids are freed when the pods are synced.
+        """
+        if not self.pods_synced():
+            self._manager.pod(namespace, name)  # KeyError if unknown
+            with self._deferred_lock:
+                self._deferred_deletions.append((namespace, name))
+            log.info("Pod %s/%s deleted before the pods were synced: its devices stay allocated until then",
+                     namespace, name)
+            return
         self._manager.delete_pod(namespace, name)
 
     def pods(self) -> list[Pod]:
