@@ -144,6 +144,11 @@ def topology_from(args: argparse.Namespace, details: bool = False) -> Topology:
 
 def enforcement_here(args: argparse.Namespace) -> dict[str, str]:
     """The cpuset enforcement serve would run with these flags on this node (auto dials the NRI socket)."""
+    if args.cpuset_enforcement != "auto":  # nothing to look at: no config, no socket (~10 ms a discover)
+        from agent.policy.enforcement_choice import enforcement_mode
+
+        mode, why = enforcement_mode(args.cpuset_enforcement, False, False)
+        return {"requested": args.cpuset_enforcement, "mode": mode, "reason": why}
     from pathlib import Path
 
     from agent.app.config import AgentConfig
@@ -211,9 +216,11 @@ def cmd_discover(args: argparse.Namespace) -> int:
     enforcement = enforcement_here(args)
     plan = dra_plan(args, topology, grouping)
     if args.format == "json":
-        from agent.policy.dra import pool_dict
+        dra: dict[str, object] = {}
+        if plan is not None:  # agent.policy.dra (and typing, hashlib) only in DRA mode: ~4 ms a discover
+            from agent.policy.dra import pool_dict
 
-        dra = {"dra": pool_dict(plan)} if plan is not None else {}
+            dra = {"dra": pool_dict(plan)}
         sys.stdout.write(json.dumps({**grouping_dict(topology, grouping), "cpuset_enforcement": enforcement,
                                      **dra}, indent=2) + "\n")
     else:

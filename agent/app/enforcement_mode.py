@@ -1,15 +1,17 @@
 """Which cpuset enforcement is in force (``--cpuset-enforcement none|cri|nri|auto``): the composition
-root's choice, also shown by discover and explain. The rule is :func:`agent.policy.creation.enforcement_mode`;
+root's choice, also shown by discover and explain. The rule is :func:`agent.policy.enforcement_choice.enforcement_mode`;
 this adds the two looks it needs (an NRI socket that answers, a CRI socket that exists)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from agent.app.config import AgentConfig
 from agent.app.paths import CRI_SOCKETS
-from agent.nri.probe import socket_answers
-from agent.policy.creation import enforcement_mode
+from agent.policy.enforcement_choice import enforcement_mode
+
+TYPE_CHECKING = False  # not typing's: discover imports this (see agent/cli.py)
+if TYPE_CHECKING:
+    from agent.app.config import AgentConfig
 
 
 def cri_socket_of(config: AgentConfig) -> Path:
@@ -19,6 +21,10 @@ def cri_socket_of(config: AgentConfig) -> Path:
 
 def choose_enforcement(config: AgentConfig) -> tuple[str, str]:
     """The enforcement in force (none, cri, nri) and why: for auto, the NRI socket is dialed once."""
-    nri = config.cpuset_enforcement == "auto" and socket_answers(config.nri_socket)
-    cri = config.cpuset_enforcement == "auto" and cri_socket_of(config).exists()
+    if config.cpuset_enforcement != "auto":
+        return enforcement_mode(config.cpuset_enforcement, False, False)
+    from agent.nri.probe import socket_answers  # a socket: only auto dials one
+
+    nri = socket_answers(config.nri_socket)
+    cri = cri_socket_of(config).exists()
     return enforcement_mode(config.cpuset_enforcement, nri, cri)

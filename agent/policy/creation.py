@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from agent.policy.cpuset import Identity, RunningContainer, Update, desired_topology, plan_cpusets
+from agent.policy.enforcement_choice import enforcement_mode as enforcement_mode  # its home before
 from agent.policy.grouping import Group
 from agent.policy.health import DeviceKey
 
@@ -38,17 +39,3 @@ def plan_creation(new: RunningContainer, running: Iterable[RunningContainer],
     others = [c for c in running if c.id != new.id]
     rest = plan_cpusets(others, holders, held_now, groups, online_set, reserved, shared_pool)
     return CreationPlan(own.updates[0] if own.updates else None, rest.updates, own.pool)
-
-
-def enforcement_mode(requested: str, nri_answers: bool, cri_socket_exists: bool) -> tuple[str, str]:
-    """The enforcement in force for ``--cpuset-enforcement`` (none, cri, nri, auto) and why.
-
-    auto: NRI when its socket answers (the cpuset is right at creation), else CRI when a CRI socket
-    exists (pinned shortly after the start), else none."""
-    if requested != "auto":
-        return requested, f"--cpuset-enforcement {requested}"
-    if nri_answers:
-        return "nri", "auto: the NRI socket answers"
-    if cri_socket_exists:
-        return "cri", "auto: no NRI socket answers, a CRI socket exists"
-    return "none", "auto: neither an NRI socket answers nor a CRI socket exists"
