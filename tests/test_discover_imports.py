@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from agent.topology.embedded import load_embedded
 from tests.conftest import REPO
@@ -17,7 +18,7 @@ NOT_NEEDED = ("agent.app.config", "agent.app.enforcement_mode", "agent.nri.probe
               "agent.policy.cpuset", "agent.policy.allocation", "agent.policy.dra", "socket", "hashlib")
 
 
-def _discover(tree: Path, *flags: str) -> dict[str, object]:
+def _discover(tree: Path, *flags: str) -> dict[str, Any]:
     code = ("import contextlib, io, json, sys\n"
             "from agent.cli import main\n"
             "out = io.StringIO()\n"
@@ -26,7 +27,7 @@ def _discover(tree: Path, *flags: str) -> dict[str, object]:
             "print(json.dumps({'rc': rc, 'out': json.loads(out.getvalue()), 'modules': sorted(sys.modules)}))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
                           cwd=REPO, env={"PATH": "/usr/bin:/bin"})
-    result: dict[str, object] = json.loads(done.stdout)
+    result: dict[str, Any] = json.loads(done.stdout)
     return result
 
 
@@ -34,7 +35,7 @@ def test_discover_imports_nothing_it_does_not_use(tmp_path: Path) -> None:
     write_sysfs_tree(load_embedded("z16-lpar"), tmp_path)
     result = _discover(tmp_path)
     assert result["rc"] == 0
-    modules = set(result["modules"])  # type: ignore[arg-type]
+    modules = set(result["modules"])
     assert not modules & set(NOT_NEEDED), sorted(modules & set(NOT_NEEDED))
     out = result["out"]
     assert isinstance(out, dict)
