@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "agent.plugin": 4, "agent.node": 4, "agent.observe": 4,  # adapters: kubelet, Kubernetes API, metrics/HTTP/logs
     "agent.cri": 4,  # adapter: the container runtime (CRI)
     "agent.nri": 4,  # adapter: the container runtime (NRI plugin)
+    "agent.dra": 4,  # adapter: DRA (ResourceSlices, ResourceClaims, the kubelet DRA plugin, CDI)
     "agent.app": 5,  # wiring and the running agent
     "agent.cli": 6, "agent.__main__": 7,
 }

@@ -11,8 +11,8 @@ from agent._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from agent._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from agent._proto.podresources.v1 import api_pb2 as pr
 from agent._proto.podresources.v1 import api_pb2_grpc as pr_grpc
+from agent.app.dra import DraManager
 from agent.dra.kubelet_plugin import KubeletPlugin
-from agent.dra.manager import DraManager
 from agent.dra.prepare import ClaimPreparer
 from agent.dra.publisher import SlicePublisher
 from agent.plugin.podresources import PodResourcesClient

@@ -111,7 +111,7 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
     metrics = AgentMetrics()
     metrics.prepare(grouping.resources())
     if config.mode == "dra":  # the second adapter: ResourceSlices and a kubelet DRA plugin (agent/dra)
-        from agent.dra.build import build_dra_manager
+        from agent.app.dra import build_dra_manager
 
         # DraManager has the face of PluginManager the agent uses (start, stop, ready, alive, registrations, ...).
         manager = cast(PluginManager, build_dra_manager(config, topology, grouping, devices, pod_resources))
