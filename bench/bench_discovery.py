@@ -1,19 +1,24 @@
 """Discovery as a process: ``topology-agent discover --format json`` against ``lscpu -J`` on the same tree.
 
-Writes the ``z16-400`` shape (400 CPUs, SMT-2, 4 drawers x 4 books x 2 sockets) as a host-root tree and
-times, interleaved (the order alternates: A B B A ...) and repeated, two processes that read it:
+For every bundled shape (``topology_devkit.synthetic.SHAPES``: ``z16-400`` first, with 400 CPUs, SMT-2,
+4 drawers x 4 books x 2 sockets, then the small ones) and the generated ``z17-382`` (``bench/shapes.py``:
+382 CPUs, 4 drawers of 4 books, sockets of 4 or 7 cores, SMT-2), writes the shape as a host-root tree
+and times, interleaved (the order rotates and reverses: A B C C B A ...) and repeated, processes that read it:
 
 * ``agent``: ``topology-agent discover --format json --host-root TREE --proc-root TREE/proc`` run as the
   image runs it (``bench/production.py``: the image-like venv, a plain non-editable install, bytecode
   compiled, the ``topology-agent`` script; the dev venv's editable finder is not involved);
 * ``lscpu``: ``lscpu -J --sysroot TREE -e=CPU,CORE,SOCKET,BOOK,DRAWER,NODE,POLARIZATION,ADDRESS,CONFIGURED,
   ONLINE`` (per-CPU topology in JSON; the summary form ``lscpu -J`` reads the same ~5,800 files in the same
-  time).
+  time on z16-400);
+* ``python -c pass`` of the same venv: the interpreter's start alone (shown in each row: on the small
+  shapes it alone is several times lscpu).
 
-Target: median agent / median lscpu <= 2.0; each pair's ratio (min/median/max) is the noise. For
-reference (info): an interpreter that starts and exits (``python -c pass``, the same venv) interleaved
-with them, and the reader alone in this process (``read_sysfs``, what a full rescan reads). The agent's
-JSON must list the 16 books and lscpu's the 400 CPUs, else the bench is broken.
+Target per shape: median agent / median lscpu <= 2.0; each pair's ratio (min/median/max) is the noise.
+40 repetitions on z16-400 after 3 warm-ups, 20 on the others after 2 (``--quick``: 10 and 6). For
+reference (info): the interpreter and the reader alone in this process (``read_sysfs``, what a full
+rescan reads). The agent's JSON must list only the tree's usable CPUs (and some, where the shape has the
+topology facility) and lscpu every CPU, else the bench is broken.
 
     .venv/bin/python bench/bench_discovery.py [--quick]
 """
