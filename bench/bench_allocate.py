@@ -14,13 +14,17 @@ host-root tree (16 books), next to the kubelet emulator in this process.
   the agent has not seen before, in no order seen before). A first-time Allocate comes as kubelet sends
   it: after a GetPreferredAllocation for the same set (untimed, to both sides; kubelet asks whenever it has
   a choice, and the agent plans the set it prefers while answering); the same sets with no preference
-  asked first are info rows. The sets are the books of one size (13 or 12 cores: balanced, as
+  asked first (kubelet's ``devicesToAllocate`` skips it when it has no choice: bench/README.md) are a
+  target row at 1 client (kubelet admits pods one at a time) and info rows at 4 and 16. The sets are
+  the books of one size (13 or 12 cores: balanced, as
   GetPreferredAllocation picks them on this node), 1 to 4 of them: about 300 sets besides the repeated
   ones, so each first-time row gets fresh agent and echo processes of its own in every round (a new
   agent has seen nothing), and blocks of 70 calls (40 with ``--quick``). Three rounds, the rows' order
   reversed every other round.
   Target: p50 agent/echo <= 1.3 in every target row; the p99 ratio and each block pair's p50 ratio
-  (min/median/max: the noise) are shown.
+  (min/median/max: the noise) are shown. ``--only KIND`` (repeated, first-time, first-time-alone; again
+  for more), ``--clients N`` (again for more) and ``--rounds N`` measure some rows only (no
+  re-registration then).
 * **Re-registration.** From the emulator's ``kubelet.sock`` coming back after ``restart(down_for=0.5)``
   to the agent's Register being counted, median of 12 restarts. Target <= 0.3 s.
 
@@ -28,7 +32,7 @@ host-root tree (16 books), next to the kubelet emulator in this process.
 (``taskset``): on two shared cores the rounds' ratios at 4 and 16 clients then vary by a few percent
 instead of tens of percent, but the servers' threads share one core, which is not how a node runs them.
 
-    .venv/bin/python bench/bench_allocate.py [--quick] [--pin]
+    .venv/bin/python bench/bench_allocate.py [--quick] [--pin] [--only KIND]... [--clients N]... [--rounds N]
 """
 
 from __future__ import annotations
@@ -278,8 +282,12 @@ def measure_reregister(prod: Production, tree: Path, tmp: Path, restarts: int, d
 
 # --------------------------------------------------------------------------- rows
 
-def run(quick: bool, pin: bool = False) -> list[Row]:
-    rounds, block, blocks, warmup, restarts = (1, 40, 4, 10, 3) if quick else (3, 160, 4, 20, 12)
+def run(quick: bool, pin: bool = False, only: Sequence[str] = (), clients: Sequence[int] = CONCURRENCY,
+        rounds: int | None = None) -> list[Row]:
+    """``only``: these kinds of rows (repeated, first-time, first-time-alone), all when empty; ``clients``:
+    these concurrencies; ``rounds``: instead of 3 (1 with ``--quick``)."""
+    default_rounds, block, blocks, warmup, restarts = (1, 40, 4, 10, 3) if quick else (3, 160, 4, 20, 12)
+    rounds = rounds or default_rounds
     tmp = Path(tempfile.mkdtemp(prefix="bal-", dir="/tmp"))  # short: Unix socket paths < 108 bytes
     try:
         tree = tmp / "root"
@@ -296,7 +304,8 @@ def run(quick: bool, pin: bool = False) -> list[Row]:
         before = {requests[ids]: preference_request(all_ids, ids) for ids in sets}
         table_file = tmp / "answers.pickle"
         table_file.write_bytes(pickle.dumps(table))
-        rows_order = [(kind, c) for c in CONCURRENCY for kind in ("repeated", "first-time", "first-time-alone")]
+        rows_order = [(kind, c) for c in clients for kind in ("repeated", "first-time", "first-time-alone")
+                      if not only or kind in only]
         series = {key: Series() for key in rows_order}
         with Production(tmp) as prod:
             client_pin: list[str] = []
@@ -304,12 +313,13 @@ def run(quick: bool, pin: bool = False) -> list[Row]:
                 client_pin, prod.pin = ["taskset", "-c", "0"], ["taskset", "-c", "1"]
             for r in range(rounds):
                 order = rows_order if r % 2 == 0 else rows_order[::-1]
-                measure_round(prod, tree, tmp, repeated, fresh, table_file, table, series,
-                              [row for row in order if row[0] == "repeated"], block, blocks, warmup, client_pin)
+                if any(row[0] == "repeated" for row in order):
+                    measure_round(prod, tree, tmp, repeated, fresh, table_file, table, series,
+                                  [row for row in order if row[0] == "repeated"], block, blocks, warmup, client_pin)
                 for row in (row for row in order if row[0] != "repeated"):  # new processes: every set new
                     measure_round(prod, tree, tmp, repeated, fresh, table_file, table, series, [row],
                                   fresh_block, blocks, warmup, client_pin, before)
-            rereg = measure_reregister(prod, tree, tmp, restarts, 0.5)
+            rereg = measure_reregister(prod, tree, tmp, restarts, 0.5) if not only else []
             setup = f"{prod.labels_note}; {prod.install.how}" + ("; pinned: client CPU 0, servers CPU 1" if pin else "")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -323,24 +333,27 @@ def run(quick: bool, pin: bool = False) -> list[Row]:
         ratio = a50 / e50
         ratios = s.block_ratios()
         alone = kind == "first-time-alone"
+        info = alone and concurrency != 1  # without a preference: a target at 1 client (kubelet's pace), else info
         what = {"repeated": "repeated sets", "first-time": "first-time sets after GetPreferredAllocation",
                 "first-time-alone": "first-time sets, no GetPreferredAllocation before"}[kind]
         rows.append(Row(
             BENCH, f"Allocate p50, {what}, {concurrency} client{'s' if concurrency > 1 else ''}",
             f"agent {fmt_time(a50)} / echo {fmt_time(e50)} = {ratio:.2f} (p99 {a99 / e99:.2f}; rounds "
             f"{'/'.join(f'{x:.2f}' for x in s.round_ratios)}; blocks {spread(ratios)}; {len(agent)} calls/side)",
-            ratio, "" if alone else f"p50 ratio <= {TARGET_P50_RATIO}",
-            INFO if alone else at_most(ratio, TARGET_P50_RATIO),
-            reason=("kubelet asks for a preference before every Allocate that has a choice; without one the "
-                    "agent plans the set on the Allocate path" if alone and concurrency == CONCURRENCY[0] else ""),
+            ratio, "" if info else f"p50 ratio <= {TARGET_P50_RATIO}",
+            INFO if info else at_most(ratio, TARGET_P50_RATIO),
+            reason=("kubelet skips the preference when it has no choice (bench/README.md: devicesToAllocate); "
+                    "the agent then plans the set on the Allocate path" if alone and concurrency == 1 else ""),
             raw={"agent_p50_s": a50, "echo_p50_s": e50, "agent_p99_s": a99, "echo_p99_s": e99,
                  "block_ratios": ratios, "round_ratios": s.round_ratios, "calls_per_side": len(agent),
                  "rounds": rounds}))
-    r50 = median(rereg)
-    rows.append(Row(BENCH, "kubelet.sock back -> re-registered",
-                    f"{fmt_time(r50)} median of {len(rereg)} (min {fmt_time(min(rereg))}, max {fmt_time(max(rereg))})",
-                    r50, f"<= {fmt_time(TARGET_REREGISTER_S)}", at_most(r50, TARGET_REREGISTER_S),
-                    raw={"seconds": rereg}))
+    if rereg:
+        r50 = median(rereg)
+        rows.append(Row(BENCH, "kubelet.sock back -> re-registered",
+                        f"{fmt_time(r50)} median of {len(rereg)} (min {fmt_time(min(rereg))}, "
+                        f"max {fmt_time(max(rereg))})",
+                        r50, f"<= {fmt_time(TARGET_REREGISTER_S)}", at_most(r50, TARGET_REREGISTER_S),
+                        raw={"seconds": rereg}))
     rows.append(Row(BENCH, "set-up", f"{rounds} round(s) of fresh agent and echo processes, blocks of {block} calls "
                     f"({fresh_block} for first-time sets, {len(fresh)} of them), "
                     f"{blocks} block pairs per row and round", None, "", INFO, setup))
@@ -350,8 +363,12 @@ def run(quick: bool, pin: bool = False) -> list[Row]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--pin", action="store_true")
+    parser.add_argument("--only", action="append", default=[], choices=("repeated", "first-time", "first-time-alone"))
+    parser.add_argument("--clients", type=int, action="append", default=[])
+    parser.add_argument("--rounds", type=int, default=None)
     known, rest = parser.parse_known_args(argv)
-    return bench_main(BENCH, lambda quick: run(quick, known.pin), __doc__, rest)
+    return bench_main(BENCH, lambda quick: run(quick, known.pin, known.only, known.clients or CONCURRENCY,
+                                               known.rounds), __doc__, rest)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,10 @@
-"""Idle cost with production defaults: the running agent's CPU time and memory on a 400-CPU node doing nothing.
+"""Idle cost with production defaults: the running agent's CPU time and memory on a node doing nothing.
+
+Four agents run side by side over the same windows, each with its own kubelet emulator and probes:
+``z16-400`` with the API server up (the row quoted since the start), and the generated ``z17-382``
+(``bench/shapes.py``) with the API server up, with the pod's service account and environment but a
+port that refuses connections, and with no service account but a ``KUBECONFIG`` naming such a port
+(node labels on in all four). Each also gets a row of the warnings it logged.
 
 The agent runs as the chart runs it (``bench/production.py``: the image-like install, node labels over
 TLS in a private mount namespace, metrics on with kubelet's probes hitting ``/readyz`` every 5 s and
