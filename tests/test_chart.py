@@ -67,12 +67,14 @@ Render = Callable[..., list[Doc]]
 def render(helm: str) -> Render:
     """render("--set", "a=b", kube_version=..., vap=True) -> the rendered objects; RuntimeError on failure."""
 
-    def _render(*args: str, kube_version: str = VAP_MIN, vap: bool = True) -> list[Doc]:
+    def _render(*args: str, kube_version: str = VAP_MIN, vap: bool = True, hooks: bool = False) -> list[Doc]:
         extra = ("--kube-version", kube_version, *(("--api-versions", VAP_API) if vap else ()))
         result = _helm_template(helm, (*extra, *args))
         if result.returncode:
             raise RuntimeError(result.stderr)
-        return [d for d in yaml.safe_load_all(result.stdout) if d]
+        # The uninstall hook's objects (helm.sh/hook: pre-delete) only with hooks=True (tests/test_chart_uninstall.py).
+        return [d for d in yaml.safe_load_all(result.stdout)
+                if d and (hooks or "helm.sh/hook" not in ((d.get("metadata") or {}).get("annotations") or {}))]
 
     return _render
 
@@ -178,8 +180,8 @@ def test_chart_refuses_kubernetes_below_its_floor(helm: str) -> None:
 
 def test_default_objects_and_namespaces(render: Render) -> None:
     docs = render()
-    assert sorted(kinds(docs)) == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount",
-                                   "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    assert sorted(kinds(docs)) == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "Role", "RoleBinding",
+                                   "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     for doc in docs:
         if doc["kind"] in ("DaemonSet", "ServiceAccount", "ConfigMap", "Service"):
             assert doc["metadata"]["namespace"] == "kube-system"
@@ -374,7 +376,11 @@ def test_seccomp_profile_install_is_an_init_container_writing_under_kubelets_sec
     (mount,) = init["volumeMounts"]
     volume = {v["name"]: v for v in spec["volumes"]}[mount["name"]]
     assert volume["hostPath"] == {"path": "/var/lib/k0s/kubelet/seccomp/profiles", "type": "DirectoryOrCreate"}
-    assert mount["name"] not in {m["name"] for m in spec["containers"][0]["volumeMounts"]}  # the agent never writes it
+    # The agent mounts it only to remove the profile when the release is uninstalled (uninstall.cleanup).
+    assert mount["name"] in {m["name"] for m in spec["containers"][0]["volumeMounts"]}
+    spec = one(render("--set", "seccompProfile.install=true", "--set", "uninstall.cleanup=false"),
+               "DaemonSet")["spec"]["template"]["spec"]
+    assert mount["name"] not in {m["name"] for m in spec["containers"][0]["volumeMounts"]}
 
 
 def test_every_agent_variable_is_a_serve_flag(render: Render, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -434,7 +440,11 @@ def test_rbac_is_get_and_patch_on_nodes_and_create_on_events_only(render: Render
                                     "namespace": "kube-system"}]
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == account["metadata"]["name"]
-    assert not {"Role", "RoleBinding"} & set(kinds(docs))
+    # The one Role: get on its own DaemonSet, to tell an uninstall from a rolling update (test_chart_uninstall.py).
+    assert one(docs, "Role")["rules"] == [{"apiGroups": ["apps"], "resources": ["daemonsets"],
+                                           "resourceNames": [one(docs, "DaemonSet")["metadata"]["name"]],
+                                           "verbs": ["get"]}]
+    assert not {"Role", "RoleBinding"} & set(kinds(render("--set", "uninstall.cleanup=false")))
 
 
 def test_no_rbac_without_node_labels(render: Render) -> None:
@@ -1008,6 +1018,9 @@ _API = [
     ("v1", "services", "Service", True), ("apps/v1", "daemonsets", "DaemonSet", True),
     ("rbac.authorization.k8s.io/v1", "clusterroles", "ClusterRole", False),
     ("rbac.authorization.k8s.io/v1", "clusterrolebindings", "ClusterRoleBinding", False),
+    ("rbac.authorization.k8s.io/v1", "roles", "Role", True),
+    ("rbac.authorization.k8s.io/v1", "rolebindings", "RoleBinding", True),
+    ("batch/v1", "jobs", "Job", True),
     ("networking.k8s.io/v1", "networkpolicies", "NetworkPolicy", True),
     ("admissionregistration.k8s.io/v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy", False),
     ("admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding",

@@ -123,3 +123,20 @@ it has no RBAC and no token), and the API is served or admissionPolicy.force is 
 true
 {{- end -}}
 {{- end }}
+
+{{/*
+Whether helm uninstall cleans the nodes up (uninstall.cleanup): the pre-delete hook (templates/uninstall-hook.yaml)
+and the agent's look at its DaemonSet need an API token (topology-agent.apiAccess) and the chart's RBAC.
+*/}}
+{{- define "topology-agent.uninstallCleanup" -}}
+{{- if and .Values.uninstall.cleanup .Values.rbac.create (include "topology-agent.apiAccess" .) -}}true{{- end -}}
+{{- end }}
+
+{{/* The node selector of the agent's pods (fake-topology mode drops the arch key). */}}
+{{- define "topology-agent.nodeSelector" -}}
+{{- $nodeSelector := .Values.nodeSelector | default dict -}}
+{{- if .Values.fakeTopology.enabled -}}
+{{- $nodeSelector = omit $nodeSelector "kubernetes.io/arch" -}}
+{{- end -}}
+{{- toJson $nodeSelector -}}
+{{- end }}
