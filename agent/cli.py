@@ -236,8 +236,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     topology = topology_from(args)
     grouping = group_topology(topology, settings)
     plan = dra_plan(args, topology, grouping)
+    from agent.node.labels import not_advertised
+    from agent.policy.troubleshoot import pending_text
+
     sys.stdout.write(explain(topology, grouping, allocation) + enforcement_line(enforcement_here(args))
-                     + dra_text(plan))
+                     + dra_text(plan) + pending_text(grouping, settings.resource_prefix,
+                                                     not_advertised(topology, grouping)))
     return 0
 
 
