@@ -115,7 +115,8 @@ class DeviceTable(Generic[W]):
         node = self._node
         if not requests:
             raise Refusal("invalid", f"{self.resource}: Allocate request has no container requests")
-        answers = [self._answers.get(tuple(ids)) or self._answer(ids) for ids in requests]
+        keys = [tuple(ids) for ids in requests]  # once: a protobuf repeated field decodes its strings per pass
+        answers = [self._answers.get(key) or self._answer(key) for key in keys]
         with node.lock:
             broken = next(((self.resource, d) for a in answers for d in a.plan.groups
                            if (self.resource, d) in node.broken), None)
