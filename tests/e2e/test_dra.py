@@ -21,6 +21,7 @@ import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -170,7 +171,7 @@ def test_slices_validate_with_attributes_and_counters(dra: E2EEnv, node: str) ->
     assert "extendedResourceName" not in classes[f"drawer.{DRIVER}"]["spec"]
 
 
-def test_node_restriction_policy_holds_slices_to_the_agents_node(dra: E2EEnv, node: str) -> None:
+def test_node_restriction_policy_holds_slices_to_the_agents_node(dra: E2EEnv, node: str, tmp_path: Path) -> None:
     ds = kjson(dra, "-n", dra.namespace, "get", "daemonset", "-l", f"app.kubernetes.io/instance={dra.release}")
     account = ds["items"][0]["spec"]["template"]["spec"]["serviceAccountName"]
     token = dra.kubectl("-n", dra.namespace, "create", "token", account, "--bound-object-kind", "Pod",
@@ -178,9 +179,22 @@ def test_node_restriction_policy_holds_slices_to_the_agents_node(dra: E2EEnv, no
     body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "e2e-foreign-slice"},
             "spec": {"driver": DRIVER, "nodeName": "some-other-node",
                      "pool": {"name": "some-other-node", "generation": 1, "resourceSliceCount": 1}, "devices": []}}
-    result = subprocess.run([os.environ.get("TOPOLOGY_E2E_KUBECTL") or "kubectl", "--kubeconfig",
-                             str(dra.kubeconfig), "--token", token, "create", "-f", "-"], input=json.dumps(body),
+    # A kubeconfig with that token alone (the lane's own carries an admin client certificate, which would win).
+    cluster = kjson(dra, "config", "view", "--raw", "--minify")["clusters"][0]["cluster"]
+    as_agent = tmp_path / "agent-kubeconfig"
+    as_agent.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "agent",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "contexts": [{"name": "agent", "context": {"cluster": "c", "user": "agent"}}],
+        "users": [{"name": "agent", "user": {"token": token}}]}))
+    kubectl = os.environ.get("TOPOLOGY_E2E_KUBECTL") or "kubectl"
+    who = subprocess.run([kubectl, "--kubeconfig", str(as_agent), "auth", "whoami", "-o", "json"], text=True,
+                         capture_output=True, timeout=60, check=True).stdout
+    extra = json.loads(who)["status"]["userInfo"].get("extra", {})
+    assert extra.get("authentication.kubernetes.io/node-name") == [node], who
+    result = subprocess.run([kubectl, "--kubeconfig", str(as_agent), "create", "-f", "-"], input=json.dumps(body),
                             text=True, capture_output=True, timeout=60, check=False)
+    print(f"a ResourceSlice of another node, as the agent: {result.stderr.strip()}")
     assert result.returncode != 0
     assert ("the topology agent running on node " + node + " may not create a ResourceSlice of node some-other-node"
             in result.stderr), result.stderr
@@ -252,8 +266,11 @@ def test_kubelet_restart_keeps_the_claim_and_restores_the_slices(dra: E2EEnv, no
     wait_for("the agent ready again", lambda: agent_ready(dra), timeout=120)
     assert agent_pod(dra)["metadata"]["name"] == registered_before  # the same agent, not restarted
     assert kjson(dra, "-n", "topology-e2e-pods", "get", "pod", "book-pod")["status"]["phase"] == "Running"
-    envs, _ = container_view(dra, "book-pod")
-    assert envs["TOPOLOGY_GROUPS"] == allocated_device(dra, "one-book")
+    # Right after its start kubelet answers exec with "unable to upgrade connection: pod does not exist" until it
+    # has synced its pods: wait for that, then the claim's environment and cpuset are still there.
+    envs, allowed = wait_for("exec into book-pod after the kubelet restart", lambda: container_view(dra, "book-pod"))
+    device = allocated_device(dra, "one-book")
+    assert envs["TOPOLOGY_GROUPS"] == device and allowed == device.removeprefix("drawer0-book")
 
 
 def test_claim_deleted_unprepared_and_cdi_file_gone(dra: E2EEnv, node: str) -> None:
