@@ -358,7 +358,7 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
          help="kubelet's CPU manager checkpoint, read to warn when the static policy fights our pinning")
     _add(group, "--kubelet-config", DEFAULT_KUBELET_CONFIG, metavar="PATH",
          help="kubelet's config file, read for reservedSystemCPUs overlapping our groups")
-    group = add_enforcement_flags(parser)
+    group = add_enforcement_flags(parser, default="auto")
     group.add_argument("--shared-pool", action=argparse.BooleanOptionalAction, default=None,
                        help="with --cpuset-enforcement cri, nri or auto: confine every other container on the node "
                             "to the CPUs of no held group (--reserved-cpus always among them), widened again when a "
@@ -390,11 +390,11 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
     _add(group, "--log-format", "text", choices=("text", "json"), help="log format")
 
 
-def add_enforcement_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    """The flags that choose the cpuset enforcement (serve, and discover/explain, which say which one is
-    in force on this node)."""
+def add_enforcement_flags(parser: argparse.ArgumentParser, default: str = "none") -> argparse._ArgumentGroup:
+    """The flags that choose the cpuset enforcement (serve, default auto; and discover/explain, which say which one
+    is in force on this node: default none, which looks at nothing; --cpuset-enforcement auto shows serve's choice)."""
     group = parser.add_argument_group("cpuset enforcement")
-    _add(group, "--cpuset-enforcement", "none", choices=("none", "cri", "nri", "auto"),
+    _add(group, "--cpuset-enforcement", default, choices=("none", "cri", "nri", "auto"),
          help="cri: pin every container that holds topology devices to its groups' CPUs and memory nodes through "
               "the container runtime's CRI socket, shortly after it started, as kubelet's CPU manager does; nri: at "
               "its creation, before its first instruction, as an NRI plugin of the runtime; auto: nri when the NRI "

@@ -228,7 +228,7 @@ def test_kubelet_root_is_a_value(render: Render) -> None:
 
 
 def test_kubelet_state_mount_is_opt_in_and_read_only(render: Render) -> None:
-    docs = render()
+    docs = render("--set", "cpusetEnforcement=none")  # enforcement (the default auto) reads the state too
     assert "kubelet-root" not in mounts_of(docs)
     env = env_of(agent_container(docs))
     assert "TOPOLOGY_AGENT_CPU_MANAGER_STATE" not in env and "TOPOLOGY_AGENT_KUBELET_CONFIG" not in env
@@ -346,9 +346,11 @@ def test_container_level_openmp_env_is_off_and_one_core_is_reserved_by_default(r
 
 
 def test_the_runtime_socket_is_mounted_only_with_cpuset_enforcement(render: Render) -> None:
-    plain = mounts_of(render())
-    assert "cri-socket" not in plain and "kubelet-root" not in plain
-    assert env_of(agent_container(render()))["TOPOLOGY_AGENT_CPUSET_ENFORCEMENT"] == "none"
+    plain = mounts_of(render("--set", "cpusetEnforcement=none"))
+    assert "cri-socket" not in plain and "nri-socket" not in plain and "kubelet-root" not in plain
+    default = render()  # auto: NRI where the runtime offers it, else CRI; both sockets' folders and the state
+    assert env_of(agent_container(default))["TOPOLOGY_AGENT_CPUSET_ENFORCEMENT"] == "auto"
+    assert {"cri-socket", "nri-socket", "kubelet-root"} <= set(mounts_of(default))
     docs = render("--set", "cpusetEnforcement=cri", "--set", "sharedPool=true",
                   "--set", "criSocket=/run/crio/crio.sock")
     mounts = mounts_of(docs)

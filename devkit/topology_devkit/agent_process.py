@@ -62,7 +62,10 @@ class AgentProcess:
                    "--pod-resources-socket", str(pod_resources or kubelet.pod_resources_socket),
                    "--log-format", "json", "--metrics-port", str(self.metrics_port),
                    *(["--metrics-address", metrics_address] if metrics_address is not None else []),
-                   *(["--rescan-interval", rescan_interval] if rescan_interval is not None else []), *args]
+                   *(["--rescan-interval", rescan_interval] if rescan_interval is not None else []),
+                   # serve's default is auto, which would adopt whatever runtime socket this machine has (a live
+                   # real-cluster lane's): a test or bench agent enforces only when it says so (args come last).
+                   "--cpuset-enforcement", "none", *args]
         self.command = command
         self.started_at = time.perf_counter()
         self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL,
