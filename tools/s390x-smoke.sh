@@ -317,7 +317,7 @@ on native s390x hardware and well over 1 h under QEMU user-mode emulation (a 2-c
 28 min), far beyond this smoke test's 10-minute budget. Debian's s390x python3-grpcio (1.51.1) is too old for the
 generated code (it needs grpcio >= $GRPCIO_VERSION). The image builds grpcio from source in its builder stage
 (Dockerfile.s390x); run the device-plugin tests in that image on an s390x host:
-  docker run --rm --entrypoint python <image> -m pytest ...   (or the kind lane on amd64, tests/kind).
+  docker run --rm --entrypoint python <image> -m pytest ...   (or the kind lane on amd64, tests/e2e).
 EOF
   done_step skipped
 fi
