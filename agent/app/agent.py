@@ -186,10 +186,10 @@ class Agent:
         if not self.exclusivity_confirmed():
             note = ("exclusivity unconfirmed: pod-resources does not answer, so devices handed out stay held and "
                     "their overlapping devices blocked until it does" + (f"; {note}" if note else ""))
-        return True, f"ready ({note})" if note else "ready"
-
         if note is None and self.enforcement_mode != "none":
             note = f"cpuset enforcement: {self.enforcement_mode}"
+        return True, f"ready ({note})" if note else "ready"
+
     def alive(self) -> bool:
         return self.manager.alive()
 
