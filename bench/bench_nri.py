@@ -18,14 +18,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import INFO, BenchError, Row, at_most, bench_main, median, skipped, spread
+from topology_devkit.agent_process import AgentProcess
 
 NAME = "nri"
 BOOK = "topology/book"
 FIRST_LINE = ("sh", "-c", "grep Cpus_allowed_list /proc/self/status; exec sleep 3600")
 
 
-def _registered(agent: object) -> bool:
-    return "registered with" in agent.get("/readyz")[1]  # type: ignore[attr-defined]
+def _registered(agent: AgentProcess) -> bool:
+    return "registered with" in agent.get("/readyz")[1]
 
 
 def run(quick: bool) -> list[Row]:
@@ -35,7 +36,7 @@ def run(quick: bool) -> list[Row]:
     from agent.topology.cpulist import parse_cpulist
     from agent.topology.model import Cpu, Machine, Topology
     from tests.plugin_harness import short_tmpdir
-    from topology_devkit.agent_process import AgentProcess, wait_until
+    from topology_devkit.agent_process import wait_until
     from topology_devkit.containerd import Containerd, ContainerdUnavailable, PodContainer
     from topology_devkit.kubelet_emulator import Container, KubeletEmulator
 

@@ -137,7 +137,8 @@ def _klog_time(line: str) -> float:
     match = KLOG.match(line)
     if not match:
         raise ValueError(line)
-    return datetime.strptime(f"2026{match.group(1)} {match.group(2)}", "%Y%m%d %H:%M:%S.%f").timestamp()
+    year = datetime.now().year  # klog prints no year; only differences within one restart are used
+    return datetime.strptime(f"{year}{match.group(1)} {match.group(2)}", "%Y%m%d %H:%M:%S.%f").timestamp()
 
 
 def _reregistration(log: Path, start_offset: int) -> float:

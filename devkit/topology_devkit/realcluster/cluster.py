@@ -56,12 +56,6 @@ def bin_dir() -> Path:
     return folder
 
 
-def image_cache() -> Path:
-    base = os.environ.get("CLUSTER_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / \
-        "s390x-topology-agent" / "cluster"
-    return Path(base) / "images"
-
-
 def _context(layout: Layout, client: str = "admin") -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=str(layout.pki / "ca.crt"))
     ctx.load_cert_chain(str(layout.pki / f"{client}.crt"), str(layout.pki / f"{client}.key"))
@@ -213,7 +207,7 @@ def wait_node_ready(layout: Layout, timeout: float = 120.0) -> None:
 def import_images(bins: Path) -> None:
     from . import images
 
-    archives = images.build_all(image_cache())
+    archives = images.build_all(images.default_cache())
     images.import_all(bins / "ctr", CONTAINERD_SOCKET, archives)
 
 
@@ -383,10 +377,8 @@ def down(layout: Layout) -> None:
 # --- status --------------------------------------------------------------------------------------------------
 
 def _version(bins: Path, component: str) -> str:
-    argv = {"etcd": ["--version"], "containerd": ["--version"], "kubelet": ["--version"]}.get(component,
-                                                                                            ["--version"])
     try:
-        done = subprocess.run([str(bins / component), *argv], capture_output=True, text=True, timeout=10,
+        done = subprocess.run([str(bins / component), "--version"], capture_output=True, text=True, timeout=10,
                               check=False)
     except OSError as err:
         return f"({err.strerror})"
