@@ -4,6 +4,9 @@
 #   2. helm template for the lowest and highest supported Kubernetes versions (and 1.30, the first with the
 #      ValidatingAdmissionPolicy), in default, fake-topology and all-options modes (and the ServiceMonitor at the
 #      highest), piped into kubernetes-validate --strict
+#   2b. mode=dra (DeviceClasses with extendedResourceName, the plugin mounts, the ResourceSlice admission policy) for
+#      1.34 (the first serving resource.k8s.io/v1) and 1.37 (extendedResourceName GA), alone and with a fake
+#      topology and every option, each with its three DeviceClasses and the ResourceSlice policy counted
 #   3. promtool check rules on the PrometheusRule (skipped when tools/build-promtool.sh has not built promtool)
 #   4. hadolint on Dockerfile.s390x with the repo's .hadolint.yaml
 # Exit status non-zero on any finding. Tools: HELM (else .tools/bin/helm, else helm on PATH; tools/get-helm.sh
@@ -87,6 +90,27 @@ ALL=("${FAKE[@]}"
      --set-json 'networkPolicy.scraper.podSelector={"matchLabels":{"app.kubernetes.io/name":"prometheus"}}')
 for kv in "${KUBE_VERSIONS[@]}"; do
   validate "$kv" all-options "${ALL[@]}"
+done
+
+# DRA mode (README "DRA mode"): resource.k8s.io/v1 is served from 1.34; extendedResourceName is GA in 1.37. Besides the
+# schema, the render must hold the three DeviceClasses and the ResourceSlice node-restriction policy (a template
+# that renders none of them validates too).
+DRA_VERSIONS=(1.34.0 1.37.0)
+dra_kinds() {  # dra_kinds RENDERED: the three DeviceClasses by name, the ResourceSlice policy and its binding
+  local rendered=$1 want
+  for want in book socket drawer; do
+    grep -qx "  name: $want.topology.s390x.ibm.com" "$rendered" || { echo "no DeviceClass $want.topology.s390x.ibm.com"; return 1; }
+  done
+  [ "$(grep -c '^kind: DeviceClass$' "$rendered")" = 3 ] || { echo "not exactly 3 DeviceClasses"; return 1; }
+  grep -q 'name: t-s390x-topology-agent-resourceslices$' "$rendered" || { echo "no ResourceSlice admission policy"; return 1; }
+  grep -q 'mountPath: /var/run/cdi' "$rendered" || { echo "no /var/run/cdi mount in the DaemonSet"; return 1; }
+}
+for kv in "${DRA_VERSIONS[@]}"; do
+  validate "$kv" dra --set mode=dra
+  run "helm template --kube-version $kv (dra): 3 DeviceClasses, the ResourceSlice policy, the CDI mount" \
+    dra_kinds "$WORK/rendered-$kv-dra.yaml"
+  validate "$kv" dra-fake-topology --set mode=dra "${FAKE[@]}" --set cpusetEnforcement=none
+  validate "$kv" dra-all-options --set mode=dra "${ALL[@]}"
 done
 
 # Below the floor the chart must refuse to render (Chart.yaml kubeVersion).
