@@ -36,6 +36,11 @@ PROTO_FILES: tuple[str, ...] = (
     "pluginregistration/v1/api.proto",
     "dra/v1/api.proto",
     "dra/v1beta1/api.proto",
+    # The optional DRAResourceHealth service, v1 (kubelet 1.37 prefers it) and v1alpha1 (what earlier kubelets
+    # call; 1.37 still takes it). Upstream's directory is pkg/apis/dra-health/: "dra_health" here because a
+    # Python package name cannot hold a hyphen (the files are byte for byte; they import nothing).
+    "dra_health/v1/api.proto",
+    "dra_health/v1alpha1/api.proto",
 )
 
 GENERATED_SUFFIXES: tuple[str, ...] = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")

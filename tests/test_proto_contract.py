@@ -47,7 +47,7 @@ def test_regeneration_is_byte_identical() -> None:
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         out_root = Path(tmp)
         produced = gen.generate(out_root)
-        assert len(produced) == 19  # six gRPC protos, three files each; NRI's messages, one file
+        assert len(produced) == 25  # eight gRPC protos, three files each; NRI's messages, one file
         for path in produced:
             rel = path.relative_to(out_root)
             committed = REPO / rel
@@ -65,6 +65,8 @@ def test_generated_imports_use_agent_package_path() -> None:
         "agent/_proto/pluginregistration/v1/api_pb2_grpc.py",
         "agent/_proto/dra/v1/api_pb2_grpc.py",
         "agent/_proto/dra/v1beta1/api_pb2_grpc.py",
+        "agent/_proto/dra_health/v1/api_pb2_grpc.py",
+        "agent/_proto/dra_health/v1alpha1/api_pb2_grpc.py",
     ):
         text = (REPO / rel).read_text()
         package = rel.rsplit("/", 1)[0].replace("/", ".")
@@ -591,7 +593,12 @@ DRA_PROTOS = {  # vendored path -> sha256 of k8s.io/kubelet v0.37.2's file
     "pluginregistration/v1/api.proto": "7a67a0000a1a167c155286834bc9ccb489f8bcdb394e006daba270189c272afa",
     "dra/v1/api.proto": "b3066ad7f6abcfd0003c47b06ceb801d76997d78d6be505597478d3905b9cc57",
     "dra/v1beta1/api.proto": "7900b11793ad897d0375d67b3bbae675869b574e21dfb1bf5334cc1556138c42",
+    # pkg/apis/dra-health/ upstream (a Python package name cannot hold the hyphen)
+    "dra_health/v1/api.proto": "a088e44962719a5184f183ef2fff4b017585434ff4f0cbad13ef8f8c782bc004",
+    "dra_health/v1alpha1/api.proto": "75f8c523ec546ceb83bd63f3b7a38c23d979494e7015db12d146e2f39dd4528e",
 }
+UPSTREAM_PATH = {"dra_health/v1/api.proto": "dra-health/v1/api.proto",
+                 "dra_health/v1alpha1/api.proto": "dra-health/v1alpha1/api.proto"}
 
 
 def test_dra_protos_are_upstream_bytes() -> None:
@@ -599,7 +606,7 @@ def test_dra_protos_are_upstream_bytes() -> None:
 
     for rel, digest in DRA_PROTOS.items():
         assert hashlib.sha256((PROTO_DIR / rel).read_bytes()).hexdigest() == digest, rel
-        upstream = KUBELET_MODULE / rel
+        upstream = KUBELET_MODULE / UPSTREAM_PATH.get(rel, rel)
         if upstream.is_file():  # the real-cluster lane's Go module cache
             assert upstream.read_bytes() == (PROTO_DIR / rel).read_bytes(), rel
 
@@ -631,3 +638,32 @@ def test_dra_services() -> None:
         device = _file(module).message_types_by_name["Device"]
         assert [(f.name, f.number) for f in device.fields][:4] == [
             ("request_names", 1), ("pool_name", 2), ("device_name", 3), ("cdi_device_ids", 4)]
+
+
+def test_dra_health_services() -> None:
+    """DRAResourceHealth v1 and v1alpha1 (kubelet 1.37's healthServicesSupportedByKubelet, newest first): the
+    service names kubelet reads from supported_versions, the one server-streaming call, the fields."""
+    from agent._proto.dra_health.v1 import api_pb2 as h1
+    from agent._proto.dra_health.v1alpha1 import api_pb2 as h1a
+
+    for module, package in ((h1, "v1"), (h1a, "v1alpha1")):
+        file = _file(module)
+        assert file.package == package
+        assert file.GetOptions().go_package == f"k8s.io/kubelet/pkg/apis/dra-health/{package}"
+        assert file.services_by_name["DRAResourceHealth"].full_name == f"{package}.DRAResourceHealth"
+        assert _methods(file, "DRAResourceHealth") == {
+            "NodeWatchResources": (f"{package}.NodeWatchResourcesRequest", f"{package}.NodeWatchResourcesResponse",
+                                   False, True)}
+        assert not file.message_types_by_name["NodeWatchResourcesRequest"].fields
+        assert {v.name: v.number for v in file.enum_types_by_name["HealthStatus"].values} == {
+            "UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
+        health = file.message_types_by_name["DeviceHealth"]
+        assert [(f.name, f.number, f.type) for f in health.fields] == [
+            ("device", 1, _T.TYPE_MESSAGE), ("health", 2, _T.TYPE_ENUM), ("last_updated_time", 3, _T.TYPE_INT64),
+            ("health_check_timeout_seconds", 4, _T.TYPE_INT64), ("message", 5, _T.TYPE_STRING)]
+        ident = file.message_types_by_name["DeviceIdentifier"]
+        assert [(f.name, f.number) for f in ident.fields] == [("pool_name", 1), ("device_name", 2)]
+        response = file.message_types_by_name["NodeWatchResourcesResponse"].fields_by_name["devices"]
+        assert response.message_type is not None
+        assert (response.number, response.is_repeated, response.message_type.full_name) == (
+            1, True, f"{package}.DeviceHealth")
