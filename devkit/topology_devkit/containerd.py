@@ -107,6 +107,8 @@ class PodContainer:
     annotations: tuple[tuple[str, str], ...] = ()  # what device plugins' Allocate answers add (kubelet passes them)
     mounts: tuple[tuple[str, str], ...] = ()  # (host path, container path), read-only binds
     seccomp: str = ""  # "": Unconfined (kubelet's default); "runtime/default"; else a Localhost profile's path
+    cdi_devices: tuple[str, ...] = ()  # qualified CDI device names (kubelet's ContainerConfig.CDI_devices under DRA)
+    envs: tuple[tuple[str, str], ...] = ()  # the container's own environment (a pod spec's env)
 
     @property
     def labels(self) -> dict[str, str]:
@@ -230,6 +232,7 @@ class Containerd:
         self.config_path = self.workdir / "config.toml"
         self.log_path = self.workdir / "containerd.log"
         self.nri_socket = self.workdir / "nri.sock"  # with bin_dir only
+        self.cdi_dir = self.workdir / "cdi"  # with bin_dir only: the CDI spec directory (not /etc/cdi, /var/run/cdi)
         self.nri_request_timeout = "2s"  # containerd's default plugin_request_timeout
         self._holder: subprocess.Popen[bytes] | None = None  # keeps the private mount namespace
         self._process: subprocess.Popen[bytes] | None = None
@@ -259,7 +262,7 @@ class Containerd:
         reason = unavailable_reason(self.bin_dir)
         if reason is not None:
             raise ContainerdUnavailable(reason)
-        for sub in ("root", "state", "runc", "crun", "cni", "opt", "logs"):
+        for sub in ("root", "state", "runc", "crun", "cni", "opt", "logs", "cdi"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self._config())
         self._start_holder()
@@ -338,6 +341,7 @@ class Containerd:
             "  restrict_oom_score_adj = true",
             "  tolerate_missing_hugetlb_controller = true",
             "  disable_apparmor = true",
+            f"  cdi_spec_dirs = [{_toml(self.cdi_dir)}]",
             f"[{runtime}.cni]",
             f"  conf_dir = {_toml(w / 'cni')}",
             f"  bin_dirs = [{_toml(w / 'cni')}]",
@@ -501,7 +505,8 @@ class Containerd:
     def run_pod(self, pod_name: str, namespace: str = "default", container: str = "main", handler: str = "runc",
                 cpuset_cpus: str = "", cpuset_mems: str = "", memory_limit: int = 64 << 20,
                 command: tuple[str, ...] = (), annotations: dict[str, str] | None = None,
-                mounts: tuple[tuple[str, str], ...] = (), seccomp: str = "") -> PodContainer:
+                mounts: tuple[tuple[str, str], ...] = (), seccomp: str = "", cdi_devices: tuple[str, ...] = (),
+                envs: tuple[tuple[str, str], ...] = ()) -> PodContainer:
         """A pod sandbox (host network, no hostname) and one running container with kubelet's labels.
 
         The container's resources are what kubelet would send for a Burstable pod (shares, period,
@@ -515,7 +520,8 @@ class Containerd:
                                                 cpuset_cpus=cpuset_cpus, cpuset_mems=cpuset_mems)
         pod = PodContainer(sandbox_id=answer.pod_sandbox_id, container_id="", handler=handler, pod_name=pod_name,
                            namespace=namespace, pod_uid=uid, container_name=container, resources=resources,
-                           annotations=tuple(sorted((annotations or {}).items())), mounts=mounts, seccomp=seccomp)
+                           annotations=tuple(sorted((annotations or {}).items())), mounts=mounts, seccomp=seccomp,
+                           cdi_devices=cdi_devices, envs=envs)
         self._sandboxes[pod.sandbox_id] = pod
         return self._create_and_start(pod, sandbox_config, command)
 
@@ -544,6 +550,8 @@ class Containerd:
             metadata=cri.ContainerMetadata(name=pod.container_name, attempt=pod.attempt),
             image=cri.ImageSpec(image=self.image),
             command=list(command),
+            envs=[cri.KeyValue(key=k, value=v) for k, v in pod.envs],
+            CDI_devices=[cri.CDIDevice(name=name) for name in pod.cdi_devices],
             labels=pod.labels,
             annotations={**dict(pod.annotations), "io.kubernetes.container.restartCount": str(pod.attempt)},
             mounts=[cri.Mount(host_path=host, container_path=inside, readonly=True) for host, inside in pod.mounts],
