@@ -20,8 +20,9 @@ from agent._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from agent._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from agent.dra.kubeclient import ApiError
 from agent.dra.kubelet_plugin import KubeletPlugin
-from agent.dra.prepare import ClaimPreparer, plan_claim
+from agent.dra.prepare import ClaimPreparer, PreparedClaim, plan_claim, request_index
 from agent.policy.allocation import AllocationSettings, plan_allocation
+from agent.policy.claims import PreparedRequest
 from agent.policy.dra import DRIVER
 from agent.policy.grouping import Group, GroupingSettings, group_topology
 from agent.topology.embedded import load_embedded
@@ -68,8 +69,8 @@ def test_plan_claim_matches_allocate_contract() -> None:
     assert name == f"{DRIVER}-book_u1.json"
     assert spec["cdiVersion"] == "0.6.0" and spec["kind"] == f"{DRIVER}/book"
     expected = plan_allocation([g["drawer0-book0"], g["drawer0-book1"]]).envs
-    assert env_of(spec, "u1-tp") == dict(expected)
     env = env_of(spec, "u1-tp")
+    assert env == {**expected, "TOPOLOGY_DRA_CLAIM": "u1/tp"}  # the contract, and the request it is (for NRI)
     assert env["TOPOLOGY_GROUPS"] == "drawer0-book0,drawer0-book1"  # topology order, one rank list per device
     assert env["TOPOLOGY_RANKS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"].count("|") == 1
 
@@ -188,3 +189,35 @@ def test_untrusted_checkpoint_is_ignored(dirs: dict[str, Path]) -> None:
     dirs["state"].parent.mkdir(parents=True)
     dirs["state"].write_text("{not json")
     assert make_plugin(dirs, Claims()).preparer.claims == {}
+
+
+def test_prepared_requests_are_indexed_in_memory_and_follow_prepare_unprepare(dirs: dict[str, Path]) -> None:
+    claims = Claims()
+    claims.items[("ns", "two")] = claim("uid-3", ("tp", "drawer0-book0"), ("tp", "drawer0-book1"),
+                                        ("s", "drawer0-book1-socket0"), name="two")
+    preparer = make_plugin(dirs, claims).preparer
+    changes: list[int] = []
+    preparer.on_change = lambda: changes.append(len(preparer.requests()))
+    assert preparer.requests() == {}
+    preparer.prepare("ns", "two", "uid-3")
+    assert preparer.requests() == {
+        "uid-3/tp": PreparedRequest("ns", "two", (("topology/book", "drawer0-book0"),
+                                                  ("topology/book", "drawer0-book1"))),
+        "uid-3/s": PreparedRequest("ns", "two", (("topology/socket", "drawer0-book1-socket0"),))}
+    spec = json.loads((dirs["cdi"] / f"{DRIVER}-socket_uid-3.json").read_text())
+    assert env_of(spec, "uid-3-s")["TOPOLOGY_DRA_CLAIM"] == "uid-3/s"  # what names it in the container's env
+    preparer.prepare("ns", "two", "uid-3")  # again: nothing new, no change reported
+    assert changes == [2]
+    restarted = make_plugin(dirs, claims).preparer  # the checkpoint restores the index too
+    assert restarted.requests() == preparer.requests()
+    preparer.unprepare("uid-3")
+    assert preparer.requests() == {} and changes == [2, 0]
+
+
+def test_a_device_no_longer_published_is_left_out_of_the_index() -> None:
+    g = groups()
+    devices, files = plan_claim(claim("u4", ("r", "drawer0-book0"), ("r", "drawer0-book1")), driver=DRIVER,
+                                pool="node-a", groups=g, allocation=AllocationSettings())
+    prepared = {"u4": PreparedClaim("u4", "ns", "c", devices, files)}
+    del g["drawer0-book1"]
+    assert request_index(prepared, g) == {"u4/r": PreparedRequest("ns", "c", (("topology/book", "drawer0-book0"),))}

@@ -4,13 +4,17 @@ mounts for each mode. The real containerd judges in tests/test_nri_containerd.py
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+import pytest
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
 from agent.app.nri_enforcement import NriEnforcement
 from agent.devices.table import NodeDevices
 from agent.plugin.servicer import render as render_wire
 from agent.policy.allocation import AllocationSettings
+from agent.policy.claims import CLAIM_ENV, ClaimMatch, PreparedRequest, match_claim, prepared_keys, with_claims
 from agent.policy.cpuset import RunningContainer
 from agent.policy.creation import enforcement_mode, plan_creation
 from agent.policy.grouping import GroupingSettings, group_topology
@@ -170,3 +174,106 @@ def test_auto_without_any_runtime_socket_is_off_with_one_warning_and_says_so() -
             assert status == 200 and "cpuset enforcement" not in body
         finally:
             agent.stop()
+
+
+# --- DRA mode: the claim a container's CDI environment names (agent/policy/claims.py) -------------------------
+
+
+def prepared_book(grouping: Any, index: int, namespace: str = "default") -> dict[str, PreparedRequest]:
+    g = grouping.groups[index]
+    return {"uid-1/book": PreparedRequest(namespace, "one-book", ((g.resource, g.id),))}
+
+
+def with_env(c: nri.Container, *env: str) -> nri.Container:
+    c.env.extend(["PATH=/bin", *env])
+    return c
+
+
+def test_match_claim_believes_only_a_prepared_request_of_the_pods_namespace() -> None:
+    prepared = {"uid-1/book": PreparedRequest("ns", "one-book", (("topology/book", "b0"),))}
+    assert match_claim(["PATH=/bin"], "ns", prepared) == ClaimMatch("")
+    assert match_claim([f"{CLAIM_ENV}=uid-1/book"], "ns", prepared).devices == (("topology/book", "b0"),)
+    unknown = match_claim([f"{CLAIM_ENV}=uid-2/book"], "ns", prepared)
+    assert unknown.devices == () and unknown.refused == "not a claim request this agent prepared"
+    other = match_claim([f"{CLAIM_ENV}=uid-1/book"], "attacker", prepared)
+    assert other.devices == () and "not of the pod's namespace attacker" in other.refused
+    # The pod's own entry comes first, the CDI device's replaces or follows it: the last one counts.
+    assert match_claim([f"{CLAIM_ENV}=forged", f"{CLAIM_ENV}=uid-1/book"], "ns", prepared).devices
+    assert not match_claim([f"{CLAIM_ENV}=uid-1/book", f"{CLAIM_ENV}=forged"], "ns", prepared).devices
+    empty = {"uid-1/book": PreparedRequest("ns", "one-book", ())}
+    assert "none of this node's groups" in match_claim([f"{CLAIM_ENV}=uid-1/book"], "ns", empty).refused
+
+
+def test_with_claims_adds_claimed_containers_and_pod_resources_wins() -> None:
+    a, b = ("ns", "p", "c"), ("ns", "q", "c")
+    merged = with_claims({a: {("topology/book", "b1")}}, {a: (("topology/book", "b0"),), b: (("topology/book", "b0"),)})
+    assert merged == {a: (("topology/book", "b1"),), b: (("topology/book", "b0"),)}
+    assert prepared_keys({"u/r": PreparedRequest("ns", "c", (("r", "x"), ("r", "y"))),
+                          "v/r": PreparedRequest("ns", "d", (("r", "y"),))}) == {("r", "x"), ("r", "y")}
+
+
+def setup_dra(shared_pool: bool, prepared: dict[str, PreparedRequest]) -> NriEnforcement:
+    settings = GroupingSettings(levels=("book",))
+    grouping = group_topology(two_books(), settings)
+    devices = NodeDevices(grouping, settings, AllocationSettings(), render_wire)
+    groups = {(g.resource, g.id): g for g in grouping.groups}
+    return NriEnforcement(devices, groups, DOMAIN, online=lambda: frozenset({0, 1}), reserved=frozenset(),
+                          shared_pool=shared_pool, cpu_manager_policy=lambda: None, claims=lambda: prepared)
+
+
+def test_a_dra_container_is_created_on_its_claims_book_and_others_kept_off_it() -> None:
+    _, grouping = setup()
+    prepared = prepared_book(grouping, 1)
+    enforcement = setup_dra(True, prepared)
+    web = enforcement.create_container(pod("web"), container("c-web", "web"))
+    assert web.adjust.linux.resources.cpu.cpus == "0"  # the claim is prepared: its book is held already
+    llm = enforcement.create_container(pod("llm"), with_env(container("c-llm", "llm"), f"{CLAIM_ENV}=uid-1/book"))
+    cpu = llm.adjust.linux.resources.cpu
+    assert (cpu.cpus, cpu.mems) == ("1", ",".join(map(str, grouping.groups[1].memory_nodes)))
+    assert list(llm.update) == []  # web was created in the pool already
+    assert enforcement.counters.topology_containers == 1 and enforcement.counters.pinned == 1
+    # An update (kubelet's, before pod-resources lists the container) keeps it on its book.
+    asked = nri.LinuxResources(cpu=nri.LinuxCPU(cpus="0-1"))
+    (update,) = enforcement.update_container(pod("llm"), with_env(container("c-llm", "llm", cpus="1"),
+                                                                   f"{CLAIM_ENV}=uid-1/book"), asked)
+    assert update.linux.resources.cpu.cpus == "1"
+    # Still prepared when llm stops: its book stays out of the pool. Unprepared: the pool grows back.
+    assert enforcement.stop_container(pod("llm"), container("c-llm", "llm")) == []
+    prepared.clear()
+    widened = enforcement.stop_container(pod("other"), container("c-other", "other"))
+    assert [(u.container_id, u.linux.resources.cpu.cpus) for u in widened] == [("c-web", "0-1")]
+
+
+def test_a_forged_or_foreign_claim_variable_is_treated_as_any_other_container(
+        caplog: pytest.LogCaptureFixture) -> None:
+    _, grouping = setup()
+    enforcement = setup_dra(True, prepared_book(grouping, 1, namespace="team-a"))
+    caplog.set_level(logging.DEBUG, logger="topology-agent.cpuset")
+    forged = enforcement.create_container(pod("x"), with_env(container("c-x", "x"), f"{CLAIM_ENV}=made-up/book"))
+    assert forged.adjust.linux.resources.cpu.cpus == "0"  # the pool: never the held book
+    foreign = enforcement.create_container(pod("y"), with_env(container("c-y", "y"), f"{CLAIM_ENV}=uid-1/book"))
+    assert foreign.adjust.linux.resources.cpu.cpus == "0"  # a prepared claim, but of namespace team-a
+    enforcement.create_container(pod("x"), with_env(container("c-x2", "x"), f"{CLAIM_ENV}=made-up/book"))
+    ignored = [r for r in caplog.records if "ignoring TOPOLOGY_DRA_CLAIM" in r.getMessage()]
+    assert [r.levelno for r in ignored] == [logging.DEBUG, logging.DEBUG]  # once per value and namespace
+    assert "not of the pod's namespace default" in ignored[1].getMessage()
+    assert enforcement.counters.topology_containers == 0
+    no_pool = setup_dra(False, prepared_book(grouping, 1, namespace="team-a"))
+    assert no_pool.create_container(pod("y"), with_env(container("c-y", "y"), f"{CLAIM_ENV}=uid-1/book")) \
+        == nri.CreateContainerResponse()  # as asked for, like any container without the shared pool
+
+
+def test_synchronize_pins_a_dra_container_created_while_the_plugin_was_away() -> None:
+    _, grouping = setup()
+    enforcement = setup_dra(True, prepared_book(grouping, 0))
+    updates = enforcement.synchronize(
+        [pod("llm"), pod("web")],
+        [with_env(container("c-llm", "llm", cpus="0-1"), f"{CLAIM_ENV}=uid-1/book"),
+         container("c-web", "web", cpus="0-1")])
+    assert sorted((u.container_id, u.linux.resources.cpu.cpus) for u in updates) == [("c-llm", "0"), ("c-web", "1")]
+
+
+def test_without_dra_the_claim_variable_means_nothing() -> None:
+    enforcement, _ = setup(shared_pool=True)
+    answer = enforcement.create_container(pod("x"), with_env(container("c-x", "x"), f"{CLAIM_ENV}=uid-1/book"))
+    assert answer == nri.CreateContainerResponse()  # nothing held, no claims known: every CPU is the pool

@@ -110,11 +110,13 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
         devices.restore_holds(holds)
     metrics = AgentMetrics()
     metrics.prepare(grouping.resources())
+    dra = None
     if config.mode == "dra":  # the second adapter: ResourceSlices and a kubelet DRA plugin (agent/dra)
         from agent.app.dra import build_dra_manager
 
+        dra = build_dra_manager(config, topology, grouping, devices, pod_resources)
         # DraManager has the face of PluginManager the agent uses (start, stop, ready, alive, registrations, ...).
-        manager = cast(PluginManager, build_dra_manager(config, topology, grouping, devices, pod_resources))
+        manager = cast(PluginManager, dra)
     else:
         manager = PluginManager(config.kubelet_dir, devices.tables, metrics, config.timing,
                                 on_kubelet_restart=devices.kubelet_restarted)
@@ -146,7 +148,10 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
             devices, {(g.resource, g.id): g for g in grouping.groups}, config.allocation.annotation_domain,
             online=latest.online, reserved=config.grouping.reserved_cpus, shared_pool=config.shared_pool,
             cpu_manager_policy=lambda: reporter.cpu_manager_policy, socket_path=config.nri_socket,
-            observe_pinned=metrics.pin_latency.observe)
+            observe_pinned=metrics.pin_latency.observe,
+            claims=dra.prepared_requests if dra is not None else None)  # DRA: the claim its CDI env names
+        if dra is not None:
+            dra.on_claims_changed(enforcement.changed)
         devices.enforced = enforcement.enforced
         log.info("enforcing topology cpusets at creation as an NRI plugin on %s%s", config.nri_socket,
                  " with a shared pool for every other container" if config.shared_pool else "")

@@ -4,7 +4,8 @@
 The manager serves the kubelet plugin (:mod:`agent.dra.kubelet_plugin`) and keeps the node's ResourceSlices true
 (:mod:`agent.dra.publisher`): at start, when the kubelet takes the registration (a kubelet start wipes the node's
 slices), when a group stops or starts being whole (its device taint), and every ``interval`` seconds a look (one
-List, no write unless something is missing or differs). The discovery, grouping, planning, state and enforcement
+List, no write unless something is missing or differs). The same broken groups go to kubelet's health stream
+(:mod:`agent.dra.health`) at once. The discovery, grouping, planning, state and enforcement
 are the device-plugin mode's own (:func:`build_dra_manager` is handed them by :func:`agent.app.build.build_agent`).
 """
 
@@ -18,6 +19,7 @@ from collections.abc import Callable, Mapping
 from agent.app.config import AgentConfig
 from agent.app.loops import PeriodicLoop
 from agent.devices.table import NodeDevices
+from agent.dra.health import HealthService
 from agent.dra.kubeclient import ApiError
 from agent.dra.kubelet_plugin import KubeletPlugin
 from agent.dra.prepare import ClaimPreparer
@@ -25,6 +27,7 @@ from agent.dra.publisher import SlicePublisher
 from agent.errors import AgentError, StartupError
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire
+from agent.policy.claims import PreparedRequest
 from agent.policy.dra import DRIVER, PoolPlan, SliceSettings, build_pool
 from agent.policy.grouping import Grouping
 from agent.topology.model import Topology
@@ -56,6 +59,8 @@ class DraManager:
     # --- the step -------------------------------------------------------------------------------
     def step(self) -> None:
         broken = dict(self.broken())
+        if self.plugin.health is not None:
+            self.plugin.health.update(broken)
         if self._last_broken is not None and broken != self._last_broken:
             log.warning("republishing ResourceSlices: unhealthy groups now %s",
                         ", ".join(sorted(d for _, d in broken)) or "none")
@@ -77,9 +82,22 @@ class DraManager:
         self.loop.wake()
 
     def changed(self) -> None:
-        """Device states changed (a NodeDevices listener): republish when the unhealthy set differs."""
-        if self._last_broken is not None and dict(self.broken()) != self._last_broken:
+        """Device states changed (a NodeDevices listener): tell kubelet's health streams, republish when the
+        unhealthy set differs."""
+        broken = dict(self.broken())
+        if self.plugin.health is not None:
+            self.plugin.health.update(broken)
+        if self._last_broken is not None and broken != self._last_broken:
             self.loop.wake()
+
+    # --- for the NRI enforcement ---------------------------------------------------------------
+    def prepared_requests(self) -> Mapping[str, PreparedRequest]:
+        """The prepared claims' requests by ``<claim uid>/<request>`` (memory only: the NRI hooks call it)."""
+        return self.plugin.preparer.requests()
+
+    def on_claims_changed(self, listener: Callable[[], None]) -> None:
+        """``listener()`` after a claim was prepared or unprepared (the pool changed); it must not block."""
+        self.plugin.preparer.on_change = listener
 
     # --- PluginManager's face -------------------------------------------------------------------
     def start(self) -> None:
@@ -143,8 +161,6 @@ def build_dra_manager(config: AgentConfig, topology: Topology, grouping: Groupin
     preparer = ClaimPreparer(driver=DRIVER, pool=settings.node_name, groups={g.id: g for g in grouping.groups},
                              allocation=config.allocation, read_claim=api.read_claim, cdi_dir=config.cdi_dir,
                              checkpoint=config.kubelet_dir / STATE_SUBDIR / CHECKPOINT)
-    plugin = KubeletPlugin(driver=DRIVER, registry_dir=config.dra_registry_dir, plugin_dir=config.dra_plugin_dir,
-                           preparer=preparer)
     publisher = SlicePublisher(api, settings.node_name, DRIVER)
 
     def plan(broken: Mapping[tuple[str, str], str]) -> PoolPlan:
@@ -153,6 +169,10 @@ def build_dra_manager(config: AgentConfig, topology: Topology, grouping: Groupin
     def broken() -> dict[tuple[str, str], str]:
         with devices.lock:
             return dict(devices.broken)
+
+    health = HealthService(pool=settings.node_name, devices=[d["name"] for d in plan({}).devices], broken=broken)
+    plugin = KubeletPlugin(driver=DRIVER, registry_dir=config.dra_registry_dir, plugin_dir=config.dra_plugin_dir,
+                           preparer=preparer, health=health)
 
     # pod-resources lists DRA claims per container: the holds (and the cpuset enforcement) come from there.
     pod_resources.dra_driver = DRIVER

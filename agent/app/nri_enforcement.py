@@ -11,6 +11,11 @@ containers the runtime told about), never from I/O inside a handler.
 * UpdateContainer: a topology container keeps its groups' CPUs whatever kubelet updates; Stop and
   Remove forget the container, and their replies widen the others when the pool grew back.
 
+In DRA mode (``claims``: the kubelet plugin's prepared claim requests, in memory) a container's groups come
+from the ``TOPOLOGY_DRA_CLAIM`` variable its CDI device put into its environment, believed only for a claim the
+agent prepared and a pod of the claim's namespace (:mod:`agent.policy.claims`; anything else is logged once at
+debug and the container is treated as any other), and every prepared claim's devices count as held.
+
 Refused, like the CRI loop, while kubelet runs the static CPU manager policy (it answers nothing).
 When devices change hands outside any event (pod-resources notices a pod has gone, its group is
 free), the others are widened back with an unsolicited ``UpdateContainers`` from a thread of its
@@ -31,7 +36,8 @@ from agent.app.enforcement import EnforcementCounters
 from agent.devices.table import NodeDevices
 from agent.nri.plugin import DEFAULT_SOCKET, NriPlugin
 from agent.plugin.servicer import Wire
-from agent.policy.cpuset import RunningContainer, Update, plan_cpusets
+from agent.policy.claims import PreparedRequest, match_claim, prepared_keys, with_claims
+from agent.policy.cpuset import Identity, RunningContainer, Update, plan_cpusets
 from agent.policy.creation import plan_creation
 from agent.policy.grouping import Group
 from agent.policy.health import DeviceKey
@@ -41,6 +47,7 @@ log = logging.getLogger("topology-agent.cpuset")
 
 LIVE_STATES = frozenset({nri.CONTAINER_CREATED, nri.CONTAINER_RUNNING, nri.CONTAINER_PAUSED,
                          nri.CONTAINER_UNKNOWN})
+REFUSED_REMEMBERED = 1024  # claim variables not believed, remembered to log each once (then forgotten at once)
 
 
 def running_container(pod: nri.PodSandbox, container: nri.Container, domain: str) -> RunningContainer:
@@ -71,7 +78,8 @@ class NriEnforcement:
     def __init__(self, devices: NodeDevices[Wire], groups: Mapping[DeviceKey, Group], annotation_domain: str, *,
                  online: Callable[[], frozenset[int]], reserved: frozenset[int], shared_pool: bool,
                  cpu_manager_policy: Callable[[], str | None], socket_path: Path = Path(DEFAULT_SOCKET),
-                 plugin_index: str = "10", observe_pinned: Callable[[float], None] | None = None) -> None:
+                 plugin_index: str = "10", observe_pinned: Callable[[float], None] | None = None,
+                 claims: Callable[[], Mapping[str, PreparedRequest]] | None = None) -> None:
         self.devices = devices
         self.groups = groups
         self.domain = annotation_domain
@@ -80,9 +88,12 @@ class NriEnforcement:
         self.shared_pool = shared_pool
         self.cpu_manager_policy = cpu_manager_policy
         self.observe_pinned = observe_pinned
+        self.claims = claims
         self.counters = EnforcementCounters(updates={})
         self.plugin = NriPlugin(self, socket_path, index=plugin_index)
         self._containers: dict[str, RunningContainer] = {}
+        self._claimed: dict[str, tuple[Identity, tuple[DeviceKey, ...]]] = {}  # container id -> its believed claim
+        self._refused_claims: set[tuple[str, str]] = set()  # (namespace, value) logged once
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -144,7 +155,7 @@ class NriEnforcement:
         for c in containers:
             by_identity.setdefault(c.identity, set()).add(format_cpulist(sorted(c.cpus)) if c.cpus else "all")
         out: dict[DeviceKey, list[str]] = {}
-        for identity, keys in self.devices.holder_identities().items():
+        for identity, keys in self._holders().items():
             for key in keys:
                 out.setdefault(key, [])
                 out[key] = sorted(set(out[key]) | by_identity.get(identity, set()))
@@ -164,14 +175,16 @@ class NriEnforcement:
 
     def synchronize(self, pods: list[nri.PodSandbox], containers: list[nri.Container]) -> list[nri.ContainerUpdate]:
         by_id = {p.id: p for p in pods}
-        known = [running_container(by_id.get(c.pod_sandbox_id, nri.PodSandbox()), c, self.domain)
-                 for c in containers if c.state in LIVE_STATES]
+        live = [(by_id.get(c.pod_sandbox_id, nri.PodSandbox()), c) for c in containers if c.state in LIVE_STATES]
+        known = [running_container(p, c, self.domain) for p, c in live]
+        claimed = {c.id: claim for c, claim in ((c, self._claim_of(p, c)) for p, c in live) if claim is not None}
         with self._lock:
             self._containers = {c.id: c for c in known}
+            self._claimed = claimed
         if self._refused():
             return []
-        plan = plan_cpusets(known, self.devices.holder_identities(), self.devices.held_keys(), self.groups,
-                            self.online(), self.reserved, self.shared_pool)
+        plan = plan_cpusets(known, self._holders(), self._held(), self.groups, self.online(), self.reserved,
+                            self.shared_pool)
         now = time.time()
         for update in plan.updates:
             self._applied(update)
@@ -182,13 +195,15 @@ class NriEnforcement:
 
     def create_container(self, pod: nri.PodSandbox, container: nri.Container) -> nri.CreateContainerResponse:
         new = running_container(pod, container, self.domain)
+        claim = self._claim_of(pod, container)
         with self._lock:
             self._containers[new.id] = new
+            self._remember_claim(new.id, claim)
             running = list(self._containers.values())
         if self._refused():
             return nri.CreateContainerResponse()
-        plan = plan_creation(new, running, self.devices.holder_identities(), self.devices.held_keys(), self.groups,
-                             self.online(), self.reserved, self.shared_pool)
+        plan = plan_creation(new, running, self._holders(), self._held(), self.groups, self.online(), self.reserved,
+                             self.shared_pool)
         answer = nri.CreateContainerResponse(update=[container_update(u) for u in plan.others])
         for update in plan.others:
             self._applied(update)
@@ -214,12 +229,14 @@ class NriEnforcement:
             asked = RunningContainer(asked.id, asked.identity, frozenset(parse_cpulist(resources.cpu.cpus)),
                                      resources.cpu.mems or asked.mems, asked.annotated_groups,
                                      asked.annotated_resource, asked.created_at)
+        claim = self._claim_of(pod, container)
         with self._lock:
             self._containers[asked.id] = asked
+            self._remember_claim(asked.id, claim)
         if self._refused():
             return []
-        plan = plan_cpusets([asked], self.devices.holder_identities(), self.devices.held_keys(), self.groups,
-                            self.online(), self.reserved, self.shared_pool)
+        plan = plan_cpusets([asked], self._holders(), self._held(), self.groups, self.online(), self.reserved,
+                            self.shared_pool)
         for update in plan.updates:
             self._applied(update)
         self._account()
@@ -228,22 +245,59 @@ class NriEnforcement:
     def stop_container(self, pod: nri.PodSandbox, container: nri.Container) -> list[nri.ContainerUpdate]:
         with self._lock:
             self._containers.pop(container.id, None)
+            self._claimed.pop(container.id, None)
         return self._others_now()
 
     def remove_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
         with self._lock:
             self._containers.pop(container.id, None)
+            self._claimed.pop(container.id, None)
         self._account()
 
     # --- helpers --------------------------------------------------------------------------------------
+    def _claim_of(self, pod: nri.PodSandbox, container: nri.Container) -> tuple[Identity, tuple[DeviceKey, ...]] | None:
+        """The devices of the DRA claim request a container's environment names, when it is believed."""
+        if self.claims is None:
+            return None
+        match = match_claim(container.env, pod.namespace, self.claims())
+        if match.refused:
+            seen = (pod.namespace, match.value)
+            if seen not in self._refused_claims:
+                if len(self._refused_claims) >= REFUSED_REMEMBERED:
+                    self._refused_claims.clear()
+                self._refused_claims.add(seen)
+                log.debug("ignoring TOPOLOGY_DRA_CLAIM=%s of %s/%s/%s: %s; treated as any other container",
+                          match.value[:80], pod.namespace, pod.name, container.name, match.refused)
+            return None
+        if not match.devices:
+            return None
+        return (pod.namespace, pod.name, container.name), match.devices
+
+    def _remember_claim(self, container_id: str, claim: tuple[Identity, tuple[DeviceKey, ...]] | None) -> None:
+        if claim is None:
+            self._claimed.pop(container_id, None)
+        else:
+            self._claimed[container_id] = claim
+
+    def _holders(self) -> dict[Identity, tuple[DeviceKey, ...]]:
+        """pod-resources' holders, and the containers whose believed claim names their devices."""
+        with self._lock:
+            claimed = dict(self._claimed.values())
+        return with_claims(self.devices.holder_identities(), claimed)
+
+    def _held(self) -> frozenset[DeviceKey]:
+        """Every device held now, every prepared claim's devices included (pod-resources may not list them yet)."""
+        held = self.devices.held_keys()
+        return held | prepared_keys(self.claims()) if self.claims is not None else held
+
     def _others_now(self) -> list[nri.ContainerUpdate]:
         """What the known containers need now (the pool may have grown back)."""
         with self._lock:
             running = list(self._containers.values())
         if self._refused():
             return []
-        plan = plan_cpusets(running, self.devices.holder_identities(), self.devices.held_keys(), self.groups,
-                            self.online(), self.reserved, self.shared_pool)
+        plan = plan_cpusets(running, self._holders(), self._held(), self.groups, self.online(), self.reserved,
+                            self.shared_pool)
         for update in plan.updates:
             self._applied(update)
         self._account()
@@ -263,8 +317,8 @@ class NriEnforcement:
     def _account(self) -> None:
         with self._lock:
             running = list(self._containers.values())
-        plan = plan_cpusets(running, self.devices.holder_identities(), self.devices.held_keys(), self.groups,
-                            self.online(), self.reserved, self.shared_pool)
+        plan = plan_cpusets(running, self._holders(), self._held(), self.groups, self.online(), self.reserved,
+                            self.shared_pool)
         self.counters.steps += 1
         self.counters.topology_containers = plan.topology_containers
         self.counters.pinned = plan.pinned

@@ -7,6 +7,10 @@ list per device in topology order, README "What a container gets"). Each request
 ``<driver>/<level>=<claim uid>-<request>`` whose ``containerEdits.env`` is that environment, written to
 ``<cdi dir>/<driver>-<level>_<claim uid>.json`` (a transient spec per claim and class, as CDI names them). The CDI ids
 go back to the kubelet per device, so a container that references one request gets that request's environment.
+Each device's environment also carries ``TOPOLOGY_DRA_CLAIM=<claim uid>/<request>``: the NRI plugin
+(:mod:`agent.app.nri_enforcement`) reads it at CreateContainer and, for a request in :meth:`ClaimPreparer.requests`
+(a claim prepared here, and a pod of its namespace: :mod:`agent.policy.claims`), creates the container on its
+groups' CPUs and memory nodes, as the device-plugin mode's Allocate annotations let it.
 
 Idempotent and checkpointed: what was prepared is saved (atomically) in the agent's state directory before the
 answer goes out, so a second NodePrepareResources for a prepared claim (a kubelet restart, an agent restart)
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.policy.allocation import AllocationSettings, plan_allocation
+from agent.policy.claims import CLAIM_ENV, PreparedRequest, claim_value
 from agent.policy.grouping import Group
 
 log = logging.getLogger("topology-agent.dra")
@@ -106,12 +111,27 @@ def plan_claim(claim: JSON, *, driver: str, pool: str, groups: Mapping[str, Grou
         kind = f"{driver}/{level}"
         file_name = f"{driver}-{level}_{uid}.json"
         spec = files.setdefault(file_name, {"cdiVersion": CDI_VERSION, "kind": kind, "devices": []})
-        spec["devices"].append({"name": name, "containerEdits": {
-            "env": [f"{k}={v}" for k, v in plan.envs.items()]}})
+        env = [f"{k}={v}" for k, v in plan.envs.items()] + [f"{CLAIM_ENV}={claim_value(uid, request)}"]
+        spec["devices"].append({"name": name, "containerEdits": {"env": env}})
         cdi_of[request] = f"{kind}={name}"
     devices = tuple(PreparedDevice(str(r["request"]), str(r["pool"]), str(r["device"]), (cdi_of[str(r["request"])],))
                     for r in ours)
     return devices, files
+
+
+def request_index(claims: Mapping[str, PreparedClaim], groups: Mapping[str, Group]) -> dict[str, PreparedRequest]:
+    """``<claim uid>/<request>`` -> its namespace and devices (``(resource, id)``; a device no longer published is
+    left out). Pure."""
+    index: dict[str, PreparedRequest] = {}
+    for claim in claims.values():
+        by_request: dict[str, list[tuple[str, str]]] = {}
+        for d in claim.devices:
+            keys = by_request.setdefault(d.request, [])
+            if d.device in groups:
+                keys.append((groups[d.device].resource, d.device))
+        for request, keys in by_request.items():
+            index[claim_value(claim.uid, request)] = PreparedRequest(claim.namespace, claim.name, tuple(keys))
+    return index
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -143,6 +163,8 @@ class ClaimPreparer:
         self.checkpoint = Path(checkpoint)
         self._lock = threading.Lock()
         self.claims: dict[str, PreparedClaim] = self._load()
+        self._requests: dict[str, PreparedRequest] = request_index(self.claims, self.groups)
+        self.on_change: Callable[[], None] | None = None  # after a claim was prepared or unprepared (must not block)
         self.prepares = 0  # claims prepared from the API (not from the checkpoint)
         self.unprepares = 0
 
@@ -213,9 +235,11 @@ class ClaimPreparer:
             self._write_files(prepared)
             self.claims[uid] = prepared
             self._save()
+            self._requests = request_index(self.claims, self.groups)
             self.prepares += 1
         log.info("prepared claim %s/%s (%s): %s", namespace, name, uid,
                  ", ".join(f"{d.device} for {d.request}" for d in devices))
+        self._changed()
         return prepared
 
     def unprepare(self, uid: str) -> None:
@@ -225,8 +249,19 @@ class ClaimPreparer:
                 return
             self._remove_files(claim)
             self._save()
+            self._requests = request_index(self.claims, self.groups)
             self.unprepares += 1
         log.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, uid)
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def requests(self) -> Mapping[str, PreparedRequest]:
+        """Every prepared claim's requests by ``<claim uid>/<request>``, from memory (no I/O, no lock: the mapping
+        is replaced, never changed, so the NRI hook reads it as it is)."""
+        return self._requests
 
     def prepared_devices(self) -> dict[str, list[tuple[str, str]]]:
         """Claim uid -> the (pool, device) it holds."""

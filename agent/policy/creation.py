@@ -1,8 +1,11 @@
 """Which cpuset a container gets when the runtime creates it (``--cpuset-enforcement nri``), and
 what the others need at that moment. Pure, and the same rules as :mod:`agent.policy.cpuset`:
 
-* a container whose groups are known (pod-resources names its holder, or Allocate's annotations
-  name its groups) is created on its groups' CPUs and memory nodes;
+* a container whose groups are known (pod-resources names its holder, Allocate's annotations name
+  its groups, or in DRA mode its CDI environment names a claim request the agent prepared for its
+  namespace: :func:`agent.policy.claims.with_claims` adds those to ``holders``, and
+  :func:`agent.policy.claims.prepared_keys` every prepared claim's devices to ``held``) is created on
+  its groups' CPUs and memory nodes;
 * with the shared pool, every other container is created inside the pool, and the containers
   already running are confined to the pool the new holder leaves (the updates in the reply);
 * a container with nothing to say about is created as it was asked for.
