@@ -550,7 +550,7 @@ class Containerd:
             metadata=cri.ContainerMetadata(name=pod.container_name, attempt=pod.attempt),
             image=cri.ImageSpec(image=self.image),
             command=list(command),
-            envs=[cri.KeyValue(key=k, value=v) for k, v in pod.envs],
+            envs=[cri.KeyValue(key=k, value=v.encode()) for k, v in pod.envs],
             CDI_devices=[cri.CDIDevice(name=name) for name in pod.cdi_devices],
             labels=pod.labels,
             annotations={**dict(pod.annotations), "io.kubernetes.container.restartCount": str(pod.attempt)},
