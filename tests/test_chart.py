@@ -507,13 +507,19 @@ NETPOL_ARGS = ("--set", "networkPolicy.enabled=true",
                "--set-json", f"networkPolicy.scraper.podSelector={SCRAPER_POD}")
 
 
+def agent_policy(docs: list[Doc]) -> Doc:
+    """The agent's NetworkPolicy (the uninstall hook's pod has one of its own, tests/test_chart_uninstall.py)."""
+    (policy,) = [d for d in kinds(docs).get("NetworkPolicy", []) if d["metadata"]["name"] == "t-s390x-topology-agent"]
+    return policy
+
+
 def test_network_policy_off_by_default(render: Render) -> None:
     assert "NetworkPolicy" not in kinds(render())
 
 
 def test_network_policy_admits_only_the_scraper_to_the_metrics_port(render: Render) -> None:
     docs = render(*NETPOL_ARGS, "--set", "metrics.port=9555")
-    policy = one(docs, "NetworkPolicy")
+    policy = agent_policy(docs)
     assert policy["metadata"]["namespace"] == "kube-system"
     spec = policy["spec"]
     pod_labels = one(docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
@@ -531,11 +537,11 @@ def test_network_policy_admits_only_the_scraper_to_the_metrics_port(render: Rend
 
 
 def test_network_policy_with_one_selector(render: Render) -> None:
-    (rule,) = one(render("--set", "networkPolicy.enabled=true", "--set-json",
-                         f"networkPolicy.scraper.podSelector={SCRAPER_POD}"), "NetworkPolicy")["spec"]["ingress"]
+    (rule,) = agent_policy(render("--set", "networkPolicy.enabled=true", "--set-json",
+                         f"networkPolicy.scraper.podSelector={SCRAPER_POD}"))["spec"]["ingress"]
     assert rule["from"] == [{"podSelector": json.loads(SCRAPER_POD)}]  # the release namespace only
-    (rule,) = one(render("--set", "networkPolicy.enabled=true", "--set-json",
-                         f"networkPolicy.scraper.namespaceSelector={SCRAPER_NS}"), "NetworkPolicy")["spec"]["ingress"]
+    (rule,) = agent_policy(render("--set", "networkPolicy.enabled=true", "--set-json",
+                         f"networkPolicy.scraper.namespaceSelector={SCRAPER_NS}"))["spec"]["ingress"]
     assert rule["from"] == [{"namespaceSelector": json.loads(SCRAPER_NS)}]
 
 

@@ -112,3 +112,21 @@ def test_cleanup_off_or_no_token_renders_none_of_it(render: Render) -> None:
 def test_the_timeout_is_a_value(render: Render, template_error: Any) -> None:
     assert args_of(hook_job(full(render, "--set", "uninstall.timeoutSeconds=300")))["timeout"] == "300"
     assert "timeoutSeconds" in template_error("--set", "uninstall.timeoutSeconds=0")
+
+
+NETPOL = ("--set", "networkPolicy.enabled=true",
+          "--set-json", 'networkPolicy.scraper.namespaceSelector={"matchLabels":{"kubernetes.io/metadata.name":"m"}}')
+
+
+def test_with_network_policies_the_hook_pod_admits_no_ingress(render: Render) -> None:
+    docs = full(render, *NETPOL)
+    pod_labels = hook_job(docs)["spec"]["template"]["metadata"]["labels"]
+    selecting = [d for d in docs if d["kind"] == "NetworkPolicy"
+                 and d["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()]
+    assert [d["metadata"]["name"] for d in selecting] == [HOOK_NAME]
+    (policy,) = selecting
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and not policy["spec"].get("ingress")  # egress stays open
+    assert "helm.sh/hook" not in (policy["metadata"].get("annotations") or {})  # there while the hook runs
+    # No hook, no policy of its own.
+    off = full(render, *NETPOL, "--set", "uninstall.cleanup=false")
+    assert [d["metadata"]["name"] for d in off if d["kind"] == "NetworkPolicy"] == [DS_NAME]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run checkov on the chart as rendered with its defaults, with every option on, and "pinned" (the README's image
+# Run checkov on the chart as rendered with its defaults, with every option on, in DRA mode, and "pinned" (the README's image
 # digest, the NetworkPolicy, no node labels: the findings configuration can clear), as deploy/helm/README.md
 # reports. checkov is not a project dependency: give its binary as CHECKOV, or this installs it into its own
 # virtualenv (CHECKOV_VENV, default /tmp/checkov-venv) from PyPI. HELM as for tools/check-chart.sh.
@@ -26,13 +26,14 @@ fi
 
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-mkdir -p "$WORK/default" "$WORK/all-options" "$WORK/pinned"
+mkdir -p "$WORK/default" "$WORK/all-options" "$WORK/pinned" "$WORK/dra"
 COMMON=(template t "$CHART" -n kube-system --kube-version 1.34.0)
 "$HELM" "${COMMON[@]}" >"$WORK/default/chart.yaml"
 "$HELM" "${COMMON[@]}" \
   --set fakeTopology.enabled=true --set-file "fakeTopology.snapshots.default\.json=agent/data/z16-lpar.json" \
   --set metrics.serviceMonitor.enabled=true --set metrics.allocationsPodNames=true \
   --set seccompProfile.install=true --set kubelet.readState=true --set networkPolicy.enabled=true \
+  --set metrics.prometheusRule.enabled=true --set metrics.grafanaDashboard.enabled=true \
   --set-json 'networkPolicy.scraper.namespaceSelector={"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}' \
   --set-json 'networkPolicy.scraper.podSelector={"matchLabels":{"app.kubernetes.io/name":"prometheus"}}' \
   >"$WORK/all-options/chart.yaml"
@@ -42,10 +43,13 @@ COMMON=(template t "$CHART" -n kube-system --kube-version 1.34.0)
   --set agent.nodeLabels=false --set networkPolicy.enabled=true \
   --set-json 'networkPolicy.scraper.namespaceSelector={"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}' \
   >"$WORK/pinned/chart.yaml"
+# DRA mode (README "DRA mode"): the DeviceClasses, the plugin directories, the API token it always needs; 1.36 is
+# the first Kubernetes with the counters it publishes.
+"$HELM" template t "$CHART" -n kube-system --kube-version 1.36.0 --set mode=dra >"$WORK/dra/chart.yaml"
 
 echo "checkov $("$CHECKOV" --version), helm $("$HELM" version --short)"
 status=0
-for render in default all-options pinned; do
+for render in default all-options pinned dra; do
   echo "== $render"
   # checkov exits 1 when any check fails; every remaining finding is justified in deploy/helm/README.md.
   # --skip-download: no call to Prisma Cloud for guidelines (the check ids and names are local).
