@@ -3,10 +3,12 @@
 * ``<registry dir>/<driver>-reg.sock`` (kubelet's plugin watcher scans ``<kubelet root>/plugins_registry``):
   ``GetInfo`` answers type ``DRAPlugin``, the driver name, the endpoint (the DRA socket's path as the kubelet sees
   it) and the gRPC services served, ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin`` (kubelet picks the newest it knows);
+  and, with a :class:`~agent.dra.health.HealthService`, ``v1.DRAResourceHealth`` and ``v1alpha1.DRAResourceHealth``
+  (kubelet 1.37 starts the health stream only for a driver that names it there);
   ``NotifyRegistrationStatus`` tells whether the kubelet took it.
 * ``<plugin dir>/dra.sock`` (``<kubelet root>/plugins/<driver>/``): ``NodePrepareResources`` and
   ``NodeUnprepareResources`` (:mod:`agent.dra.prepare`), per claim: an error in one claim's answer, never a failed
-  call.
+  call; with a health service, ``NodeWatchResources`` (:mod:`agent.dra.health`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from agent._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from agent._proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from agent._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from agent._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from agent.dra import health as dra_health
 from agent.dra.kubeclient import ApiError
 from agent.dra.prepare import ClaimPreparer, PrepareError
 from agent.errors import SocketInUseError, SocketPathError, StartupError
@@ -70,14 +73,16 @@ def clear_stale_socket(path: Path) -> None:
 
 
 class RegistrationServicer(reg_grpc.RegistrationServicer):
-    def __init__(self, driver: str, endpoint: str, on_status: Callable[[bool, str], None]) -> None:
+    def __init__(self, driver: str, endpoint: str, on_status: Callable[[bool, str], None],
+                 services: tuple[str, ...] = SERVICES) -> None:
         self.driver = driver
         self.endpoint = endpoint
         self.on_status = on_status
+        self.services = services
 
     def GetInfo(self, request: Any, context: Any) -> Any:
         return reg_pb2.PluginInfo(type=PLUGIN_TYPE, name=self.driver, endpoint=self.endpoint,
-                                  supported_versions=list(SERVICES))
+                                  supported_versions=list(self.services))
 
     def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
         self.on_status(request.plugin_registered, request.error)
@@ -124,13 +129,16 @@ class KubeletPlugin:
     directory is mounted at the host's path, as the chart does)."""
 
     def __init__(self, *, driver: str, registry_dir: Path, plugin_dir: Path, preparer: ClaimPreparer,
-                 endpoint: str | None = None, on_registered: Callable[[], None] | None = None) -> None:
+                 endpoint: str | None = None, on_registered: Callable[[], None] | None = None,
+                 health: dra_health.HealthService | None = None) -> None:
         self.driver = driver
         self.registration_path = Path(registry_dir) / f"{driver}-reg.sock"
         self.dra_path = Path(plugin_dir) / "dra.sock"
         self.endpoint = endpoint or str(self.dra_path)
         self.preparer = preparer
         self.on_registered = on_registered
+        self.health = health
+        self.services = SERVICES + (dra_health.SERVICES if health is not None else ())
         self.registered = False
         self.registrations = 0
         self.registration_failures = 0
@@ -157,11 +165,11 @@ class KubeletPlugin:
         else:
             log.warning("kubelet refused the DRA plugin registration: %s", error, extra={"reason": error})
 
-    def _serve(self, path: Path, add: Callable[[grpc.Server], None], name: str) -> None:
+    def _serve(self, path: Path, add: Callable[[grpc.Server], None], name: str, workers: int = WORKERS) -> None:
         _check_path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         clear_stale_socket(path)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix=name),
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name),
                              options=[("grpc.so_reuseport", 0)])
         add(server)
         try:
@@ -177,16 +185,22 @@ class KubeletPlugin:
     def start(self) -> None:
         """The DRA service first, then the registration socket (kubelet dials the endpoint at once)."""
         preparer = self.preparer
+        health = self.health
 
         def add_dra(server: grpc.Server) -> None:
             dra_v1_grpc.add_DRAPluginServicer_to_server(
                 _prepare_servicer(dra_v1, dra_v1_grpc.DRAPluginServicer, preparer), server)
             dra_v1beta1_grpc.add_DRAPluginServicer_to_server(
                 _prepare_servicer(dra_v1beta1, dra_v1beta1_grpc.DRAPluginServicer, preparer), server)
+            if health is not None:
+                health.add_to_server(server)
 
-        self._serve(self.dra_path, add_dra, "dra")
+        if health is not None:
+            health.open()
+        # Each health stream keeps a worker for its lifetime: the prepare calls keep their WORKERS.
+        self._serve(self.dra_path, add_dra, "dra", WORKERS + (health.max_streams if health is not None else 0))
         self._serve(self.registration_path, lambda s: reg_grpc.add_RegistrationServicer_to_server(
-            RegistrationServicer(self.driver, self.endpoint, self._status), s), "dra-registration")
+            RegistrationServicer(self.driver, self.endpoint, self._status, self.services), s), "dra-registration")
         log.info("serving DRA plugin %s on %s (registration %s)", self.driver, self.dra_path, self.registration_path)
 
     def registration_socket_present(self) -> bool:
@@ -198,6 +212,8 @@ class KubeletPlugin:
         return (st.st_dev, st.st_ino) == self._inodes.get(self.registration_path)
 
     def stop(self) -> None:
+        if self.health is not None:
+            self.health.close()  # the health streams end with OK before the servers go
         for server in self._servers:
             server.stop(0.2).wait(timeout=3)
         self._servers.clear()
