@@ -110,6 +110,7 @@ def _write_configs(layout: Layout, bins: Path, cpu_manager_policy: str) -> None:
         layout.component_kubeconfig(component).write_text(configs.kubeconfig(layout, component, client))
     (layout.etc / "containerd.toml").write_text(configs.containerd_config(layout, bins))
     (layout.etc / "scheduler.yaml").write_text(configs.scheduler_config(layout))
+    (layout.etc / "audit-policy.yaml").write_text(configs.audit_policy())
     write_kubelet_config(layout, cpu_manager_policy)
     (layout.etc / "resolv.conf").write_text("nameserver 127.0.0.1\n")
     layout.cni_conf.mkdir(parents=True, exist_ok=True)
@@ -152,7 +153,11 @@ def _argv(layout: Layout, bins: Path, component: str) -> list[str]:
                 # No kube-proxy: the kubernetes Service gets no endpoints, so nothing is sent to its address.
                 "--endpoint-reconciler-type=none",
                 f"--etcd-servers=http://127.0.0.1:{ETCD_CLIENT_PORT}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}", "--v=1"]
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                # The agent's own requests (configs.audit_policy), for bench/bench_dra.py's requests per hour.
+                f"--audit-policy-file={layout.etc / 'audit-policy.yaml'}",
+                f"--audit-log-path={layout.log('audit')}", "--audit-log-maxsize=50", "--audit-log-maxbackup=1",
+                "--v=1"]
     if component == "kube-controller-manager":
         kc = layout.component_kubeconfig("controller-manager")
         return [str(bins / "kube-controller-manager"), f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",

@@ -110,6 +110,22 @@ def cni_conflist() -> str:
     }, indent=1) + "\n"
 
 
+AUDITED_GROUP = "system:serviceaccounts:topology-system"  # the chart's accounts in the lane's namespace (e2e.sh)
+
+
+def audit_policy() -> str:
+    """The API server's audit policy: every request of the agent's own accounts at Metadata (who, verb, resource,
+    code; no bodies), nothing else. bench/bench_dra.py counts the agent's requests per hour from it."""
+    return f"""apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    userGroups: ["{AUDITED_GROUP}"]
+  - level: None
+"""
+
+
 def scheduler_config(layout: Layout) -> str:
     return f"""apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
@@ -155,4 +171,8 @@ evictionHard:
   imagefs.available: 1%
   nodefs.inodesFree: 1%
 serializeImagePulls: false
+# The kubelet rewrites a ConfigMap volume at a pod's periodic sync: every 10 s here instead of the default 1 min, so
+# a fake-topology snapshot changed under a running agent (tests/e2e/test_dra_shapes.py, a CPU taken offline) reaches
+# it in seconds.
+syncFrequency: 10s
 """
