@@ -312,3 +312,150 @@ def test_a_build_folder_without_the_binaries_is_said_with_how_to_build_them(tmp_
     if reason is not None and "needs" in reason and "lacks" not in reason:
         pytest.skip(reason)  # not Linux, or not root: checked before the folder
     assert reason == f"{tmp_path} lacks containerd-shim-runc-v2, ctr, runc (build them: make cluster-build)"
+
+
+# --- DRA mode: a container created with the CDI device of a prepared claim ------------------------------------
+
+PRINT_ENV = ("sh", "-c", "grep Cpus_allowed_list /proc/self/status; "
+             "echo \"claim=$TOPOLOGY_DRA_CLAIM cpus=$TOPOLOGY_CPUS\"; exec sleep 3600")
+
+
+def log_lines(ctd: Containerd, pod: PodContainer, count: int, timeout: float = 10.0) -> list[str]:
+    """The container's first ``count`` lines of output (without the CRI log prefix)."""
+    log = ctd.workdir / "logs" / pod.pod_uid / pod.container_name / f"{pod.attempt}.log"
+    seen: list[str] = []
+
+    def written() -> bool:
+        try:
+            seen[:] = [line.split(" ", 3)[3] for line in log.read_text().splitlines()]
+        except (OSError, IndexError):
+            return False
+        return len(seen) >= count
+
+    wait_until(written, timeout, f"{count} lines in {log}")
+    return seen[:count]
+
+
+class DraNode:
+    """The DRA side of an agent as agent/app/build.py wires it: the kubelet plugin's ClaimPreparer writing CDI specs
+    where this containerd reads them, and the NRI enforcement reading its prepared requests (no kubelet and no
+    API server: the claim is handed to prepare() as kubelet's NodePrepareResources would name it)."""
+
+    def __init__(self, ctd: Containerd, root: Path, cpus: list[int], shared_pool: bool) -> None:
+        from agent.app.nri_enforcement import NriEnforcement
+        from agent.devices.table import NodeDevices
+        from agent.dra.prepare import ClaimPreparer
+        from agent.plugin.servicer import render
+        from agent.policy.allocation import AllocationSettings
+        from agent.policy.dra import DRIVER
+        from agent.policy.grouping import GroupingSettings, group_topology
+
+        a, b = cpus
+        machine = Machine(arch="s390x", machine_type="3931", environment="lpar", topology_facility=True,
+                          dispatching="horizontal", smt_threads=1)
+        topology = Topology(machine=machine, cpus=tuple(
+            Cpu(cpu=n, core=i, socket=i, book=i, drawer=0, siblings=(n,), polarization="horizontal")
+            for i, n in enumerate((a, b))))
+        settings = GroupingSettings(levels=("book",))
+        self.grouping = group_topology(topology, settings)
+        self.claims: dict[tuple[str, str], dict[str, object]] = {}
+        self.driver = DRIVER
+        self.preparer = ClaimPreparer(driver=DRIVER, pool="node-a", groups={g.id: g for g in self.grouping.groups},
+                                      allocation=AllocationSettings(), read_claim=self._read, cdi_dir=ctd.cdi_dir,
+                                      checkpoint=root / "dra" / "claims.json")
+        devices = NodeDevices(self.grouping, settings, AllocationSettings(), render)
+        self.enforcement = NriEnforcement(
+            devices, {(g.resource, g.id): g for g in self.grouping.groups}, "topology.s390x.ibm.com",
+            online=lambda: frozenset(cpus), reserved=frozenset(), shared_pool=shared_pool,
+            cpu_manager_policy=lambda: None, socket_path=ctd.nri_socket, claims=self.preparer.requests)
+        self.preparer.on_change = self.enforcement.changed
+        self.enforcement.start()
+        assert self.enforcement.plugin.wait_registered(20), self.enforcement.plugin.state.last_error
+
+    def _read(self, namespace: str, name: str) -> dict[str, object]:
+        return self.claims[(namespace, name)]
+
+    def prepare_book(self, index: int, namespace: str, name: str, uid: str) -> str:
+        """A claim allocated one book, prepared: its CDI device id."""
+        device = self.grouping.groups[index].id
+        self.claims[(namespace, name)] = {
+            "metadata": {"namespace": namespace, "name": name, "uid": uid},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "book", "driver": self.driver, "pool": "node-a", "device": device}]}}}}
+        prepared = self.preparer.prepare(namespace, name, uid)
+        (cdi_id,) = prepared.devices[0].cdi_ids
+        return cdi_id
+
+    def close(self) -> None:
+        self.enforcement.stop()
+
+
+def test_dra_a_claims_container_starts_on_its_book_and_a_forged_variable_does_not(ctd2: Containerd) -> None:
+    root = short_tmpdir()
+    cpus = parse_cpulist(ctd2.default_cpus())[:2]
+    if len(cpus) < 2:
+        pytest.skip(f"needs 2 CPUs for containers, this machine gives them {cpus}")
+    node = DraNode(ctd2, root, cpus, shared_pool=False)
+    try:
+        cdi_id = node.prepare_book(0, "inference", "one-book", "0b5e1a6e-claim")
+        book = str(cpus[0])
+        started = time.perf_counter()
+        llm = ctd2.run_pod("llm", namespace="inference", container="c", cdi_devices=(cdi_id,), command=PRINT_ENV)
+        created = time.perf_counter() - started
+        first, env = log_lines(ctd2, llm, 2)
+        assert first == f"Cpus_allowed_list:\t{book}"  # its first instruction ran on its book (NRI, at creation)
+        assert env == f"claim=0b5e1a6e-claim/book cpus={book}"  # CDI put the contract's environment there
+        every = ctd2.default_cpus()
+        # The same variable written into a pod spec of another namespace, and an unknown claim in the claim's
+        # own namespace: not believed, created as any other container (no shared pool: as asked for).
+        forged = ctd2.run_pod("thief", namespace="other", container="c", command=PRINT_ENV,
+                              envs=(("TOPOLOGY_DRA_CLAIM", "0b5e1a6e-claim/book"),))
+        assert first_line(ctd2, forged) == every
+        unknown = ctd2.run_pod("guess", namespace="inference", container="c", command=PRINT_ENV,
+                               envs=(("TOPOLOGY_DRA_CLAIM", "made-up-uid/book"),))
+        assert first_line(ctd2, unknown) == every
+        # A forged entry in the holder's own spec changes nothing: the CDI device's entry replaces it.
+        both = ctd2.run_pod("llm2", namespace="inference", container="c", cdi_devices=(cdi_id,), command=PRINT_ENV,
+                            envs=(("TOPOLOGY_DRA_CLAIM", "made-up-uid/book"),))
+        assert log_lines(ctd2, both, 2) == [f"Cpus_allowed_list:\t{book}", f"claim=0b5e1a6e-claim/book cpus={book}"]
+        assert node.enforcement.counters.pinned == 2
+        print(f"a DRA container created and started with NRI in {created:.3f} s")
+        for pod in (both, unknown, forged, llm):
+            ctd2.remove_pod(pod)
+        node.preparer.unprepare("0b5e1a6e-claim")
+    finally:
+        node.close()
+
+
+def test_dra_with_the_shared_pool_the_prepared_book_is_kept_from_everyone_else_and_returned_at_unprepare(
+        ctd2: Containerd) -> None:
+    root = short_tmpdir()
+    cpus = parse_cpulist(ctd2.default_cpus())[:2]
+    if len(cpus) < 2:
+        pytest.skip(f"needs 2 CPUs for containers, this machine gives them {cpus}")
+    node = DraNode(ctd2, root, cpus, shared_pool=True)
+    try:
+        a, b = (str(c) for c in cpus)
+        every = format_cpulist(cpus)
+        web = ctd2.run_pod("web", container="c", command=FIRST_LINE)  # nothing prepared: the pool is every CPU
+        assert first_line(ctd2, web) == every
+        cdi_id = node.prepare_book(1, "inference", "one-book", "7c1d-claim")
+        # Prepared, before its container exists and before pod-resources could list it: already held.
+        early = ctd2.run_pod("early", container="c", command=FIRST_LINE)
+        assert first_line(ctd2, early) == a
+        llm = ctd2.run_pod("llm", namespace="inference", container="c", cdi_devices=(cdi_id,), command=FIRST_LINE)
+        assert first_line(ctd2, llm) == b
+        assert ctd2.wait_cpus_allowed(web.container_id, a, timeout=5) == a  # moved off the book in llm's reply
+        forged = ctd2.run_pod("thief", namespace="other", container="c", command=FIRST_LINE,
+                              envs=(("TOPOLOGY_DRA_CLAIM", "7c1d-claim/book"),))
+        assert first_line(ctd2, forged) == a  # the pool, never the book
+        ctd2.remove_pod(llm)
+        spec = ctd2.cdi_dir / f"{node.driver}-book_7c1d-claim.json"
+        assert spec.is_file()
+        node.preparer.unprepare("7c1d-claim")  # kubelet's NodeUnprepareResources: the book is free again
+        assert not spec.exists()
+        for pod in (web, early, forged):  # widened outside any event (unsolicited UpdateContainers, containerd 2.4)
+            assert ctd2.wait_cpus_allowed(pod.container_id, every, timeout=10) == every
+            ctd2.remove_pod(pod)
+    finally:
+        node.close()
