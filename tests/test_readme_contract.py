@@ -6,7 +6,10 @@ import argparse
 import re
 
 from agent.cli import build_parser
+from agent.dra.prepare import plan_claim
 from agent.policy.allocation import ENV_KEYS, OPENMP_ENV_KEYS, AllocationSettings, plan_allocation
+from agent.policy.claims import CLAIM_ENV
+from agent.policy.dra import DRIVER
 from agent.policy.grouping import group_topology
 from agent.topology.embedded import load_embedded
 from tests.conftest import REPO
@@ -33,13 +36,22 @@ def names(cell: str) -> list[str]:
 
 def test_the_environment_table_is_what_allocate_returns() -> None:
     rows = table_after("## What a container gets")
+    dra = [n for row in rows if row[1].startswith("DRA mode only") for n in names(row[0])]
+    rows = [row for row in rows if not row[1].startswith("DRA mode only")]
     always = [n for row in rows if "--openmp-env" not in row[1] for n in names(row[0])]
     opt_in = [n for row in rows if "--openmp-env" in row[1] for n in names(row[0])]
     assert always == list(ENV_KEYS)
     assert opt_in == list(OPENMP_ENV_KEYS)
+    assert dra == [CLAIM_ENV]
     books = group_topology(load_embedded("z16-lpar")).by_resource("topology/book")[:2]
     assert list(plan_allocation(books).envs) == always
     assert set(plan_allocation(books, AllocationSettings(openmp_env=True)).envs) == {*always, *opt_in}
+    claim = {"metadata": {"namespace": "ns", "name": "c", "uid": "u"}, "status": {"allocation": {"devices": {
+        "results": [{"request": "r", "driver": DRIVER, "pool": "n", "device": b.id} for b in books]}}}}
+    _, files = plan_claim(claim, driver=DRIVER, pool="n", groups={b.id: b for b in books},
+                          allocation=AllocationSettings())
+    (spec,) = files.values()
+    assert [e.split("=", 1)[0] for e in spec["devices"][0]["containerEdits"]["env"]] == [*always, *dra]
 
 
 def subcommand(name: str) -> argparse.ArgumentParser:
