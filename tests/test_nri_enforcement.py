@@ -277,3 +277,47 @@ def test_without_dra_the_claim_variable_means_nothing() -> None:
     enforcement, _ = setup(shared_pool=True)
     answer = enforcement.create_container(pod("x"), with_env(container("c-x", "x"), f"{CLAIM_ENV}=uid-1/book"))
     assert answer == nri.CreateContainerResponse()  # nothing held, no claims known: every CPU is the pool
+
+
+def test_build_agent_in_dra_mode_hands_the_nri_plugin_the_prepared_claims(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The composition root's wiring: the kubelet plugin's ClaimPreparer is what the NRI enforcement reads, and a
+    prepare or unprepare wakes it (no API server: the claim reader is a dict)."""
+    import agent.dra.kubeclient as kubeclient
+    from agent.app.build import build_agent
+    from agent.app.config import AgentConfig
+    from agent.policy.dra import DRIVER
+    from tests.plugin_harness import short_tmpdir
+
+    claims: dict[tuple[str, str], dict[str, Any]] = {}
+
+    class NoApiServer:
+        def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+            return claims[(namespace, name)]
+
+    monkeypatch.setattr(kubeclient, "KubernetesDraApi", NoApiServer)
+    root = short_tmpdir()
+    config = AgentConfig(kubelet_dir=root / "kubelet", grouping=GroupingSettings(levels=("book",)), mode="dra",
+                         node_name="node-a", cpuset_enforcement="nri", shared_pool=True,
+                         pod_resources_socket=root / "no-pod-resources.sock", nri_socket=root / "nri.sock",
+                         dra_registry_dir=root / "plugins_registry", dra_plugin_dir=root / "plugins" / DRIVER,
+                         cdi_dir=root / "cdi", cpu_manager_state=root / "no-cpu-manager-state")
+    agent = build_agent(two_books(), config)
+    enforcement = agent.enforcement
+    assert isinstance(enforcement, NriEnforcement)
+    preparer = agent.manager.plugin.preparer  # type: ignore[attr-defined]
+    woken = enforcement._wake  # what the shared-pool thread waits on (not started here)
+    assert not woken.is_set()
+    book = agent.grouping.groups[1]
+    claims[("inference", "one-book")] = {
+        "metadata": {"namespace": "inference", "name": "one-book", "uid": "u-1"},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "r", "driver": DRIVER, "pool": "node-a", "device": book.id}]}}}}
+    preparer.prepare("inference", "one-book", "u-1")
+    assert woken.is_set()  # the pool changed: the enforcement's thread looks again
+    woken.clear()
+    new = nri.Container(id="c-llm", pod_sandbox_id="pod-llm", name="c", state=nri.CONTAINER_CREATED,
+                        env=["PATH=/bin", f"{CLAIM_ENV}=u-1/r"])
+    answer = enforcement.create_container(nri.PodSandbox(id="pod-llm", name="llm", namespace="inference"), new)
+    assert answer.adjust.linux.resources.cpu.cpus == book.cpulist
+    preparer.unprepare("u-1")
+    assert woken.is_set()
