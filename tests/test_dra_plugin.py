@@ -20,7 +20,7 @@ from agent._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from agent._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from agent.dra.kubeclient import ApiError
 from agent.dra.kubelet_plugin import KubeletPlugin
-from agent.dra.prepare import ClaimPreparer, PreparedClaim, plan_claim, request_index
+from agent.dra.prepare import ClaimPreparer, PreparedClaim, plan_claim, request_index, with_claim_env
 from agent.policy.allocation import AllocationSettings, plan_allocation
 from agent.policy.claims import PreparedRequest
 from agent.policy.dra import DRIVER
@@ -221,3 +221,24 @@ def test_a_device_no_longer_published_is_left_out_of_the_index() -> None:
     prepared = {"u4": PreparedClaim("u4", "ns", "c", devices, files)}
     del g["drawer0-book1"]
     assert request_index(prepared, g) == {"u4/r": PreparedRequest("ns", "c", (("topology/book", "drawer0-book0"),))}
+
+
+def test_a_checkpoint_from_before_the_claim_variable_gets_it_in_its_cdi_files(dirs: dict[str, Path]) -> None:
+    claims = Claims()
+    claims.items[("ns", "old")] = claim("uid-5", ("r", "drawer0-book0"), name="old")
+    preparer = make_plugin(dirs, claims).preparer
+    preparer.prepare("ns", "old", "uid-5")
+    doc = json.loads(dirs["state"].read_text())
+    for spec in doc["claims"][0]["files"].values():  # what an agent before TOPOLOGY_DRA_CLAIM wrote
+        for device in spec["devices"]:
+            device["containerEdits"]["env"] = [e for e in device["containerEdits"]["env"]
+                                               if not e.startswith("TOPOLOGY_DRA_CLAIM=")]
+    dirs["state"].write_text(json.dumps(doc))
+    spec_file = dirs["cdi"] / f"{DRIVER}-book_uid-5.json"
+    spec_file.unlink()
+    restarted = make_plugin(dirs, claims).preparer
+    assert env_of(json.loads(spec_file.read_text()), "uid-5-r")["TOPOLOGY_DRA_CLAIM"] == "uid-5/r"
+    assert restarted.claims["uid-5"].files == preparer.claims["uid-5"].files
+    assert restarted.prepares == 0 and claims.reads == 1  # restored, not prepared again
+    current = preparer.claims["uid-5"]
+    assert with_claim_env(current) is current  # a claim that has the variable is left as it is

@@ -119,6 +119,27 @@ def plan_claim(claim: JSON, *, driver: str, pool: str, groups: Mapping[str, Grou
     return devices, files
 
 
+def with_claim_env(claim: PreparedClaim) -> PreparedClaim:
+    """A claim prepared by an agent that did not write ``TOPOLOGY_DRA_CLAIM`` yet, with it added to every CDI device
+    that lacks it (the device's request is found by its CDI id); the same claim when nothing lacks it. Pure."""
+    request_of = {cdi_id.rsplit("=", 1)[-1]: d.request for d in claim.devices for cdi_id in d.cdi_ids}
+    files: dict[str, JSON] = {}
+    changed = False
+    for file_name, spec in claim.files.items():
+        devices = []
+        for device in spec.get("devices") or []:
+            edits = device.get("containerEdits") or {}
+            env = list(edits.get("env") or [])
+            request = request_of.get(str(device.get("name")))
+            if request is not None and not any(e.startswith(f"{CLAIM_ENV}=") for e in env):
+                env.append(f"{CLAIM_ENV}={claim_value(claim.uid, request)}")
+                device = {**device, "containerEdits": {**edits, "env": env}}
+                changed = True
+            devices.append(device)
+        files[file_name] = {**spec, "devices": devices}
+    return PreparedClaim(claim.uid, claim.namespace, claim.name, claim.devices, files) if changed else claim
+
+
 def request_index(claims: Mapping[str, PreparedClaim], groups: Mapping[str, Group]) -> dict[str, PreparedRequest]:
     """``<claim uid>/<request>`` -> its namespace and devices (``(resource, id)``; a device no longer published is
     left out). Pure."""
@@ -184,11 +205,19 @@ class ClaimPreparer:
             doc = json.loads(raw)
             if doc.get("version") != CHECKPOINT_VERSION:
                 raise ValueError(f"version {doc.get('version')!r}")
-            claims = {c["uid"]: PreparedClaim.from_json(c) for c in doc["claims"]}
+            restored = {c["uid"]: PreparedClaim.from_json(c) for c in doc["claims"]}
+            claims = {uid: with_claim_env(c) for uid, c in restored.items()}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("the DRA checkpoint %s cannot be trusted (%s): not used", self.checkpoint, exc)
             return {}
         log.info("restored %d prepared claim(s) from %s", len(claims), self.checkpoint)
+        for uid, claim in claims.items():
+            if claim is not restored[uid]:  # from an agent before TOPOLOGY_DRA_CLAIM: its CDI files get it now
+                try:
+                    self._write_files(claim)
+                except OSError as exc:
+                    log.warning("cannot rewrite the CDI files of claim %s/%s (%s): its new containers are pinned "
+                                "once pod-resources lists them", claim.namespace, claim.name, exc)
         return claims
 
     def _save(self) -> None:
