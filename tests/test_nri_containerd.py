@@ -1,7 +1,9 @@
 """CPU sets at creation through NRI, judged by a real containerd 2.4.2 (built by the real-cluster
 lane: ``make cluster-build``) with NRI on: a container whose entrypoint prints its own
 ``Cpus_allowed_list`` first thing prints its book's CPUs under ``--cpuset-enforcement nri``, and
-every CPU under the CRI path (pinned only after it started).
+every CPU under the CRI path (pinned only after it started). In DRA mode the same holds for a container
+created with the CDI device of a claim the agent prepared (CRI ``CDI_devices``; the harness's containerd reads
+CDI specs from a private directory), and not for one whose own spec forges the claim variable.
 
 The node is this machine's own CPUs as two one-CPU books (a synthetic tree: each CPU is a book).
 runc is the build's; Debian 12's crun 1.8 refuses containerd 2.4's OCI spec version ("unknown

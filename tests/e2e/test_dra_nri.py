@@ -61,6 +61,8 @@ def dra_nri(local: E2EEnv, node: str, pod_namespace: str) -> Iterator[E2EEnv]:
         wait_for("the agent's NRI plugin synchronized with the runtime", lambda: "NRI: synchronized" in local.kubectl(
             "-n", local.namespace, "logs", agent_pod(local)["metadata"]["name"]).stdout or None, timeout=60)
         apply(local, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": FOREIGN}})
+        wait_for(f"the default service account of {FOREIGN}",
+                 lambda: kjson(local, "-n", FOREIGN, "get", "serviceaccount", "default"), timeout=60)
         yield local
     finally:
         local.kubectl("delete", "pods,resourceclaims", "--all", "-n", PODS, "--wait=true", "--ignore-not-found",
