@@ -10,30 +10,47 @@ kernels keep offline CPUs in the masks), else None.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-
+from agent.topology.frozen import Frozen
 from agent.topology.model import Cpu, Machine, Topology
+
+TYPE_CHECKING = False  # not typing's (see agent/cli.py)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+_set = object.__setattr__
 
 # Levels from the outermost in: each level's parent key is made of the levels before it.
 LEVELS: tuple[str, ...] = ("drawer", "book", "socket", "core")
 
 
-@dataclass(frozen=True, slots=True)
-class RawCpu:
+class RawCpu(Frozen):
     """What sysfs says about one CPU, before any interpretation."""
 
+    __slots__ = ("cpu", "online", "configured", "polarization", "dedicated", "address", "has_topology", "ids",  # noqa: RUF023 (field order)
+                 "masks")
     cpu: int
-    online: bool = True
-    configured: bool = True
-    polarization: str = "unknown"
-    dedicated: bool | None = None
-    address: int | None = None
-    has_topology: bool = False
-    # level -> kernel id (None: file absent or -1)
-    ids: Mapping[str, int | None] = field(default_factory=dict)
+    online: bool
+    configured: bool
+    polarization: str
+    dedicated: bool | None
+    address: int | None
+    has_topology: bool
+    ids: Mapping[str, int | None]  # level -> kernel id (None: file absent or -1)
     # level -> sibling mask (None: file absent). "core" is thread_siblings, "socket" core_siblings.
-    masks: Mapping[str, frozenset[int] | None] = field(default_factory=dict)
+    masks: Mapping[str, frozenset[int] | None]
+
+    def __init__(self, cpu: int, online: bool, configured: bool, polarization: str, dedicated: bool | None,
+                 address: int | None, has_topology: bool, ids: Mapping[str, int | None],
+                 masks: Mapping[str, frozenset[int] | None]) -> None:
+        _set(self, "cpu", cpu)
+        _set(self, "online", online)
+        _set(self, "configured", configured)
+        _set(self, "polarization", polarization)
+        _set(self, "dedicated", dedicated)
+        _set(self, "address", address)
+        _set(self, "has_topology", has_topology)
+        _set(self, "ids", ids)
+        _set(self, "masks", masks)
 
 
 def _level_masks(raws: list[RawCpu], level: str) -> dict[int, frozenset[int]]:
@@ -126,7 +143,8 @@ def build_topology(raws: list[RawCpu], machine: Machine, cpu_nodes: Mapping[int,
             )
         )
     smt = max((len(c.siblings) for c in cpus if c.online), default=1) or 1
-    machine = replace(machine, smt_threads=max(smt, 1))
+    machine = Machine(machine.arch, machine.machine_type, machine.environment, machine.topology_facility,
+                      machine.dispatching, max(smt, 1), machine.memory_nodes, machine.has_node_dirs)
     return Topology(machine=machine, cpus=tuple(cpus))
 
 
