@@ -17,10 +17,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Generic, Protocol, TypeVar
 
 from agent.errors import Refusal
-from agent.policy.allocation import AllocationSettings, ContainerPlan, group_part, plan_parts
+from agent.policy.allocation import PART_ORDER, AllocationSettings, ContainerPlan, group_part, plan_ordered
 from agent.policy.grouping import Group, Grouping, GroupingSettings
 from agent.policy.health import DeviceKey, DeviceState, device_states, machine_health, overlap_map
 from agent.policy.ledger import AllocationLedger, ListedDevice, SavedHolds, admissible
@@ -36,6 +37,7 @@ MAX_ECHOED_IDS = 8  # ids named in a refusal; the rest are counted (a refusal is
 MAX_ECHOED_ID_LENGTH = 64
 
 W = TypeVar("W")
+_PART_ID = attrgetter("id")
 Clock = Callable[[], float]
 
 
@@ -76,7 +78,8 @@ def check_ids(ids: Sequence[str], known: Mapping[str, object], resource: str) ->
     """Raise Refusal("invalid") naming the bad ids (at most a few of them)."""
     if not ids:
         raise Refusal("invalid", f"{resource}: container request has no device ids")
-    if len(set(ids)) == len(ids) and all(i in known for i in ids):  # the usual request: nothing to name
+    unique = set(ids)
+    if len(unique) == len(ids) and known.keys() >= unique:  # the usual request: nothing to name
         return
     unknown = sorted({i for i in ids if i not in known})
     seen: set[str] = set()
@@ -115,11 +118,14 @@ class DeviceTable(Generic[W]):
         node = self._node
         if not requests:
             raise Refusal("invalid", f"{self.resource}: Allocate request has no container requests")
-        keys = [tuple(ids) for ids in requests]  # once: a protobuf repeated field decodes its strings per pass
-        answers = [self._answers.get(key) or self._answer(key) for key in keys]
+        cached = self._answers.get
+        # each id list made a tuple once: a protobuf repeated field decodes its strings on every pass
+        answers = [cached(key) or self._answer(key) for key in map(tuple, requests)]
         with node.lock:
-            broken = next(((self.resource, d) for a in answers for d in a.plan.groups
-                           if (self.resource, d) in node.broken), None)
+            broken = None
+            if node.broken:  # some group lost CPUs (rare): is it one of these?
+                broken = next(((self.resource, d) for a in answers for d in a.plan.groups
+                               if (self.resource, d) in node.broken), None)
             why = node.broken.get(broken) if broken is not None else None
             if why is None:
                 admission = node.ledger.admit(self.resource, [a.plan.groups for a in answers], node.clock(),
@@ -142,19 +148,22 @@ class DeviceTable(Generic[W]):
 
         The answer depends on the set of ids alone (a plan is in topology order), and kubelet sends a
         set in any order (``UnsortedList``): an order not seen before reuses the set's answer."""
+        ids = tuple(ids)  # the same tuple when it is one
         check_ids(ids, self.groups, self.resource)
-        parts = sorted((self._parts[i] for i in ids), key=lambda p: p.sort_key)
-        canonical = tuple(p.group.id for p in parts)
-        answer = self._answers.get(canonical)
+        parts = list(map(self._parts.__getitem__, ids))
+        parts.sort(key=PART_ORDER)
+        canonical = tuple(map(_PART_ID, parts))
+        answers = self._answers
+        answer = answers.get(canonical)
         if answer is None:
-            plan = plan_parts(parts, self._node.allocation)
+            plan = plan_ordered(parts, self._node.allocation)
             answer = Answer(plan, self._node.render(plan))
         with self._node.lock:
-            for key in {canonical, tuple(ids)}:
-                if key not in self._answers:
-                    if len(self._answers) >= MAX_ANSWERS:
-                        del self._answers[next(iter(self._answers))]
-                    self._answers[key] = answer
+            for key in (canonical,) if ids == canonical else (canonical, ids):
+                if key not in answers:
+                    if len(answers) >= MAX_ANSWERS:
+                        del answers[next(iter(answers))]
+                    answers[key] = answer
         return answer
 
     # --- GetPreferredAllocation -------------------------------------------------------------------
@@ -180,8 +189,9 @@ class DeviceTable(Generic[W]):
 
     def prepare(self, ids: Sequence[str]) -> None:
         """Plan and render the answer for ``ids`` unless it is cached (any order of the set)."""
-        if tuple(ids) not in self._answers:
-            self._answer(ids)
+        key = tuple(ids)
+        if key not in self._answers:
+            self._answer(key)
 
     # --- ListAndWatch -----------------------------------------------------------------------
     def snapshot(self) -> DeviceHealth:

@@ -55,6 +55,8 @@ def bounded(message: str) -> str:
 
 
 def _varint(n: int) -> bytes:
+    if n < 0x4000:  # an answer's length: one or two bytes
+        return bytes((n,)) if n < 0x80 else bytes((n & 0x7F | 0x80, n >> 7))
     out = bytearray()
     while True:
         byte, n = n & 0x7F, n >> 7
@@ -66,8 +68,7 @@ def _varint(n: int) -> bytes:
 def render(plan: ContainerPlan) -> Wire:
     """The wire form of a plan (``container_responses`` entry of an AllocateResponse): built once per
     id list and kept by the device table."""
-    body = api_pb2.ContainerAllocateResponse(envs=dict(plan.envs),
-                                             annotations=dict(plan.annotations)).SerializeToString()
+    body = api_pb2.ContainerAllocateResponse(envs=plan.envs, annotations=plan.annotations).SerializeToString()
     return b"\x0a" + _varint(len(body)) + body
 
 
@@ -226,18 +227,19 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def Allocate(self, request: api_pb2.AllocateRequest, context: grpc.ServicerContext) -> bytes:
         started = time.perf_counter()
         resource = self.table.resource
-        code = grpc.StatusCode.INTERNAL
+        outcome = "INTERNAL"  # the gRPC code's name, for the observer
         try:
             answers = self.table.admit([c.devices_ids for c in request.container_requests])
-            code = grpc.StatusCode.OK
+            outcome = "OK"
         except Refusal as refusal:
             code = REFUSAL_CODES[refusal.kind]
+            outcome = code.name
             message = bounded(refusal.message)
             log.warning("Allocate refused: %s", message, extra={"resource": resource, "reason": refusal.kind})
             context.abort(code, message)
             raise  # not reached: abort raises
         finally:
-            self.observer.call("Allocate", resource, code.name, time.perf_counter() - started)
+            self.observer.call("Allocate", resource, outcome, time.perf_counter() - started)
         for answer in answers:
             plan = answer.plan
             if plan.imbalance is not None:
