@@ -3,12 +3,13 @@ environment (``TOPOLOGY_DRA_CLAIM=<claim uid>/<request>``, written by :mod:`agen
 
 In DRA mode there is no Allocate answer to put group ids into a container's annotations; what reaches the
 runtime is the CDI device, and the runtime applies its edits to the OCI spec before NRI's CreateContainer sees the
-container. In containerd 2.4.2: ``internal/cri/server/container_create_linux.go`` ``platformSpecOpts`` ends with
-``customopts.WithCDI(config.Annotations, config.CDIDevices)``; ``internal/cri/server/container_create.go``
-``createContainer`` passes those options to ``containerd.WithSpec`` and appends ``c.nri.WithContainerAdjustment()``
-after it; ``internal/cri/nri/nri_api_linux.go`` ``WithContainerAdjustment`` unmarshals the generated spec and calls
-NRI's CreateContainer with it, and ``criContainer.GetEnv`` is that spec's ``Process.Env``. A CDI env entry
-replaces the last entry of the same name the container set itself (container-device-interface v1.1.1
+container. In containerd 2.4.2: ``internal/cri/server/container_create_linux.go`` ``containerSpecOpts`` ends
+with ``customopts.WithCDI(config.Annotations, config.CDIDevices)``, which ``platformSpecOpts``
+(``internal/cri/server/container_create.go``) returns among its options; ``createContainer`` there passes them to
+``containerd.WithSpec`` and appends ``c.nri.WithContainerAdjustment()`` after it;
+``internal/cri/nri/nri_api_linux.go`` ``WithContainerAdjustment`` unmarshals the generated spec and calls NRI's
+CreateContainer with it, and ``criContainer.GetEnv`` is that spec's ``Process.Env``. A CDI env entry replaces the
+last entry of the same name the container set itself (container-device-interface v1.1.1
 ``internal/ociedit/spec_editor.go`` ``addEnv``), so the last entry of that name is the one that counts.
 
 Anyone can write the variable into their own pod spec, so it is believed only for a claim this agent prepared
