@@ -114,12 +114,22 @@ class E2EEnv:
         where += ["--context", self.context] if self.context else []
         return subprocess.run([binary, *where, *args], capture_output=True, text=True, timeout=timeout, check=True)
 
-    def helm_upgrade(self, *extra: str) -> None:
-        """``helm upgrade`` the release with the lane's own values plus ``extra`` (the local lane only)."""
+    def helm(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        """helm against the lane's cluster, in the release's namespace (the local lane only)."""
+        if self.lane != "local":
+            pytest.skip(f"the {self.lane} lane's install is not this suite's to change")
+        return subprocess.run([os.environ.get("TOPOLOGY_E2E_HELM") or "helm", *args, "--namespace", self.namespace,
+                               "--kubeconfig", str(self.kubeconfig)], check=True, timeout=timeout,
+                              capture_output=True, text=True)
+
+    def helm_upgrade(self, *extra: str, install: bool = False) -> None:
+        """``helm upgrade`` (``--install``: also when the release is gone) the release with the lane's own values
+        plus ``extra`` (the local lane only)."""
         if self.lane != "local":
             pytest.skip(f"the {self.lane} lane's install is not this suite's to change")
         snapshot = self.snapshots / "default.json"
-        subprocess.run([os.environ.get("TOPOLOGY_E2E_HELM") or "helm", "upgrade", self.release,
+        subprocess.run([os.environ.get("TOPOLOGY_E2E_HELM") or "helm", "upgrade", *(["--install"] if install else []),
+                        self.release,
                         str(REPO / "deploy" / "helm" / "s390x-topology-agent"), "--namespace", self.namespace,
                         "--kubeconfig", str(self.kubeconfig),
                         "-f", str(REPO / "devkit" / "cluster" / "e2e-values.yaml"),
