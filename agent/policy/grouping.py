@@ -24,8 +24,6 @@ Rules (vLLM PR #40714 for the automatic level choice):
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-
 from agent.errors import PolicyError
 from agent.policy.naming import device_id, resource_name
 from agent.topology.cpulist import format_cpulist
@@ -34,7 +32,10 @@ from agent.topology.model import POLARIZATIONS, Cpu, Topology
 
 TYPE_CHECKING = False  # not typing's: discover starts without importing typing
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Hashable, Iterable, Sequence
+    from typing import TypeVar
+
+    T = TypeVar("T", bound=Hashable)
 
 _set = object.__setattr__
 
@@ -189,6 +190,15 @@ class Grouping(Frozen):
         return {g.id: g for g in self.groups if g.resource == resource}
 
 
+def _count(items: Iterable[T]) -> dict[T, int]:
+    """How often each item occurs, in order of first occurrence (``collections.Counter``, which discover does
+    without: collections costs 1 ms to import)."""
+    counts: dict[T, int] = {}
+    for item in items:
+        counts[item] = counts.get(item, 0) + 1
+    return counts
+
+
 def group_sizes(grouping: Grouping) -> dict[str, tuple[int, ...]]:
     """Each advertised resource -> the distinct CPU counts of its groups, largest first. One size: a pod
     asking for N of that resource requests exactly N x that many ``cpu``, whichever groups it gets."""
@@ -235,8 +245,8 @@ def _degenerate_reason(topology: Topology, usable: list[Cpu]) -> str | None:
                 "every CPU its own socket and book, which is no topology at all")
     if m.topology_facility is None and len(usable) > 1:
         # Without word from /proc/sysinfo, judge by shape (with the facility, single-CPU books are real).
-        books = Counter(c.book_key for c in usable if c.book is not None)
-        sockets = Counter(c.socket_key for c in usable if c.socket is not None)
+        books = _count(c.book_key for c in usable if c.book is not None)
+        sockets = _count(c.socket_key for c in usable if c.socket is not None)
         if (not books or max(books.values()) == 1) and sockets and max(sockets.values()) == 1:
             return "degenerate topology: every book and socket holds a single CPU (a guest without topology)"
     return None
@@ -278,21 +288,21 @@ def uniform_size(sizes: Sequence[int]) -> int | None:
     (more CPUs per device; on pr40714-like books of 12, 12 and 1 cores the 12s). None without groups."""
     if not sizes:
         return None
-    counts = Counter(sizes)
+    counts = _count(sizes)
     return max(counts, key=lambda size: (counts[size], size))
 
 
 def group_topology(topology: Topology, settings: GroupingSettings | None = None) -> Grouping:
     """The groups ``topology`` advertises under ``settings``."""
     settings = (settings or GroupingSettings()).validated()
-    skipped: dict[str, list[int]] = defaultdict(list)
+    skipped: dict[str, list[int]] = {}
     usable: list[Cpu] = []
     for cpu in topology.cpus:
         reason = _unusable_reason(cpu, settings)
         if reason is None:
             usable.append(cpu)
         else:
-            skipped[reason].append(cpu.cpu)
+            skipped.setdefault(reason, []).append(cpu.cpu)
 
     # Whole cores only.
     usable_numbers = {c.cpu for c in usable}
@@ -300,12 +310,13 @@ def group_topology(topology: Topology, settings: GroupingSettings | None = None)
     kept: list[Cpu] = []
     for cpu in usable:
         if not cpu.siblings:
-            skipped["cores unknown: the kernel reports no SMT siblings (thread_siblings)"].append(cpu.cpu)
+            skipped.setdefault("cores unknown: the kernel reports no SMT siblings (thread_siblings)", []).append(
+                cpu.cpu)
             continue
         missing = [t for t in cpu.siblings if t in present and t not in usable_numbers]
         if missing:
-            skipped[f"core split: sibling thread(s) {format_cpulist(missing)} not usable (whole cores only)"].append(
-                cpu.cpu)
+            skipped.setdefault(f"core split: sibling thread(s) {format_cpulist(missing)} not usable (whole cores "
+                               "only)", []).append(cpu.cpu)
             continue
         kept.append(cpu)
     usable = kept
@@ -314,12 +325,12 @@ def group_topology(topology: Topology, settings: GroupingSettings | None = None)
     if not m.is_s390 and m.arch != "unknown" and not settings.allow_non_s390x:
         reason = (f"not an IBM Z machine (architecture {m.arch}): nothing is advertised (--allow-non-s390x groups "
                   "it anyway; --topology-file reads an s390x snapshot)")
-        skipped[reason].extend(c.cpu for c in usable)
+        skipped.setdefault(reason, []).extend(c.cpu for c in usable)
         return Grouping((), tuple(_skipped(skipped)), (), reason, "generic")
 
     degenerate = _degenerate_reason(topology, usable)
     if degenerate is not None:
-        skipped[degenerate].extend(c.cpu for c in usable)
+        skipped.setdefault(degenerate, []).extend(c.cpu for c in usable)
         return Grouping((), tuple(_skipped(skipped)), (), degenerate, "guest-no-topology")
 
     if settings.levels is None:
@@ -333,13 +344,13 @@ def group_topology(topology: Topology, settings: GroupingSettings | None = None)
     uniform: list[Uniform] = []
     for level in levels:
         resource = resource_name(settings.resource_prefix, level)
-        members: dict[tuple[int | None, ...], list[Cpu]] = defaultdict(list)
+        members: dict[tuple[int | None, ...], list[Cpu]] = {}
         for cpu in usable:
             key = _key(cpu, level)
             if key[-1] is None:
-                skipped[f"{level} unknown: the kernel reports no {level} id"].append(cpu.cpu)
+                skipped.setdefault(f"{level} unknown: the kernel reports no {level} id", []).append(cpu.cpu)
             else:
-                members[key].append(cpu)
+                members.setdefault(key, []).append(cpu)
         ordered = sorted(members.items(), key=lambda kv: tuple(-1 if k is None else k for k in kv[0]))
         shapes = [(key, cpus, _cores(cpus)) for key, cpus in ordered]
         threshold, how = min_cores_for([len(cores) for _, _, cores in shapes], settings.min_group_cores)
@@ -350,17 +361,18 @@ def group_topology(topology: Topology, settings: GroupingSettings | None = None)
         for key, cpus, cores in shapes:
             gid = device_id(dict(zip(LEVELS, key, strict=False)))
             if len(cores) < threshold:
-                skipped[f"{level} {gid} not advertised: {len(cores)} core{'s' if len(cores) != 1 else ''}, fewer "
-                        f"than {threshold} ({how}); a pod asking for one {level} would get far less than its "
-                        f"peers (--min-group-cores 0 advertises every {level})"].extend(c.cpu for c in cpus)
+                skipped.setdefault(f"{level} {gid} not advertised: {len(cores)} core{'s' if len(cores) != 1 else ''}, "
+                                   f"fewer than {threshold} ({how}); a pod asking for one {level} would get far less "
+                                   f"than its peers (--min-group-cores 0 advertises every {level})", []).extend(
+                    c.cpu for c in cpus)
                 continue
             if size is not None and len(cpus) != size:
-                skipped[f"{level} {gid} not advertised: {len(cpus)} CPUs, not the {size} of this node's other "
-                        f"{level}s (--uniform-groups advertises one size per resource: the most common, a tie "
-                        "going to the larger)"].extend(c.cpu for c in cpus)
+                skipped.setdefault(f"{level} {gid} not advertised: {len(cpus)} CPUs, not the {size} of this node's "
+                                   f"other {level}s (--uniform-groups advertises one size per resource: the most "
+                                   "common, a tie going to the larger)", []).extend(c.cpu for c in cpus)
                 left_out.append(gid)
                 continue
-            pol = Counter(c.polarization for c in cpus)
+            pol = _count(c.polarization for c in cpus)
             nodes, recorded, fell_back = _memory_nodes(cpus, m.memory_nodes)
             if fell_back:
                 warnings.append(
@@ -375,7 +387,7 @@ def group_topology(topology: Topology, settings: GroupingSettings | None = None)
                 cpus=tuple(sorted(c.cpu for c in cpus)),
                 cores=cores,
                 threads_per_core=max(len(core) for core in cores),
-                polarization=tuple((p, pol[p]) for p in POLARIZATIONS if pol[p]),
+                polarization=tuple((p, pol[p]) for p in POLARIZATIONS if pol.get(p)),
                 memory_nodes=nodes,
                 recorded_nodes=recorded,
             ))

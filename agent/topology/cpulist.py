@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from agent.errors import CpuListError
+
+TYPE_CHECKING = False  # not typing's (see agent/cli.py)
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 
 def parse_cpulist(text: str) -> list[int]:

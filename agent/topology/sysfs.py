@@ -9,7 +9,6 @@ symmetric), so a periodic rescan of a 400-CPU node stays cheap. Interpretation i
 from __future__ import annotations
 
 import os
-import re
 
 from agent.errors import CpuListError, TopologyReadError
 from agent.topology.cpulist import parse_cpulist, parse_cpumask
@@ -20,8 +19,6 @@ TYPE_CHECKING = False  # not typing's (see agent/cli.py)
 if TYPE_CHECKING:
     from pathlib import Path
 
-_CPU_DIR = re.compile(r"cpu(\d+)")
-_NODE_DIR = re.compile(r"node(\d+)")
 
 # level -> (id file, list file, hex mask file)
 _LEVEL_FILES: dict[str, tuple[str, str, str]] = {
@@ -88,14 +85,16 @@ def _cpus(list_path: str, mask_path: str | None = None) -> list[int] | None:
     return None
 
 
-def _numbered_dirs(path: str, pattern: re.Pattern[str]) -> list[int]:
+def _numbered_dirs(path: str, prefix: str) -> list[int]:
+    """N of every entry named ``<prefix>N`` (N decimal digits, as ``re`` reads ``\\d+``), ascending."""
     try:
         names = os.listdir(path)
     except FileNotFoundError:
         return []
     except OSError as exc:
         raise TopologyReadError(f"{path}: cannot list: {exc.strerror or exc}") from None
-    return sorted(int(m.group(1)) for n in names if (m := pattern.fullmatch(n)))
+    start = len(prefix)
+    return sorted(int(n[start:]) for n in names if n.startswith(prefix) and n[start:].isdecimal())
 
 
 class _Containers:
@@ -165,7 +164,7 @@ def _read_cpu(cpu_dir: str, cpu: int, online_set: set[int] | None, containers: _
 
 def _read_nodes(node_dir: str) -> tuple[dict[int, int], list[int], bool]:
     """(cpu -> node, real memory nodes, whether node dirs exist)."""
-    nodes = _numbered_dirs(node_dir, _NODE_DIR)
+    nodes = _numbered_dirs(node_dir, "node")
     cpu_nodes: dict[int, int] = {}
     for node in nodes:
         cpus = _cpus(f"{node_dir}/node{node}/cpulist", f"{node_dir}/node{node}/cpumap") or []
@@ -202,7 +201,7 @@ def read_sysfs(root: str | Path = "/", proc_root: str | Path | None = None, deta
     cpu_dir = f"{root_path}/sys/devices/system/cpu"
     if not os.path.isdir(cpu_dir):
         raise TopologyReadError(f"{cpu_dir}: no such directory: {root_path} does not hold a sysfs tree")
-    numbers = _numbered_dirs(cpu_dir, _CPU_DIR)
+    numbers = _numbered_dirs(cpu_dir, "cpu")
     present = _cpus(f"{cpu_dir}/present")
     if present is not None:
         present_set = set(present)
@@ -238,13 +237,12 @@ def read_sysfs(root: str | Path = "/", proc_root: str | Path | None = None, deta
     return build_topology(raws, machine, cpu_nodes)
 
 
-_MACHINE_RE = re.compile(r"machine\s*=\s*([0-9A-Fa-f]{4})")
-
-
 def _machine_from_cpuinfo(cpuinfo: str | None) -> str | None:
     if cpuinfo is None:
         return None
-    match = _MACHINE_RE.search(cpuinfo)
+    import re  # only without /proc/sysinfo: discover on a usual node does without re (and enum)
+
+    match = re.search(r"machine\s*=\s*([0-9A-Fa-f]{4})", cpuinfo)
     return match.group(1) if match else None
 
 
