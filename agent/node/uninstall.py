@@ -1,9 +1,11 @@
 """The uninstall, both halves (README "Upgrading and uninstalling"):
 
 * :func:`cleanup_if_released`, run by ``serve`` after it stopped on a signal: when (and only when) the agent's
-  DaemonSet is being deleted it removes the agent's state files, the seccomp profile it installed and its Node's
-  ``topology.s390x.ibm.com/`` labels and annotations. A rolling update, a restart or a node shutdown keeps all of
-  it, and so does every doubt (the API server away, RBAC denying the look): holds must survive.
+  DaemonSet is being deleted it removes, in DRA mode, its node's ResourceSlices (at once: the kubelet would too, but
+  only after its 30 s grace for a deregistered plugin, while the scheduler can still allocate them), then the agent's
+  state files, the seccomp profile it installed and its Node's ``topology.s390x.ibm.com/`` labels and annotations.
+  A rolling update, a restart or a node shutdown keeps all of it, and so does every doubt (the API server away,
+  RBAC denying the look): holds must survive.
 * :func:`run_uninstall_hook`, the ``uninstall`` command of the chart's pre-delete hook Job: deletes the DaemonSet
   in the foreground (it stays, marked, until its last pod is gone, so every agent sees the mark), waits for it to be
   gone, then removes the labels of nodes whose agent did not (a node where none ran) and names them.
@@ -148,9 +150,20 @@ def remove_seccomp_profile(directory: Path, arch: str | None = None) -> bool:
     return True
 
 
+def remove_node_slices(node_name: str) -> int:
+    """Delete ``node_name``'s ResourceSlices of the DRA driver (the ``kubernetes`` client, as DRA mode uses it: in a
+    pod, its service account); the count deleted."""
+    from agent.dra.kubeclient import KubernetesDraApi
+    from agent.dra.publisher import SlicePublisher
+    from agent.policy.dra import DRIVER
+
+    return SlicePublisher(KubernetesDraApi(), node_name, DRIVER).remove_all()
+
+
 def cleanup_if_released(api: ReleaseApi, *, namespace: str, daemonset: str, node_name: str | None,
                         kubelet_dir: Path, resource_prefix: str, dra: bool, seccomp_dir: Path | None,
-                        node_labels: bool, timeout: float = REQUEST_TIMEOUT) -> bool:
+                        node_labels: bool, timeout: float = REQUEST_TIMEOUT,
+                        remove_slices: Callable[[str], int] = remove_node_slices) -> bool:
     """After the agent stopped: clean the node up when its DaemonSet is being deleted, else keep everything.
     True when it cleaned up. Never raises: every failure is one log line."""
     try:
@@ -164,6 +177,12 @@ def cleanup_if_released(api: ReleaseApi, *, namespace: str, daemonset: str, node
                  "not being deleted (a rolling update or a restart)", namespace, daemonset)
         return False
     log.info("DaemonSet %s/%s is being deleted: removing what the agent left on this node", namespace, daemonset)
+    if dra and node_name:  # first: the scheduler must stop allocating devices nobody will prepare
+        try:
+            log.info("uninstall: deleted %d ResourceSlice(s) of node %s", remove_slices(node_name), node_name)
+        except Exception as exc:
+            log.warning("uninstall: cannot delete the ResourceSlices of node %s (the kubelet deletes them after its "
+                        "grace period for a deregistered plugin): %s", node_name, _why(exc))
     try:
         for path in remove_state_files(kubelet_dir, resource_prefix, dra):
             log.info("uninstall: removed %s", path)
