@@ -71,10 +71,11 @@ def _assign_level(
     raws: list[RawCpu],
     level: str,
     parents: dict[int, tuple[int | None, ...]],
+    masks: dict[int, frozenset[int]],
+    by_cpu: dict[int, RawCpu],
 ) -> dict[int, int | None]:
-    """CPU -> id at ``level``, kernel ids when consistent with the masks, else derived ids."""
-    masks = _level_masks(raws, level)
-    by_cpu = {r.cpu: r for r in raws}
+    """CPU -> id at ``level``, kernel ids when consistent with the masks (``_level_masks``), else derived ids.
+    ``by_cpu``: every CPU's record; ``parents``: every CPU's ids at the levels above."""
     if not masks:
         # No masks at this level: trust the id files alone (CPUs without a topology dir get None).
         return {r.cpu: (r.ids.get(level) if r.has_topology else None) for r in raws}
@@ -92,7 +93,7 @@ def _assign_level(
     kernel_id: dict[frozenset[int], int | None] = {}
     consistent = True
     for m in ordered:
-        reported = {by_cpu[c].ids.get(level) for c in m if c in by_cpu and by_cpu[c].has_topology}
+        reported = {r.ids.get(level) for c in m if (r := by_cpu.get(c)) is not None and r.has_topology}
         if len(reported) != 1 or None in reported:
             consistent = False
             break
@@ -101,8 +102,8 @@ def _assign_level(
         # Two different masks under the same parent with the same id: the ids are not real.
         owner: dict[tuple[tuple[int | None, ...], int | None], frozenset[int]] = {}
         for m in ordered:
-            parent = next((parents[c] for c in sorted(m) if c in parents), ())
-            key = (parent, kernel_id[m])
+            first = min((c for c in m if c in parents), default=None)  # the parent of its first present CPU
+            key = (() if first is None else parents[first], kernel_id[m])
             if owner.setdefault(key, m) != m:
                 consistent = False
                 break
@@ -113,35 +114,33 @@ def _assign_level(
 def build_topology(raws: list[RawCpu], machine: Machine, cpu_nodes: Mapping[int, int]) -> Topology:
     """The model for the CPUs described by ``raws`` on ``machine``."""
     raws = sorted(raws, key=lambda r: r.cpu)
-    parents: dict[int, tuple[int | None, ...]] = {r.cpu: () for r in raws}
+    by_cpu = {r.cpu: r for r in raws}
+    parents: dict[int, tuple[int | None, ...]] = dict.fromkeys(by_cpu, ())
     assigned: dict[str, dict[int, int | None]] = {}
+    thread_masks: dict[int, frozenset[int]] = {}
     for level in LEVELS:
-        ids = _assign_level(raws, level, parents)
+        masks = _level_masks(raws, level)
+        ids = _assign_level(raws, level, parents, masks, by_cpu)
         assigned[level] = ids
-        parents = {cpu: (*parents[cpu], ids.get(cpu)) for cpu in parents}
+        if level == "core":  # the innermost level: nothing below needs its parents
+            thread_masks = masks
+        else:
+            parents = {cpu: (*parent, ids.get(cpu)) for cpu, parent in parents.items()}
 
-    thread_masks = _level_masks(raws, "core")
-    present = {r.cpu for r in raws}
+    cores, sockets, books, drawers = assigned["core"], assigned["socket"], assigned["book"], assigned["drawer"]
+    present = set(by_cpu)
     cpus = []
     for r in raws:
-        mask = thread_masks.get(r.cpu)
-        siblings = tuple(sorted(c for c in mask if c in present)) if mask else ()
-        cpus.append(
-            Cpu(
-                cpu=r.cpu,
-                core=assigned["core"].get(r.cpu),
-                socket=assigned["socket"].get(r.cpu),
-                book=assigned["book"].get(r.cpu),
-                drawer=assigned["drawer"].get(r.cpu),
-                siblings=siblings,
-                node=cpu_nodes.get(r.cpu),
-                online=r.online,
-                configured=r.configured,
-                polarization=r.polarization,
-                dedicated=r.dedicated,
-                address=r.address,
-            )
-        )
+        cpu = r.cpu
+        mask = thread_masks.get(cpu)
+        if not mask:
+            siblings: tuple[int, ...] = ()
+        elif mask <= present:
+            siblings = tuple(sorted(mask))
+        else:
+            siblings = tuple(sorted(c for c in mask if c in present))  # present CPUs only
+        cpus.append(Cpu(cpu, cores.get(cpu), sockets.get(cpu), books.get(cpu), drawers.get(cpu), siblings,
+                        cpu_nodes.get(cpu), r.online, r.configured, r.polarization, r.dedicated, r.address))
     smt = max((len(c.siblings) for c in cpus if c.online), default=1) or 1
     machine = Machine(machine.arch, machine.machine_type, machine.environment, machine.topology_facility,
                       machine.dispatching, max(smt, 1), machine.memory_nodes, machine.has_node_dirs)

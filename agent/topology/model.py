@@ -44,22 +44,24 @@ SocketKey = tuple[int | None, int | None, int | None]
 BookKey = tuple[int | None, int | None]
 
 
+# sysfs's and lscpu's spellings of each polarization.
+_POLARIZATION_ALIASES: dict[str, str] = {
+    "horizontal": "horizontal",
+    "horiz": "horizontal",
+    "vertical:high": "vertical:high",
+    "vert-high": "vertical:high",
+    "vertical:medium": "vertical:medium",
+    "vert-medium": "vertical:medium",
+    "vertical:low": "vertical:low",
+    "vert-low": "vertical:low",
+}
+
+
 def normalize_polarization(text: str | None) -> str:
     """Map sysfs (``vertical:low``) and lscpu (``vert-low``) spellings to the model's."""
     if text is None:
         return "unknown"
-    value = text.strip().lower()
-    aliases = {
-        "horizontal": "horizontal",
-        "horiz": "horizontal",
-        "vertical:high": "vertical:high",
-        "vert-high": "vertical:high",
-        "vertical:medium": "vertical:medium",
-        "vert-medium": "vertical:medium",
-        "vertical:low": "vertical:low",
-        "vert-low": "vertical:low",
-    }
-    return aliases.get(value, "unknown")
+    return _POLARIZATION_ALIASES.get(text.strip().lower(), "unknown")
 
 
 def generation_of(machine_type: str | None) -> str | None:

@@ -33,9 +33,7 @@ def _read(path: str) -> str | None:
     """A small file's text, None when it does not exist."""
     try:
         fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    except NotADirectoryError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
         raise TopologyReadError(f"{path}: cannot read: {exc.strerror or exc}") from None
@@ -103,21 +101,24 @@ class _Containers:
     def __init__(self) -> None:
         self.mask_of: dict[str, dict[int, frozenset[int]]] = {level: {} for level in _LEVEL_FILES}
         self.id_of: dict[str, dict[frozenset[int], int | None]] = {level: {} for level in _LEVEL_FILES}
+        # Per level: (level, its masks by member CPU, ids by mask, id file, list file, mask file).
+        self.levels = [(level, self.mask_of[level], self.id_of[level], *files) for level, files in _LEVEL_FILES.items()]
 
-    def read(self, topo: str, cpu: int, level: str) -> tuple[frozenset[int] | None, int | None]:
-        id_file, list_file, mask_file = _LEVEL_FILES[level]
-        mask = self.mask_of[level].get(cpu)
-        if mask is not None:
-            return mask, self.id_of[level][mask]
-        cpus = _cpus(f"{topo}/{list_file}", f"{topo}/{mask_file}")
-        kernel_id = _kernel_id(f"{topo}/{id_file}")
-        if cpus is None:
-            return None, kernel_id
-        mask = frozenset(cpus) | {cpu}
-        for member in mask:
-            self.mask_of[level].setdefault(member, mask)
-        self.id_of[level].setdefault(mask, kernel_id)
-        return mask, kernel_id
+
+def _container(topo: str, cpu: int, mask_of: dict[int, frozenset[int]], id_of: dict[frozenset[int], int | None],
+               id_file: str, list_file: str, mask_file: str) -> tuple[frozenset[int] | None, int | None]:
+    """(sibling mask, kernel id) of ``cpu``'s container at one level, read when no CPU of it was read before."""
+    cpus = _cpus(f"{topo}/{list_file}", f"{topo}/{mask_file}")
+    kernel_id = _kernel_id(f"{topo}/{id_file}")
+    if cpus is None:
+        return None, kernel_id
+    mask = frozenset(cpus)
+    if cpu not in mask:
+        mask = mask | {cpu}
+    for member in mask:
+        mask_of.setdefault(member, mask)
+    id_of.setdefault(mask, kernel_id)
+    return mask, kernel_id
 
 
 def _kernel_id(path: str) -> int | None:
@@ -141,25 +142,25 @@ def _read_cpu(cpu_dir: str, cpu: int, online_set: set[int] | None, containers: _
     topo = f"{base}/topology"
     ids: dict[str, int | None] = {}
     masks: dict[str, frozenset[int] | None] = {}
+    has_topology = False
     # An online CPU has its topology directory; an offline one (standby CPUs, many on some LPARs)
     # usually has none: one stat then saves a dozen failed opens.
     if online or os.path.isdir(topo):
-        for level in _LEVEL_FILES:
-            masks[level], ids[level] = containers.read(topo, cpu, level)
-    has_topology = any(m is not None for m in masks.values()) or any(i is not None for i in ids.values())
+        for level, mask_of, id_of, id_file, list_file, mask_file in containers.levels:
+            mask = mask_of.get(cpu)
+            if mask is not None:
+                kernel_id = id_of[mask]
+            else:
+                mask, kernel_id = _container(topo, cpu, mask_of, id_of, id_file, list_file, mask_file)
+            masks[level] = mask
+            ids[level] = kernel_id
+            if mask is not None or kernel_id is not None:
+                has_topology = True
     if not has_topology:
         ids, masks = {}, {}
-    return RawCpu(
-        cpu=cpu,
-        online=online,
-        configured=True if configured is None else configured,
-        polarization=normalize_polarization(polarization),
-        dedicated=_flag(f"{base}/dedicated") if details else None,
-        address=_int(f"{base}/address") if details else None,
-        has_topology=has_topology,
-        ids=ids,
-        masks=masks,
-    )
+    return RawCpu(cpu, online, True if configured is None else configured, normalize_polarization(polarization),
+                  _flag(f"{base}/dedicated") if details else None, _int(f"{base}/address") if details else None,
+                  has_topology, ids, masks)
 
 
 def _read_nodes(node_dir: str) -> tuple[dict[int, int], list[int], bool]:
