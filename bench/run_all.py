@@ -27,7 +27,7 @@ from bench.common import BROKEN, ROOT, Row, busy_cores_since, format_table, load
 
 # Cheap and pure first; the long idle window and the containerd bench last.
 BENCHES = ("placement", "scaling", "discovery", "startup", "preference", "allocate", "faults", "idle", "enforcement",
-           "nri", "realcluster")
+           "nri", "realcluster", "dra")
 
 
 def run_one(name: str, quick: bool, tmp: Path) -> dict[str, Any]:
