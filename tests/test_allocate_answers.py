@@ -180,3 +180,13 @@ def test_groups_numbered_out_of_topology_order_overlapping_or_touching() -> None
         groups = [group(i, c) for i, c in enumerate(cpus)]
         for settings in SETTINGS.values():
             assert plan_allocation(groups, settings) == reference_plan(groups, settings), cpus
+
+
+@pytest.mark.parametrize("envs", [{"EMPTY": "", "LONG": "x" * 300}, {"UTF8": "é" * 70, "ONE": "1"},
+                                  {f"K{i}": str(i) * i for i in range(40)}, {}])
+def test_render_writes_what_protobuf_writes_for_any_map(envs: dict[str, str]) -> None:
+    """Empty values, multi-byte characters, long values (two-byte lengths), many keys, none."""
+    plan = ContainerPlan(groups=("g",), cpus=(0,), ranks=((0,),), envs=envs,
+                         annotations={"example.com/é": "ü" * 130, "example.com/b": ""})
+    assert render(plan) == reference_wire(plan)
+    assert api_pb2.AllocateResponse.FromString(render(plan)).container_responses[0].envs == envs

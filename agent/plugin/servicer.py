@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import lru_cache
 from typing import Protocol
 
 import grpc
@@ -65,11 +66,36 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
+_SHORT = tuple(bytes((n,)) for n in range(0x80))
+
+
+@lru_cache(maxsize=64)
+def _layout(field: int, keys: tuple[str, ...]) -> tuple[tuple[str, bytes], ...]:
+    """The entries of a map field with these keys, inserted in this order, in the order protobuf writes
+    them (upb's hash-table order, seeded once per process: the same keys give the same order within
+    a process), each key with its bytes ready (key field, length, key, value field's tag)."""
+    probe = api_pb2.ContainerAllocateResponse()
+    getattr(probe, "envs" if field == 1 else "annotations").update({k: "-" for k in keys})
+    wire = probe.SerializeToString()
+    parts = {k: b"\x0a" + _varint(len(k.encode())) + k.encode() + b"\x12" for k in keys}
+    return tuple(sorted(((k, p) for k, p in parts.items()), key=lambda kp: wire.index(kp[1])))
+
+
 def render(plan: ContainerPlan) -> Wire:
     """The wire form of a plan (``container_responses`` entry of an AllocateResponse): built once per
-    id list and kept by the device table."""
-    body = api_pb2.ContainerAllocateResponse(envs=plan.envs, annotations=plan.annotations).SerializeToString()
-    return b"\x0a" + _varint(len(body)) + body
+    id list and kept by the device table. The bytes protobuf writes for the message, without building
+    one: each map entry from its key's ready bytes and the value."""
+    out: list[bytes] = []
+    for tag, values in ((b"\x0a", plan.envs), (b"\x22", plan.annotations)):
+        for key, prefix in _layout(tag[0] >> 3, tuple(values)):
+            value = values[key].encode()
+            n = len(value)
+            size = _SHORT[n] if n < 0x80 else _varint(n)
+            entry = len(prefix) + len(size) + n
+            out += (tag, _SHORT[entry] if entry < 0x80 else _varint(entry), prefix, size, value)
+    body = b"".join(out)
+    n = len(body)
+    return b"\x0a" + (_SHORT[n] if n < 0x80 else _varint(n)) + body
 
 
 def allocate_response_bytes(response: api_pb2.AllocateResponse | bytes) -> bytes:
@@ -250,7 +276,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 log.debug("Allocate %s -> cpus %s", ",".join(plan.groups), plan.envs["TOPOLOGY_CPUS"],
                           extra={"resource": resource, "device": ",".join(plan.groups),
                                  "cpus": plan.envs["TOPOLOGY_CPUS"]})
-        return b"".join([a.wire for a in answers])  # the serialized AllocateResponse
+        return answers[0].wire if len(answers) == 1 else b"".join([a.wire for a in answers])  # an AllocateResponse
 
     def PreStartContainer(self, request: api_pb2.PreStartContainerRequest, context: grpc.ServicerContext
                           ) -> api_pb2.PreStartContainerResponse:

@@ -113,10 +113,14 @@ class AllocationLedger:
               overlap: Mapping[DeviceKey, Sequence[DeviceKey]]) -> Admission:
         """Record the devices of every container request of one Allocate, or none of them when any
         overlaps a held device of another resource."""
-        recent = tuple(r for r, at in self.last_allocate.items()
-                       if r != resource and now - at < self.same_container_window)
+        last = self.last_allocate
+        recent: tuple[str, ...] = ()
+        if len(last) > 1 or (last and resource not in last):  # another resource allocated before
+            recent = tuple(r for r, at in last.items() if r != resource and now - at < self.same_container_window)
         keys = [(resource, device) for ids in requests for device in ids]
         for key in keys:
+            if not overlap.get(key):  # overlaps nothing (one level advertised): nothing can conflict
+                continue
             why = conflict(key, self._held, overlap)
             if why is not None:
                 if recent:
