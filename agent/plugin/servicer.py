@@ -90,12 +90,12 @@ def render(plan: ContainerPlan) -> Wire:
         for key, prefix in _layout(tag[0] >> 3, tuple(values)):
             value = values[key].encode()
             n = len(value)
-            size = _SHORT[n] if n < 0x80 else _varint(n)
-            entry = len(prefix) + len(size) + n
-            out += (tag, _SHORT[entry] if entry < 0x80 else _varint(entry), prefix, size, value)
+            size = _SHORT[n] if n < 0x80 else bytes((n & 0x7F | 0x80, n >> 7)) if n < 0x4000 else _varint(n)
+            n += len(prefix) + len(size)
+            out += (tag, _SHORT[n] if n < 0x80 else bytes((n & 0x7F | 0x80, n >> 7)) if n < 0x4000 else _varint(n),
+                    prefix, size, value)
     body = b"".join(out)
-    n = len(body)
-    return b"\x0a" + (_SHORT[n] if n < 0x80 else _varint(n)) + body
+    return b"\x0a" + _varint(len(body)) + body
 
 
 def allocate_response_bytes(response: api_pb2.AllocateResponse | bytes) -> bytes:
