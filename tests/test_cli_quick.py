@@ -150,3 +150,20 @@ def test_discover_starts_without_argparse_json_re_or_typing(tmp_path: Path) -> N
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
                           cwd=REPO)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_command_as_a_process_prints_what_main_returns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """python -m agent (the console script's main, which ends with os._exit and runs without the collector)
+    prints what main() prints in-process, and exits 0; an error is one line, exit 2."""
+    write_sysfs_tree(load_embedded("z16-400"), tmp_path)
+    argv = ["discover", "--format", "json", "--host-root", str(tmp_path), "--levels", "book,socket"]
+    with environment({}):
+        assert cli.main(argv) == 0
+        want = capsys.readouterr().out
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    done = subprocess.run([sys.executable, "-m", "agent", *argv], capture_output=True, text=True, timeout=60,
+                          cwd=REPO, env=env, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (0, want, "")
+    bad = subprocess.run([sys.executable, "-m", "agent", "discover", "--host-root", str(tmp_path / "none")],
+                         capture_output=True, text=True, timeout=60, cwd=REPO, env=env, check=False)
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1
