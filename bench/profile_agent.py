@@ -79,6 +79,11 @@ def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
     return out
 
 
+def minor_faults(pid: int) -> int:
+    """Minor page faults of the process so far (``/proc/<pid>/stat`` field 10): new memory touched."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+
 def context_switches(pid: int) -> int:
     """Voluntary and involuntary context switches of every live thread so far."""
     total = 0
@@ -233,11 +238,12 @@ def cpu_per_call(args: argparse.Namespace, tmp: Path, tree: Path) -> None:
                     (tmp / "spec.pickle").write_bytes(pickle.dumps(spec))
                     handler = handler_seconds(agent) if name == "agent" else None
                     before = sum(cpu for _, cpu in thread_cpu(pid).values())
-                    switches = context_switches(pid)
+                    switches, faults = context_switches(pid), minor_faults(pid)
                     subprocess.run([sys.executable, str(LOAD), "drive", str(tmp / "spec.pickle"),
                                     str(tmp / "out.pickle")], check=True)
                     used = sum(cpu for _, cpu in thread_cpu(pid).values()) - before
                     switches = context_switches(pid) - switches
+                    faults = minor_faults(pid) - faults
                     lat = pickle.loads((tmp / "out.pickle").read_bytes())["latencies"][0][0]
                     inside = ""
                     if handler is not None:  # the servicer's own clock: wall time inside Allocate, GIL waits too
@@ -245,7 +251,8 @@ def cpu_per_call(args: argparse.Namespace, tmp: Path, tree: Path) -> None:
                         per_call = (after[0] - handler[0]) / max(after[1] - handler[1], 1)
                         inside = f", {1e6 * per_call:4.0f} us in Allocate"
                     print(f"{kind:<10} {name:<5} x{args.clients}: {1e6 * used / len(requests):6.0f} us CPU per call, "
-                          f"{switches / len(requests):5.1f} context switches per call, p50 "
+                          f"{switches / len(requests):5.1f} context switches and {faults / len(requests):4.1f} minor "
+                          f"faults per call, p50 "
                           f"{1e6 * median(lat):6.0f} us ({len(requests)} calls){inside}", flush=True)
         finally:
             agent.stop()

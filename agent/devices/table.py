@@ -21,7 +21,14 @@ from operator import attrgetter
 from typing import Any, Generic, Protocol, TypeVar
 
 from agent.errors import Refusal
-from agent.policy.allocation import PART_ORDER, AllocationSettings, ContainerPlan, group_part, plan_ordered
+from agent.policy.allocation import (
+    PART_ORDER,
+    AllocationSettings,
+    ContainerPlan,
+    GroupPart,
+    group_part,
+    plan_ordered,
+)
 from agent.policy.grouping import Group, Grouping, GroupingSettings
 from agent.policy.health import DeviceKey, DeviceState, device_states, machine_health, overlap_map
 from agent.policy.ledger import AllocationLedger, ListedDevice, SavedHolds, admissible
@@ -51,10 +58,22 @@ class DeviceHealth:
 
 @dataclass(frozen=True, slots=True)
 class Answer(Generic[W]):
-    """What Allocate returns for one container request: the plan and its ready wire form."""
+    """What Allocate returns for one container request: its groups, its ready wire form, and its plan.
 
-    plan: ContainerPlan
+    An answer keeps only what Allocate needs (the plan's dicts and strings are the wire's again, and
+    about three times its size): the plan is made again from the groups' parts when asked (pure, so
+    equal), and a first-time Allocate leaves little new memory behind, to be touched for the first time
+    on kubelet's clock."""
+
+    groups: tuple[str, ...]
+    imbalance: str | None  # the plan's: why its ranks' unequal sizes matter
     wire: W
+    parts: tuple[GroupPart, ...]
+    settings: AllocationSettings
+
+    @property
+    def plan(self) -> ContainerPlan:
+        return plan_ordered(self.parts, self.settings)
 
 
 class HoldStore(Protocol):
@@ -124,11 +143,11 @@ class DeviceTable(Generic[W]):
         with node.lock:
             broken = None
             if node.broken:  # some group lost CPUs (rare): is it one of these?
-                broken = next(((self.resource, d) for a in answers for d in a.plan.groups
+                broken = next(((self.resource, d) for a in answers for d in a.groups
                                if (self.resource, d) in node.broken), None)
             why = node.broken.get(broken) if broken is not None else None
             if why is None:
-                admission = node.ledger.admit(self.resource, [a.plan.groups for a in answers], node.clock(),
+                admission = node.ledger.admit(self.resource, [a.groups for a in answers], node.clock(),
                                               node.overlap)
         if broken is not None:  # kubelet acted on a snapshot from before the rescan that found it
             raise Refusal("unhealthy", f"{self.resource}: {broken[1]} is not whole: {why}")
@@ -150,14 +169,14 @@ class DeviceTable(Generic[W]):
         set in any order (``UnsortedList``): an order not seen before reuses the set's answer."""
         ids = tuple(ids)  # the same tuple when it is one
         check_ids(ids, self.groups, self.resource)
-        parts = list(map(self._parts.__getitem__, ids))
-        parts.sort(key=PART_ORDER)
+        parts = sorted(map(self._parts.__getitem__, ids), key=PART_ORDER)
         canonical = tuple(map(_PART_ID, parts))
         answers = self._answers
         answer = answers.get(canonical)
         if answer is None:
-            plan = plan_ordered(parts, self._node.allocation)
-            answer = Answer(plan, self._node.render(plan))
+            settings = self._node.allocation
+            plan = plan_ordered(parts, settings)
+            answer = Answer(canonical, plan.imbalance, self._node.render(plan), tuple(parts), settings)
         with self._node.lock:
             for key in (canonical,) if ids == canonical else (canonical, ids):
                 if key not in answers:

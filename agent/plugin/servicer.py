@@ -267,15 +267,14 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         finally:
             self.observer.call("Allocate", resource, outcome, time.perf_counter() - started)
         for answer in answers:
-            plan = answer.plan
-            if plan.imbalance is not None:
-                log.warning("Allocate %s: %s", ",".join(plan.groups), plan.imbalance,
-                            extra={"resource": resource, "device": ",".join(plan.groups), "reason": "unbalanced"})
+            if answer.imbalance is not None:
+                log.warning("Allocate %s: %s", ",".join(answer.groups), answer.imbalance,
+                            extra={"resource": resource, "device": ",".join(answer.groups), "reason": "unbalanced"})
                 self.observer.unbalanced(resource)
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("Allocate %s -> cpus %s", ",".join(plan.groups), plan.envs["TOPOLOGY_CPUS"],
-                          extra={"resource": resource, "device": ",".join(plan.groups),
-                                 "cpus": plan.envs["TOPOLOGY_CPUS"]})
+                cpus = answer.plan.envs["TOPOLOGY_CPUS"]
+                log.debug("Allocate %s -> cpus %s", ",".join(answer.groups), cpus,
+                          extra={"resource": resource, "device": ",".join(answer.groups), "cpus": cpus})
         return answers[0].wire if len(answers) == 1 else b"".join([a.wire for a in answers])  # an AllocateResponse
 
     def PreStartContainer(self, request: api_pb2.PreStartContainerRequest, context: grpc.ServicerContext
