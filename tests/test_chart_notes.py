@@ -41,8 +41,9 @@ EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
 
 
 def readme_variables() -> tuple[list[str], list[str]]:
-    """(always set, only with --openmp-env) from the README's contract table."""
-    rows = table_after("## What a container gets")
+    """(always set, only with --openmp-env) from the README's contract table (device-plugin mode: the DRA-only rows
+    are not what the NOTES' device-plugin example gets)."""
+    rows = [row for row in table_after("## What a container gets") if "DRA mode only" not in row[1]]
     always = [n for row in rows if "--openmp-env" not in row[1] for n in names(row[0])]
     opt_in = [n for row in rows if "--openmp-env" in row[1] for n in names(row[0])]
     return always, opt_in
