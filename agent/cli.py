@@ -519,7 +519,16 @@ def cleanup_after_stop(args: argparse.Namespace, config: AgentConfig) -> None:
     cleanup_if_released(api, namespace=namespace, daemonset=args.release_daemonset, node_name=config.node_name,
                         kubelet_dir=config.kubelet_dir, resource_prefix=config.grouping.resource_prefix,
                         dra=config.mode == "dra", node_labels=config.node_labels,
-                        seccomp_dir=Path(args.seccomp_profile_dir) if args.seccomp_profile_dir else None)
+                        seccomp_dir=Path(args.seccomp_profile_dir) if args.seccomp_profile_dir else None,
+                        remove_slices=_node_slice_remover(config))
+
+
+def _node_slice_remover(config: AgentConfig) -> Callable[[str], int] | None:
+    if config.mode != "dra":
+        return None
+    from agent.dra.publisher import remove_node_slices
+
+    return remove_node_slices
 
 
 def cmd_uninstall(args: argparse.Namespace) -> int:

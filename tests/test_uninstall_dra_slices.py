@@ -83,3 +83,13 @@ def test_remove_all_deletes_what_the_list_shows_and_ignores_404() -> None:
     api = SliceApi()
     assert SlicePublisher(api, "n1", "topology.s390x.ibm.com").remove_all() == 1  # type: ignore[arg-type]
     assert api.deleted == ["n1-topology-devices-0"]
+
+
+def test_serve_hands_the_slice_remover_to_the_cleanup_in_dra_mode_only() -> None:
+    from types import SimpleNamespace
+
+    from agent.cli import _node_slice_remover
+    from agent.dra.publisher import remove_node_slices
+
+    assert _node_slice_remover(SimpleNamespace(mode="dra")) is remove_node_slices  # type: ignore[arg-type]
+    assert _node_slice_remover(SimpleNamespace(mode="deviceplugin")) is None  # type: ignore[arg-type]

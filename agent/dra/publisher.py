@@ -14,8 +14,9 @@ kubelet, when a DRA plugin stays unregistered past its grace period, deletes tha
 itself (``pkg/kubelet/cm/dra/plugin/registration.go`` ``DeRegisterPlugin``/``wipeResourceSlices``), as it does at
 its own start; a restarted agent registers again within the grace period and finds its slices as it left them.
 :meth:`SlicePublisher.remove_all` deletes them explicitly: on ``helm uninstall`` the agent calls it as it stops
-(:func:`agent.node.uninstall.cleanup_if_released`, only while its DaemonSet is being deleted), so they are gone
-when the uninstall returns rather than 30 s later (measured on kubelet 1.37.2: 32 s with the kubelet alone).
+(:func:`agent.node.uninstall.cleanup_if_released`, handed :func:`remove_node_slices` by the CLI, only while its
+DaemonSet is being deleted), so they are gone when the uninstall returns rather than 30 s later (measured on
+kubelet 1.37.2: 32 s with the kubelet alone).
 """
 
 from __future__ import annotations
@@ -155,3 +156,12 @@ class SlicePublisher:
                     raise
         self.writes += deleted
         return deleted
+
+
+def remove_node_slices(node_name: str) -> int:
+    """Delete ``node_name``'s ResourceSlices of the DRA driver (the ``kubernetes`` client, as DRA mode uses it: in a
+    pod, its service account); the count deleted. ``serve`` hands it to the uninstall clean-up in DRA mode."""
+    from agent.dra.kubeclient import KubernetesDraApi
+    from agent.policy.dra import DRIVER
+
+    return SlicePublisher(KubernetesDraApi(), node_name, DRIVER).remove_all()

@@ -150,22 +150,13 @@ def remove_seccomp_profile(directory: Path, arch: str | None = None) -> bool:
     return True
 
 
-def remove_node_slices(node_name: str) -> int:
-    """Delete ``node_name``'s ResourceSlices of the DRA driver (the ``kubernetes`` client, as DRA mode uses it: in a
-    pod, its service account); the count deleted."""
-    from agent.dra.kubeclient import KubernetesDraApi
-    from agent.dra.publisher import SlicePublisher
-    from agent.policy.dra import DRIVER
-
-    return SlicePublisher(KubernetesDraApi(), node_name, DRIVER).remove_all()
-
-
 def cleanup_if_released(api: ReleaseApi, *, namespace: str, daemonset: str, node_name: str | None,
                         kubelet_dir: Path, resource_prefix: str, dra: bool, seccomp_dir: Path | None,
                         node_labels: bool, timeout: float = REQUEST_TIMEOUT,
-                        remove_slices: Callable[[str], int] = remove_node_slices) -> bool:
+                        remove_slices: Callable[[str], int] | None = None) -> bool:
     """After the agent stopped: clean the node up when its DaemonSet is being deleted, else keep everything.
-    True when it cleaned up. Never raises: every failure is one log line."""
+    True when it cleaned up. Never raises: every failure is one log line. ``remove_slices`` (DRA mode: the node's
+    ResourceSlices, :func:`agent.dra.publisher.remove_node_slices`, handed in by the shell) deletes and counts them."""
     try:
         found = api.get_daemonset(namespace, daemonset, timeout)
     except Exception as exc:  # any doubt keeps the holds
@@ -177,7 +168,8 @@ def cleanup_if_released(api: ReleaseApi, *, namespace: str, daemonset: str, node
                  "not being deleted (a rolling update or a restart)", namespace, daemonset)
         return False
     log.info("DaemonSet %s/%s is being deleted: removing what the agent left on this node", namespace, daemonset)
-    if dra and node_name:  # first: the scheduler must stop allocating devices nobody will prepare
+    if dra and node_name and remove_slices is not None:  # first: the scheduler must stop allocating devices
+        # nobody will prepare
         try:
             log.info("uninstall: deleted %d ResourceSlice(s) of node %s", remove_slices(node_name), node_name)
         except Exception as exc:
