@@ -71,5 +71,5 @@ export TOPOLOGY_E2E_KUBECONFIG=$KUBECONFIG TOPOLOGY_E2E_LANE=local TOPOLOGY_E2E_
        TOPOLOGY_E2E_SNAPSHOTS=$SNAPSHOTS TOPOLOGY_E2E_HELM=$HELM REQUIRE_E2E=1 \
        TOPOLOGY_E2E_DRA=${TOPOLOGY_E2E_DRA:-1}
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
-"$PYTHON" -m pytest -m e2e tests/e2e -v -rA -p no:cacheprovider ${PYTEST_ARGS:-}
+"$PYTHON" -m pytest -m e2e tests/e2e -v -rA --durations=12 -p no:cacheprovider ${PYTEST_ARGS:-}
 echo "e2e: passed in $((SECONDS - T0)) s"
