@@ -242,3 +242,26 @@ def test_a_checkpoint_from_before_the_claim_variable_gets_it_in_its_cdi_files(di
     assert restarted.prepares == 0 and claims.reads == 1  # restored, not prepared again
     current = preparer.claims["uid-5"]
     assert with_claim_env(current) is current  # a claim that has the variable is left as it is
+
+
+def test_a_failed_checkpoint_write_changes_nothing_the_nri_hook_believes(dirs: dict[str, Path]) -> None:
+    claims = Claims()
+    claims.items[("ns", "one")] = claim("uid-9", ("tp", "drawer0-book0"), name="one")
+    preparer = make_plugin(dirs, claims).preparer
+    dirs["state"].mkdir(parents=True)  # the checkpoint's path taken by a directory: every save fails
+    with pytest.raises(OSError):
+        preparer.prepare("ns", "one", "uid-9")
+    assert preparer.requests() == {} and preparer.claims == {}
+    dirs["state"].rmdir()
+    preparer.prepare("ns", "one", "uid-9")  # kubelet's retry: prepared, and saved this time
+    assert set(preparer.requests()) == {"uid-9/tp"}
+    assert make_plugin(dirs, claims).preparer.requests() == preparer.requests()  # in the checkpoint too
+
+    dirs["state"].unlink()
+    dirs["state"].mkdir()
+    with pytest.raises(OSError):
+        preparer.unprepare("uid-9")
+    assert set(preparer.requests()) == {"uid-9/tp"}  # still held while the unprepare is not saved
+    dirs["state"].rmdir()
+    preparer.unprepare("uid-9")
+    assert preparer.requests() == {} and make_plugin(dirs, claims).preparer.requests() == {}

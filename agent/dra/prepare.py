@@ -220,10 +220,15 @@ class ClaimPreparer:
                                 "once pod-resources lists them", claim.namespace, claim.name, exc)
         return claims
 
-    def _save(self) -> None:
+    def _commit(self, claims: dict[str, PreparedClaim]) -> None:
+        """Save ``claims`` as the checkpoint, then make them (and the request index) the agent's: a failed save
+        changes nothing in memory, so what the NRI hook believes is always what the checkpoint holds (the call
+        fails and kubelet retries it). Under ``self._lock``."""
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"version": CHECKPOINT_VERSION, "claims": [c.to_json() for c in self.claims.values()]}
+        doc = {"version": CHECKPOINT_VERSION, "claims": [c.to_json() for c in claims.values()]}
         _write_atomically(self.checkpoint, json.dumps(doc, sort_keys=True).encode())
+        self.claims = claims
+        self._requests = request_index(claims, self.groups)
 
     # --- CDI files -----------------------------------------------------------------------------
     def _write_files(self, claim: PreparedClaim) -> None:
@@ -262,9 +267,7 @@ class ClaimPreparer:
             if known is not None:
                 return known
             self._write_files(prepared)
-            self.claims[uid] = prepared
-            self._save()
-            self._requests = request_index(self.claims, self.groups)
+            self._commit({**self.claims, uid: prepared})
             self.prepares += 1
         log.info("prepared claim %s/%s (%s): %s", namespace, name, uid,
                  ", ".join(f"{d.device} for {d.request}" for d in devices))
@@ -273,12 +276,11 @@ class ClaimPreparer:
 
     def unprepare(self, uid: str) -> None:
         with self._lock:
-            claim = self.claims.pop(uid, None)
+            claim = self.claims.get(uid)
             if claim is None:
                 return
             self._remove_files(claim)
-            self._save()
-            self._requests = request_index(self.claims, self.groups)
+            self._commit({k: v for k, v in self.claims.items() if k != uid})
             self.unprepares += 1
         log.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, uid)
         self._changed()
