@@ -255,12 +255,23 @@ def test_a_forged_or_foreign_claim_variable_is_treated_as_any_other_container(
     assert foreign.adjust.linux.resources.cpu.cpus == "0"  # a prepared claim, but of namespace team-a
     enforcement.create_container(pod("x"), with_env(container("c-x2", "x"), f"{CLAIM_ENV}=made-up/book"))
     ignored = [r for r in caplog.records if "ignoring TOPOLOGY_DRA_CLAIM" in r.getMessage()]
-    assert [r.levelno for r in ignored] == [logging.DEBUG, logging.DEBUG]  # once per value and namespace
+    assert [r.levelno for r in ignored] == [logging.DEBUG] * 3  # each container, at debug (off by default)
     assert "not of the pod's namespace default" in ignored[1].getMessage()
     assert enforcement.counters.topology_containers == 0
     no_pool = setup_dra(False, prepared_book(grouping, 1, namespace="team-a"))
     assert no_pool.create_container(pod("y"), with_env(container("c-y", "y"), f"{CLAIM_ENV}=uid-1/book")) \
         == nri.CreateContainerResponse()  # as asked for, like any container without the shared pool
+
+
+def test_a_claim_unprepared_since_holds_nothing_for_its_container() -> None:
+    _, grouping = setup()
+    prepared = prepared_book(grouping, 1)
+    enforcement = setup_dra(True, prepared)
+    enforcement.create_container(pod("llm"), with_env(container("c-llm", "llm"), f"{CLAIM_ENV}=uid-1/book"))
+    book = (grouping.groups[1].resource, grouping.groups[1].id)
+    assert enforcement._holders()[("default", "llm", "c")] == (book,)
+    prepared.clear()  # unprepared: the container's variable names nothing the agent prepared now
+    assert ("default", "llm", "c") not in enforcement._holders()
 
 
 def test_synchronize_pins_a_dra_container_created_while_the_plugin_was_away() -> None:

@@ -13,7 +13,7 @@ containers the runtime told about), never from I/O inside a handler.
 
 In DRA mode (``claims``: the kubelet plugin's prepared claim requests, in memory) a container's groups come
 from the ``TOPOLOGY_DRA_CLAIM`` variable its CDI device put into its environment, believed only for a claim the
-agent prepared and a pod of the claim's namespace (:mod:`agent.policy.claims`; anything else is logged once at
+agent prepared and a pod of the claim's namespace (:mod:`agent.policy.claims`; anything else is logged at
 debug and the container is treated as any other), and every prepared claim's devices count as held.
 
 Refused, like the CRI loop, while kubelet runs the static CPU manager policy (it answers nothing).
@@ -36,7 +36,7 @@ from agent.app.enforcement import EnforcementCounters
 from agent.devices.table import NodeDevices
 from agent.nri.plugin import DEFAULT_SOCKET, NriPlugin
 from agent.plugin.servicer import Wire
-from agent.policy.claims import PreparedRequest, match_claim, prepared_keys, with_claims
+from agent.policy.claims import PreparedRequest, claimed_devices, match_claim, prepared_keys, with_claims
 from agent.policy.cpuset import Identity, RunningContainer, Update, plan_cpusets
 from agent.policy.creation import plan_creation
 from agent.policy.grouping import Group
@@ -47,7 +47,6 @@ log = logging.getLogger("topology-agent.cpuset")
 
 LIVE_STATES = frozenset({nri.CONTAINER_CREATED, nri.CONTAINER_RUNNING, nri.CONTAINER_PAUSED,
                          nri.CONTAINER_UNKNOWN})
-REFUSED_REMEMBERED = 1024  # claim variables not believed, remembered to log each once (then forgotten at once)
 
 
 def running_container(pod: nri.PodSandbox, container: nri.Container, domain: str) -> RunningContainer:
@@ -92,8 +91,7 @@ class NriEnforcement:
         self.counters = EnforcementCounters(updates={})
         self.plugin = NriPlugin(self, socket_path, index=plugin_index)
         self._containers: dict[str, RunningContainer] = {}
-        self._claimed: dict[str, tuple[Identity, tuple[DeviceKey, ...]]] = {}  # container id -> its believed claim
-        self._refused_claims: set[tuple[str, str]] = set()  # (namespace, value) logged once
+        self._claimed: dict[str, tuple[Identity, str]] = {}  # container id -> (identity, its TOPOLOGY_DRA_CLAIM)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -255,25 +253,20 @@ class NriEnforcement:
         self._account()
 
     # --- helpers --------------------------------------------------------------------------------------
-    def _claim_of(self, pod: nri.PodSandbox, container: nri.Container) -> tuple[Identity, tuple[DeviceKey, ...]] | None:
-        """The devices of the DRA claim request a container's environment names, when it is believed."""
+    def _claim_of(self, pod: nri.PodSandbox, container: nri.Container) -> tuple[Identity, str] | None:
+        """The DRA claim request a container's environment names (believed or not: :meth:`_holders` asks the
+        prepared claims each time); a refusal is logged at debug."""
         if self.claims is None:
             return None
         match = match_claim(container.env, pod.namespace, self.claims())
+        if not match.value:
+            return None
         if match.refused:
-            seen = (pod.namespace, match.value)
-            if seen not in self._refused_claims:
-                if len(self._refused_claims) >= REFUSED_REMEMBERED:
-                    self._refused_claims.clear()
-                self._refused_claims.add(seen)
-                log.debug("ignoring TOPOLOGY_DRA_CLAIM=%s of %s/%s/%s: %s; treated as any other container",
-                          match.value[:80], pod.namespace, pod.name, container.name, match.refused)
-            return None
-        if not match.devices:
-            return None
-        return (pod.namespace, pod.name, container.name), match.devices
+            log.debug("ignoring TOPOLOGY_DRA_CLAIM=%s of %s/%s/%s: %s; treated as any other container",
+                      match.value[:80], pod.namespace, pod.name, container.name, match.refused)
+        return (pod.namespace, pod.name, container.name), match.value
 
-    def _remember_claim(self, container_id: str, claim: tuple[Identity, tuple[DeviceKey, ...]] | None) -> None:
+    def _remember_claim(self, container_id: str, claim: tuple[Identity, str] | None) -> None:
         if claim is None:
             self._claimed.pop(container_id, None)
         else:
@@ -282,7 +275,8 @@ class NriEnforcement:
     def _holders(self) -> dict[Identity, tuple[DeviceKey, ...]]:
         """pod-resources' holders, and the containers whose believed claim names their devices."""
         with self._lock:
-            claimed = dict(self._claimed.values())
+            named = list(self._claimed.values())
+        claimed = claimed_devices(named, self.claims()) if self.claims is not None else {}
         return with_claims(self.devices.holder_identities(), claimed)
 
     def _held(self) -> frozenset[DeviceKey]:

@@ -63,7 +63,12 @@ def named_claim(env: Iterable[str]) -> str:
 
 def match_claim(env: Iterable[str], namespace: str, prepared: Mapping[str, PreparedRequest]) -> ClaimMatch:
     """The devices a container's environment names, if the claim is one the agent prepared, in its namespace."""
-    value = named_claim(env)
+    return believe(named_claim(env), namespace, prepared)
+
+
+def believe(value: str, namespace: str, prepared: Mapping[str, PreparedRequest]) -> ClaimMatch:
+    """The devices a variable's ``value`` names for a pod of ``namespace``, if the claim is one the agent prepared
+    (``prepared`` as it is now) in that namespace."""
     if not value:
         return ClaimMatch("")
     request = prepared.get(value)
@@ -86,6 +91,18 @@ def with_claims(holders: Mapping[Identity, Iterable[DeviceKey]],
         if not merged.get(identity):
             merged[identity] = tuple(keys)
     return merged
+
+
+def claimed_devices(named: Iterable[tuple[Identity, str]],
+                    prepared: Mapping[str, PreparedRequest]) -> dict[Identity, tuple[DeviceKey, ...]]:
+    """The believed devices of containers by identity, from the variable each one's environment names (``named``:
+    (namespace, pod, container) and value), against the claims prepared now: a claim unprepared since is no hold."""
+    out: dict[Identity, tuple[DeviceKey, ...]] = {}
+    for identity, value in named:
+        devices = believe(value, identity[0], prepared).devices
+        if devices:
+            out[identity] = devices
+    return out
 
 
 def prepared_keys(prepared: Mapping[str, PreparedRequest]) -> frozenset[DeviceKey]:
