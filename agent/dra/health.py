@@ -44,11 +44,10 @@ Broken = Mapping[tuple[str, str], str]
 
 
 class _Stream:
-    __slots__ = ("counted", "done")
+    __slots__ = ("done",)
 
     def __init__(self) -> None:
-        self.done = False
-        self.counted = True
+        self.done = False  # set once, as the stream leaves (and gives its place back)
 
 
 class HealthService:
@@ -70,9 +69,7 @@ class HealthService:
         self._at = wall_clock()
         self._open = False
         self._streams = 0
-        self.streams_started = 0
         self.streams_refused = 0
-        self.reports_sent = 0
 
     # --- the state ---------------------------------------------------------------------------------
     def update(self, broken: Broken) -> bool:
@@ -88,10 +85,6 @@ class HealthService:
             self._cond.notify_all()
         log.info("DRA device health now: %s unhealthy", ", ".join(unhealthy(report)) or "none")
         return True
-
-    def report(self) -> tuple[DeviceReport, ...]:
-        with self._cond:
-            return self._report
 
     @property
     def streams(self) -> int:
@@ -117,9 +110,8 @@ class HealthService:
     # --- the streams -------------------------------------------------------------------------------
     def _leave(self, stream: _Stream) -> None:
         with self._cond:
-            stream.done = True
-            if stream.counted:
-                stream.counted = False
+            if not stream.done:
+                stream.done = True
                 self._streams -= 1
             self._cond.notify_all()
 
@@ -142,7 +134,6 @@ class HealthService:
             else:
                 refused = None
                 self._streams += 1
-                self.streams_started += 1
                 streams = self._streams
         if refused is not None:
             log.warning("refused a DRA health stream: %s", refused[1])
@@ -164,7 +155,6 @@ class HealthService:
                     if not self._open or stream.done:
                         return
                     report, at, sent = self._report, self._at, self._version
-                    self.reports_sent += 1
                 due = time.monotonic() + self.resend
                 yield self._response(pb, report, at)
         finally:
