@@ -140,3 +140,13 @@ def test_defining_the_records_imports_neither_dataclasses_nor_typing() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
                           timeout=60)
     assert done.stdout.strip() == "[]"
+
+
+def test_replace_copies_every_field_but_the_changed_ones() -> None:
+    from agent.topology.model import Machine
+
+    machine = Machine("s390x", "3931", "LPAR", True, "horizontal", 1, (0,), True)
+    changed = machine._replace(smt_threads=2)
+    assert changed == dataclasses.replace(machine, smt_threads=2) and machine.smt_threads == 1
+    with pytest.raises(TypeError, match="no field"):
+        machine._replace(smt=2)

@@ -142,9 +142,7 @@ def build_topology(raws: list[RawCpu], machine: Machine, cpu_nodes: Mapping[int,
         cpus.append(Cpu(cpu, cores.get(cpu), sockets.get(cpu), books.get(cpu), drawers.get(cpu), siblings,
                         cpu_nodes.get(cpu), r.online, r.configured, r.polarization, r.dedicated, r.address))
     smt = max((len(c.siblings) for c in cpus if c.online), default=1) or 1
-    machine = Machine(machine.arch, machine.machine_type, machine.environment, machine.topology_facility,
-                      machine.dispatching, max(smt, 1), machine.memory_nodes, machine.has_node_dirs)
-    return Topology(machine=machine, cpus=tuple(cpus))
+    return Topology(machine=machine._replace(smt_threads=max(smt, 1)), cpus=tuple(cpus))
 
 
 def parse_sysinfo(text: str) -> dict[str, str]:

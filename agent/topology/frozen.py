@@ -25,7 +25,7 @@ TYPE_CHECKING = False  # not typing's: discover starts without importing typing
 if TYPE_CHECKING:
     from collections.abc import Callable
     from dataclasses import Field
-    from typing import Any, ClassVar, dataclass_transform
+    from typing import Any, ClassVar, Self, dataclass_transform
 else:
     def dataclass_transform(**_: object) -> object:
         return lambda cls: cls
@@ -87,6 +87,15 @@ class Frozen:
         values = type(self)._values(self)
         inner = ", ".join(f"{name}={value!r}" for name, value in zip(self.__slots__, values, strict=True))
         return f"{self.__class__.__qualname__}({inner})"
+
+    def _replace(self, **changes: Any) -> Self:
+        """A copy with ``changes`` (what ``dataclasses.replace`` does, without importing dataclasses on discover's
+        path); an unknown field is a TypeError, as there."""
+        values = dict(zip(self.__slots__, type(self)._values(self), strict=True))
+        unknown = changes.keys() - values.keys()
+        if unknown:
+            raise TypeError(f"{self.__class__.__qualname__} has no field(s) {', '.join(sorted(unknown))}")
+        return type(self)(**{**values, **changes})
 
     def __setattr__(self, name: str, value: object) -> None:
         from dataclasses import FrozenInstanceError
