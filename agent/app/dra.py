@@ -57,10 +57,15 @@ class DraManager:
                                  on_failure=self._failed)
 
     # --- the step -------------------------------------------------------------------------------
-    def step(self) -> None:
+    def _broken_now(self) -> dict[tuple[str, str], str]:
+        """The unhealthy groups now, told to kubelet's health streams on the way."""
         broken = dict(self.broken())
         if self.plugin.health is not None:
             self.plugin.health.update(broken)
+        return broken
+
+    def step(self) -> None:
+        broken = self._broken_now()
         if self._last_broken is not None and broken != self._last_broken:
             log.warning("republishing ResourceSlices: unhealthy groups now %s",
                         ", ".join(sorted(d for _, d in broken)) or "none")
@@ -84,9 +89,7 @@ class DraManager:
     def changed(self) -> None:
         """Device states changed (a NodeDevices listener): tell kubelet's health streams, republish when the
         unhealthy set differs."""
-        broken = dict(self.broken())
-        if self.plugin.health is not None:
-            self.plugin.health.update(broken)
+        broken = self._broken_now()
         if self._last_broken is not None and broken != self._last_broken:
             self.loop.wake()
 
