@@ -27,7 +27,7 @@ from __future__ import annotations
 from agent.errors import PolicyError
 from agent.policy.naming import device_id, resource_name
 from agent.topology.cpulist import format_cpulist
-from agent.topology.frozen import Frozen
+from agent.topology.frozen import Frozen, _set
 from agent.topology.model import POLARIZATIONS, Cpu, Topology
 
 TYPE_CHECKING = False  # not typing's: discover starts without importing typing
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
     T = TypeVar("T", bound=Hashable)
 
-_set = object.__setattr__
 
 LEVELS: tuple[str, ...] = ("drawer", "book", "socket")
 DEFAULT_PREFIX = "topology"

@@ -10,14 +10,13 @@ kernels keep offline CPUs in the masks), else None.
 
 from __future__ import annotations
 
-from agent.topology.frozen import Frozen
+from agent.topology.frozen import Frozen, _set
 from agent.topology.model import Cpu, Machine, Topology
 
 TYPE_CHECKING = False  # not typing's (see agent/cli.py)
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-_set = object.__setattr__
 
 # Levels from the outermost in: each level's parent key is made of the levels before it.
 LEVELS: tuple[str, ...] = ("drawer", "book", "socket", "core")

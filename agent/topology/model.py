@@ -7,9 +7,7 @@ book by (drawer, book). ``None`` stands for "this level does not exist or is unk
 
 from __future__ import annotations
 
-from agent.topology.frozen import Frozen
-
-_set = object.__setattr__
+from agent.topology.frozen import Frozen, _set
 
 POLARIZATIONS: tuple[str, ...] = (
     "horizontal",
