@@ -79,7 +79,18 @@ def test_a_zombie_is_dead() -> None:
     assert not alive(child.pid)
 
 
+def test_the_shim_socket_folders_are_made_with_containerds_modes_and_only_those_made_are_returned(
+        tmp_path: Path) -> None:
+    state, sockets = tmp_path / "containerd", tmp_path / "containerd" / "s"
+    made = harness.make_shim_folders(((state, 0o711), (sockets, 0o700)))
+    assert made == [state, sockets]
+    assert (state.stat().st_mode & 0o7777, sockets.stat().st_mode & 0o7777) == (0o711, 0o700)
+    sockets.rmdir()
+    assert harness.make_shim_folders(((state, 0o711), (sockets, 0o700))) == [sockets], "an existing folder is kept"
+
+
 def test_teardown_after_a_crash_leaves_nothing_behind() -> None:
+    state_before = harness.SHIM_SOCKETS.parent.exists()
     try:
         ctd = Containerd("test-crash").__enter__()
     except ContainerdUnavailable as exc:
@@ -103,4 +114,6 @@ def test_teardown_after_a_crash_leaves_nothing_behind() -> None:
         digest = hashlib.sha256(os.path.join(str(ctd.socket), "k8s.io", ident).encode()).hexdigest()
         assert not (harness.SHIM_SOCKETS / digest).exists()
     assert not ctd.workdir.exists()
+    if not state_before:  # the shims' 0600 /run/containerd used to stay and lock the lane's agent out (issue 29)
+        assert not harness.SHIM_SOCKETS.parent.exists(), "the harness removes the shim folders it made"
     ctd.close()  # twice is fine

@@ -68,6 +68,11 @@ PACKAGES = "containerd runc crun busybox-static"
 IMAGE = "docker.io/library/topology-busybox:test"
 NAMESPACE = "k8s.io"  # containerd's namespace for everything the CRI plugin runs
 SHIM_SOCKETS = Path("/run/containerd/s")  # where shims put their sockets whatever the config says
+# The modes containerd gives those folders itself (2.4: the state folder 0711 in cmd/containerd/server/server.go, the
+# socket folder 0700 in pkg/shim/util_unix.go). Debian's 1.6 shims create missing ones 0600, and a 0600
+# /run/containerd then stays (containerd keeps an existing folder's mode): the agent, uid 0 without capabilities,
+# cannot reach the real-cluster lane's socket in it. The harness makes the folders first and removes what it made.
+SHIM_FOLDER_MODES = ((SHIM_SOCKETS.parent, 0o711), (SHIM_SOCKETS, 0o700))
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # kubelet's labels on every container (and the first three on every sandbox)
 POD_NAME, POD_NAMESPACE, POD_UID, CONTAINER_NAME = (
@@ -238,6 +243,7 @@ class Containerd:
         self._process: subprocess.Popen[bytes] | None = None
         self._channel: grpc.Channel | None = None
         self._ids: set[str] = set()  # every sandbox and container id made here (shim sockets hash them)
+        self._made_folders: list[Path] = []  # shim socket folders this harness created (removed when empty)
         self._sandboxes: dict[str, PodContainer] = {}  # sandbox id -> its first container
         self._handlers: dict[str, str | None] | None = None  # handler -> None (works) or why not
         self._lock = threading.Lock()
@@ -265,6 +271,7 @@ class Containerd:
         for sub in ("root", "state", "runc", "crun", "cni", "opt", "logs", "cdi"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self._config())
+        self._made_folders = make_shim_folders()
         self._start_holder()
         self.start_containerd()
         self._import_image()
@@ -682,6 +689,9 @@ class Containerd:
         self._kill_cgroup_processes()
         self._remove_cgroup_dirs(f"/{self.prefix}")
         self._remove_shim_sockets()
+        for folder in reversed(self._made_folders):
+            _rmdir(folder)  # only when empty: another containerd's shims may use it now
+        self._made_folders = []
         if self._holder is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._holder.pid, signal.SIGKILL)
@@ -764,6 +774,17 @@ class Containerd:
             for path in (SHIM_SOCKETS / digest, SHIM_SOCKETS / f"{digest}.debug"):
                 with contextlib.suppress(OSError):
                     path.unlink()
+
+
+def make_shim_folders(modes: tuple[tuple[Path, int], ...] = SHIM_FOLDER_MODES) -> list[Path]:
+    """Create the missing shim socket folders with containerd's own modes; the ones created, outermost first."""
+    made = []
+    for folder, mode in modes:
+        if not folder.exists():
+            folder.mkdir(exist_ok=True)
+            folder.chmod(mode)
+            made.append(folder)
+    return made
 
 
 def _rmdir(path: Path) -> bool:

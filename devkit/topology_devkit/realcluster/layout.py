@@ -43,6 +43,7 @@ CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
 # containerd's default state folder: it makes it 0711, so the agent (uid 0, every capability dropped) can reach the
 # socket in it. A socket folder made for the socket alone is 0600 and unreachable without CAP_DAC_OVERRIDE.
 CONTAINERD_STATE = Path("/run/containerd")
+STATE_MODE = 0o711  # containerd 2.4 cmd/containerd/server/server.go: sys.MkdirAllWithACL(config.State, 0o711)
 NRI_SOCKET = Path("/var/run/nri/nri.sock")
 CNI_STATE = Path("/var/lib/cni/networks") / CNI_NETWORK
 
