@@ -4,6 +4,7 @@ starting ends the wait with its last log lines instead of a hang."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from topology_devkit.realcluster import configs, pki
+from topology_devkit.realcluster.cluster import reachable_state_folder
 from topology_devkit.realcluster.layout import Layout
 from topology_devkit.realcluster.procs import ClusterError, running, start, stop, wait_until
 
@@ -67,6 +69,18 @@ def test_containerd_config_pins_the_sandbox_image_and_enables_nri(tmp_path: Path
     assert config["state"] == "/run/containerd", "the default state folder (0711) keeps the socket reachable"
 
 
+def test_the_state_folder_a_shim_left_0600_is_made_reachable_before_containerd_starts(tmp_path: Path) -> None:
+    left = tmp_path / "run-containerd"
+    (left / "s").mkdir(parents=True)
+    left.chmod(0o600)  # what Debian's containerd 1.6 shims leave when they create /run/containerd for their sockets
+    note = reachable_state_folder(left)
+    assert left.stat().st_mode & 0o7777 == 0o711
+    assert note is not None and "was 0600" in note and "0711" in note
+    assert reachable_state_folder(left) is None, "a folder with containerd's own mode is left alone"
+    fresh = tmp_path / "absent" / "containerd"
+    assert reachable_state_folder(fresh) is None and fresh.stat().st_mode & 0o7777 == 0o711
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_pki_names_the_identities_the_authorizers_expect(tmp_path: Path) -> None:
     pki.make_pki(tmp_path, "node-a", ["127.0.0.1"], ["localhost"])
@@ -102,3 +116,23 @@ def test_stop_ends_a_component_by_its_pid_file(tmp_path: Path) -> None:
     assert running(layout, "kubelet") == pid
     assert stop(layout, "kubelet", timeout=5)
     assert running(layout, "kubelet") is None and not layout.pidfile("kubelet").exists()
+
+
+def test_a_tree_with_a_bind_mount_inside_is_removed_without_touching_what_is_mounted(tmp_path: Path) -> None:
+    from tests.conftest import missing
+    from topology_devkit.realcluster.mounts import mounts_under, remove_tree
+
+    if os.geteuid() != 0:
+        missing("root (mount --bind)", "run the tests as root, as .ci/run does")
+    host_dev = tmp_path / "host-dev"  # stands for the host's /dev that a chroot bound into a root
+    host_dev.mkdir()
+    (host_dev / "null").write_text("the host's")
+    root = tmp_path / "rootfs"
+    (root / "dev").mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(host_dev), str(root / "dev")], check=True)
+    try:
+        assert remove_tree(root) == []
+    finally:
+        subprocess.run(["umount", "-l", str(root / "dev")], capture_output=True, check=False)
+    assert not root.exists() and mounts_under([root]) == []
+    assert (host_dev / "null").read_text() == "the host's", "unmounted first, so nothing below the mount went"

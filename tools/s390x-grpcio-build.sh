@@ -63,12 +63,10 @@ if [ ! -f "$ROOT/.grpcio-base-ready" ]; then
   touch "$ROOT/.grpcio-base-ready"
 fi
 stamp "root ready: $(chroot "$ROOT" uname -m), $(chroot "$ROOT" python3 --version), $(chroot "$ROOT" gcc --version | head -n1)"
-for m in proc dev; do
-  if ! mountpoint -q "$ROOT/$m"; then
-    if [ "$m" = proc ]; then mount -t proc proc "$ROOT/proc"; else mount --bind /dev "$ROOT/dev"; fi
-    MOUNTED+=("$ROOT/$m")
-  fi
-done
+# /proc and a /dev of the root's own, never the host's (tools/chroot-mounts.sh)
+# shellcheck source=tools/chroot-mounts.sh
+. "$REPO/tools/chroot-mounts.sh"
+chroot_mounts "$ROOT"
 cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
 # The host's CA bundle (a registry proxy's CA may be in it only) and pip configuration, as tools/s390x-smoke.sh does.
 [ -f /etc/ssl/certs/ca-certificates.crt ] && cp -L /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/certs/ca-certificates.crt"

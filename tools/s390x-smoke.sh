@@ -110,14 +110,11 @@ else
   done_step built
 fi
 
-# Mounts for the chroot (undone on exit), the host's DNS and CA bundle (the root's may lag behind).
-for m in proc dev; do
-  target="$ROOT/$m"
-  if ! mountpoint -q "$target"; then
-    if [ "$m" = proc ]; then mount -t proc proc "$target"; else mount --bind /dev "$target"; fi
-    MOUNTED+=("$target")
-  fi
-done
+# Mounts for the chroot (undone on exit): /proc and a /dev of its own (never the host's), then the host's DNS and CA
+# bundle (the root's may lag behind).
+# shellcheck source=tools/chroot-mounts.sh
+. "$REPO/tools/chroot-mounts.sh"
+chroot_mounts "$ROOT"
 cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
 [ -f /etc/ssl/certs/ca-certificates.crt ] && cp -L /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/certs/ca-certificates.crt"
 echo "root: $(in_root uname -m), $(in_root python3 --version), $(in_root lscpu --version)"

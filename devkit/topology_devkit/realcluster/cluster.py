@@ -39,9 +39,11 @@ from .layout import (
     REPO,
     SCHEDULER_PORT,
     SERVICE_CIDR,
+    STATE_MODE,
     Layout,
     node_name,
 )
+from .mounts import mounts_under, remove_tree, unmount
 from .procs import ClusterError, alive, kill_and_wait, read_pid, run, running, start, stop, tail, wait_until
 
 BUILD = REPO / "devkit" / "cluster" / "build.sh"
@@ -227,9 +229,33 @@ def _probe_host() -> None:
             raise ClusterError(f"{tool} is not installed")
 
 
+def reachable_state_folder(folder: Path = CONTAINERD_STATE) -> str | None:
+    """Make containerd's state folder the 0711 containerd itself gives a new one; a note when it had another mode.
+
+    containerd creates its state folder 0711 but keeps the mode of one that exists (it chmods its root folder, not
+    the state: cmd/containerd/server/server.go). Whatever made the folder first decides, and Debian's containerd 1.6
+    shims, which `make test`'s CRI tests start, put their sockets in /run/containerd/s whatever the config says and
+    create the missing folders with 0600 (runtime/v2/shim/util_unix.go NewSocket: os.MkdirAll(dir, 0600); 0700 in
+    2.4). The agent, uid 0 with every capability dropped, cannot pass a folder without its x bit, so the lane sets
+    the mode before its containerd starts, whatever ran on the machine before.
+    """
+    if not folder.exists():
+        folder.mkdir(parents=True)
+        folder.chmod(STATE_MODE)  # whatever the umask
+        return None
+    mode = folder.stat().st_mode & 0o7777
+    if mode == STATE_MODE:
+        return None
+    folder.chmod(STATE_MODE)
+    return f"{folder} was {mode:04o} (made by an earlier run's shims?): set to {STATE_MODE:04o} as containerd makes it"
+
+
 def up(layout: Layout, cpu_manager_policy: str = "none", images: bool = True) -> None:
     _probe_host()
     bins = bin_dir()
+    note = reachable_state_folder()
+    if note is not None:
+        print(f"cluster-up: {note}", flush=True)
     for component in COMPONENTS:
         if running(layout, component) is None and layout.pidfile(component).exists():
             layout.pidfile(component).unlink()
@@ -334,24 +360,6 @@ def _rmdir(directory: Path) -> None:
             time.sleep(0.05)
 
 
-def _mounts_under(prefixes: list[Path]) -> list[str]:
-    found = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = line.split()[4].replace("\\040", " ")
-        if any(point == str(p) or point.startswith(f"{p}/") for p in prefixes):
-            found.append(point)
-    return sorted(set(found), key=len, reverse=True)
-
-
-def _unmount(prefixes: list[Path]) -> None:
-    for _ in range(5):
-        points = _mounts_under(prefixes)
-        if not points:
-            return
-        for point in points:
-            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
-
-
 def down(layout: Layout) -> None:
     stop(layout, "kubelet")
     if running(layout, "containerd") is not None:
@@ -364,17 +372,17 @@ def down(layout: Layout) -> None:
         stop(layout, component)
     netns = Path("/var/run/netns")
     state_paths = [KUBELET_ROOT, CONTAINERD_STATE, layout.containerd_root, layout.root, netns]
-    _unmount(state_paths)
+    unmount(state_paths)
     for entry in netns.glob("cni-*") if netns.is_dir() else []:
         entry.unlink(missing_ok=True)
     subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
     for path in (KUBELET_ROOT, CONTAINERD_STATE, CNI_STATE, POD_LOGS, CONTAINER_LOGS, layout.containerd_root,
                  layout.etcd_data, layout.pki, layout.etc, layout.run, layout.root / "cni"):
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)  # a folder with a mount left below it stays, and is named below
     for sock in (CONTAINERD_SOCKET, Path(f"{CONTAINERD_SOCKET}.ttrpc"), NRI_SOCKET):
         sock.unlink(missing_ok=True)
     layout.kubeconfig.unlink(missing_ok=True)
-    left = _mounts_under(state_paths) + [str(t) for t in _cgroup_trees()]
+    left = mounts_under(state_paths) + [str(t) for t in _cgroup_trees()]
     if left:
         raise ClusterError(f"cluster-down left behind: {', '.join(left)}")
 

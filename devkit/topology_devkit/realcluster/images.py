@@ -107,6 +107,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from topology_devkit import oci
+from topology_devkit.realcluster.mounts import mounts_under, remove_tree
 
 REPO = Path(__file__).resolve().parents[3]
 PAUSE_SOURCE = Path(__file__).with_name("pause.c")
@@ -397,11 +398,16 @@ def _make_standin_archive(cache: Path, archive: Path, ref: str) -> None:
             f"debootstrap --variant=minbase {SUITE}; apt-get install {' '.join(STANDIN_PACKAGES)}; "
             "apt-get dist-upgrade; slim trimming (topology_devkit.realcluster.images)"])
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        left = remove_tree(work)  # a debootstrap killed by its timeout leaves the root's /proc and /sys mounted
+        if left:
+            say(f"left {work}: still mounted below it: {', '.join(left)}")
 
 
 def _trim(root: Path) -> None:
     """What Debian's slim images leave out, and the machine's own files debootstrap copied."""
+    mounted = mounts_under([root])
+    if mounted:  # removing dev/* or run/* through a mount would remove the host's files
+        raise ImageError(f"the stand-in root still has mounts below it: {', '.join(mounted)}")
     for pattern in ("var/lib/apt/lists/*", "var/cache/apt/*.bin", "var/cache/apt/archives/*.deb",
                     "var/cache/debconf/*-old", "var/lib/dpkg/*-old", "usr/share/man/*", "usr/share/info/*",
                     "usr/share/lintian/*", "var/log/*.log", "var/log/apt/*", "dev/*", "run/*", "tmp/*",
