@@ -137,22 +137,6 @@ def test_a_bad_flag_is_still_argparses_one_line(capsys: pytest.CaptureFixture[st
     assert err.count("\n") == 1 and "argument --format: invalid choice: 'xml'" in err and "--help" in err
 
 
-def test_discover_starts_without_argparse_json_re_or_typing(tmp_path: Path) -> None:
-    write_sysfs_tree(load_embedded("z16-lpar"), tmp_path)
-    # -S: no site (a dev venv's editable installs import re & co. at start; discover needs no site-packages), so
-    # every one of the eight is seen if discover imports it.
-    code = ("import io, sys\n"
-            "from agent.cli import main\n"
-            "out, sys.stdout = sys.stdout, io.StringIO()\n"
-            f"main(['discover', '--format', 'json', '--host-root', {str(tmp_path)!r}])\n"
-            "sys.stdout = out\n"
-            "print(sorted(m for m in ('argparse', 'json', 're', 'enum', 'typing', 'dataclasses', 'inspect', "
-            "'collections') if m in sys.modules))\n")
-    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60, check=True,
-                          cwd=REPO)
-    assert done.stdout.strip() == "[]"
-
-
 def test_the_command_as_a_process_prints_what_main_returns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """python -m agent (the console script's main, which ends with os._exit and runs without the collector)
     prints what main() prints in-process, and exits 0; an error is one line, exit 2."""

@@ -24,46 +24,28 @@ Rules (vLLM PR #40714 for the automatic level choice):
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
 from agent.errors import PolicyError
 from agent.policy.naming import device_id, resource_name
 from agent.topology.cpulist import format_cpulist
-from agent.topology.frozen import Frozen, _set
 from agent.topology.model import POLARIZATIONS, Cpu, Topology
-
-TYPE_CHECKING = False  # not typing's: discover starts without importing typing
-if TYPE_CHECKING:
-    from collections.abc import Hashable, Iterable, Sequence
-    from typing import TypeVar
-
-    T = TypeVar("T", bound=Hashable)
-
 
 LEVELS: tuple[str, ...] = ("drawer", "book", "socket")
 DEFAULT_PREFIX = "topology"
 
 
-class GroupingSettings(Frozen):
-    __slots__ = ("levels", "resource_prefix", "reserved_cpus", "exclude_polarization", "min_group_cores",  # noqa: RUF023 (field order)
-                 "uniform_groups", "allow_non_s390x")
-    levels: tuple[str, ...] | None  # None: automatic (book if more than one book, else socket)
-    resource_prefix: str
-    reserved_cpus: frozenset[int]
-    exclude_polarization: frozenset[str]
-    min_group_cores: int | None  # None: half the cores of the level's median group (at least 1); 0: all
-    uniform_groups: bool  # advertise only the groups of one size (CPUs) per level: uniform_size()
-    allow_non_s390x: bool  # group a machine known not to be IBM Z (x86_64, ...) too: tests, snapshots
-
-    def __init__(self, levels: tuple[str, ...] | None = None, resource_prefix: str = DEFAULT_PREFIX,
-                 reserved_cpus: frozenset[int] = frozenset(), exclude_polarization: frozenset[str] = frozenset(),
-                 min_group_cores: int | None = None, uniform_groups: bool = False,
-                 allow_non_s390x: bool = False) -> None:
-        _set(self, "levels", levels)
-        _set(self, "resource_prefix", resource_prefix)
-        _set(self, "reserved_cpus", reserved_cpus)
-        _set(self, "exclude_polarization", exclude_polarization)
-        _set(self, "min_group_cores", min_group_cores)
-        _set(self, "uniform_groups", uniform_groups)
-        _set(self, "allow_non_s390x", allow_non_s390x)
+@dataclass(frozen=True, slots=True)
+class GroupingSettings:
+    levels: tuple[str, ...] | None = None  # None: automatic (book if more than one book, else socket)
+    resource_prefix: str = DEFAULT_PREFIX
+    reserved_cpus: frozenset[int] = frozenset()
+    exclude_polarization: frozenset[str] = frozenset()
+    min_group_cores: int | None = None  # None: half the cores of the level's median group (at least 1); 0: all
+    uniform_groups: bool = False  # advertise only the groups of one size (CPUs) per level: uniform_size()
+    allow_non_s390x: bool = False  # group a machine known not to be IBM Z (x86_64, ...) too: tests, snapshots
 
     def validated(self) -> GroupingSettings:
         if self.min_group_cores is not None and self.min_group_cores < 0:
@@ -82,11 +64,10 @@ class GroupingSettings(Frozen):
         return self
 
 
-class Group(Frozen):
+@dataclass(frozen=True, slots=True)
+class Group:
     """One advertised device: a drawer, book or socket's usable CPUs."""
 
-    __slots__ = ("level", "resource", "id", "key", "cpus", "cores", "threads_per_core", "polarization",  # noqa: RUF023 (field order)
-                 "memory_nodes", "recorded_nodes")
     level: str
     resource: str
     id: str
@@ -97,21 +78,6 @@ class Group(Frozen):
     polarization: tuple[tuple[str, int], ...]  # (polarization, CPU count), in POLARIZATIONS order
     memory_nodes: tuple[int, ...]
     recorded_nodes: tuple[int, ...]  # what the CPUs' node data said (may be empty)
-
-    def __init__(self, level: str, resource: str, id: str, key: tuple[int | None, ...], cpus: tuple[int, ...],
-                 cores: tuple[tuple[int, ...], ...], threads_per_core: int,
-                 polarization: tuple[tuple[str, int], ...], memory_nodes: tuple[int, ...],
-                 recorded_nodes: tuple[int, ...]) -> None:
-        _set(self, "level", level)
-        _set(self, "resource", resource)
-        _set(self, "id", id)
-        _set(self, "key", key)
-        _set(self, "cpus", cpus)
-        _set(self, "cores", cores)
-        _set(self, "threads_per_core", threads_per_core)
-        _set(self, "polarization", polarization)
-        _set(self, "memory_nodes", memory_nodes)
-        _set(self, "recorded_nodes", recorded_nodes)
 
     @property
     def memory_node(self) -> int:
@@ -131,50 +97,30 @@ class Group(Frozen):
         return ",".join(f"{p}:{n}" for p, n in self.polarization) or "-"
 
 
-class Skipped(Frozen):
-    __slots__ = ("cpus", "reason")
+@dataclass(frozen=True, slots=True)
+class Skipped:
     cpus: tuple[int, ...]
     reason: str
 
-    def __init__(self, cpus: tuple[int, ...], reason: str) -> None:
-        _set(self, "cpus", cpus)
-        _set(self, "reason", reason)
 
-
-class Uniform(Frozen):
+@dataclass(frozen=True, slots=True)
+class Uniform:
     """What --uniform-groups chose for one resource: the size advertised and the groups left out."""
 
-    __slots__ = ("resource", "cpus", "left_out")  # noqa: RUF023 (field order)
     resource: str
     cpus: int  # the CPUs of every advertised group of the resource
     left_out: tuple[str, ...]  # ids of the groups of other sizes
 
-    def __init__(self, resource: str, cpus: int, left_out: tuple[str, ...]) -> None:
-        _set(self, "resource", resource)
-        _set(self, "cpus", cpus)
-        _set(self, "left_out", left_out)
 
-
-class Grouping(Frozen):
-    __slots__ = ("groups", "skipped", "levels", "level_reason", "fidelity", "warnings", "uniform")  # noqa: RUF023 (field order)
+@dataclass(frozen=True, slots=True)
+class Grouping:
     groups: tuple[Group, ...]
     skipped: tuple[Skipped, ...]
     levels: tuple[str, ...]
     level_reason: str
     fidelity: str  # lpar | guest-no-topology | unknown (s390, facility not known) | generic (not s390)
-    warnings: tuple[str, ...]
-    uniform: tuple[Uniform, ...]  # with --uniform-groups, one per advertised level
-
-    def __init__(self, groups: tuple[Group, ...], skipped: tuple[Skipped, ...], levels: tuple[str, ...],
-                 level_reason: str, fidelity: str, warnings: tuple[str, ...] = (),
-                 uniform: tuple[Uniform, ...] = ()) -> None:
-        _set(self, "groups", groups)
-        _set(self, "skipped", skipped)
-        _set(self, "levels", levels)
-        _set(self, "level_reason", level_reason)
-        _set(self, "fidelity", fidelity)
-        _set(self, "warnings", warnings)
-        _set(self, "uniform", uniform)
+    warnings: tuple[str, ...] = ()
+    uniform: tuple[Uniform, ...] = ()  # with --uniform-groups, one per advertised level
 
     def resources(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -187,15 +133,6 @@ class Grouping(Frozen):
 
     def by_id(self, resource: str) -> dict[str, Group]:
         return {g.id: g for g in self.groups if g.resource == resource}
-
-
-def _count(items: Iterable[T]) -> dict[T, int]:
-    """How often each item occurs, in order of first occurrence (``collections.Counter``, which discover does
-    without: collections costs 1 ms to import)."""
-    counts: dict[T, int] = {}
-    for item in items:
-        counts[item] = counts.get(item, 0) + 1
-    return counts
 
 
 def group_sizes(grouping: Grouping) -> dict[str, tuple[int, ...]]:
@@ -244,8 +181,8 @@ def _degenerate_reason(topology: Topology, usable: list[Cpu]) -> str | None:
                 "every CPU its own socket and book, which is no topology at all")
     if m.topology_facility is None and len(usable) > 1:
         # Without word from /proc/sysinfo, judge by shape (with the facility, single-CPU books are real).
-        books = _count(c.book_key for c in usable if c.book is not None)
-        sockets = _count(c.socket_key for c in usable if c.socket is not None)
+        books = Counter(c.book_key for c in usable if c.book is not None)
+        sockets = Counter(c.socket_key for c in usable if c.socket is not None)
         if (not books or max(books.values()) == 1) and sockets and max(sockets.values()) == 1:
             return "degenerate topology: every book and socket holds a single CPU (a guest without topology)"
     return None
@@ -287,7 +224,7 @@ def uniform_size(sizes: Sequence[int]) -> int | None:
     (more CPUs per device; on pr40714-like books of 12, 12 and 1 cores the 12s). None without groups."""
     if not sizes:
         return None
-    counts = _count(sizes)
+    counts = Counter(sizes)
     return max(counts, key=lambda size: (counts[size], size))
 
 
@@ -371,7 +308,7 @@ def group_topology(topology: Topology, settings: GroupingSettings | None = None)
                                    "common, a tie going to the larger)", []).extend(c.cpu for c in cpus)
                 left_out.append(gid)
                 continue
-            pol = _count(c.polarization for c in cpus)
+            pol = Counter(c.polarization for c in cpus)
             nodes, recorded, fell_back = _memory_nodes(cpus, m.memory_nodes)
             if fell_back:
                 warnings.append(

@@ -10,23 +10,19 @@ kernels keep offline CPUs in the masks), else None.
 
 from __future__ import annotations
 
-from agent.topology.frozen import Frozen, _set
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
 from agent.topology.model import Cpu, Machine, Topology
-
-TYPE_CHECKING = False  # not typing's (see agent/cli.py)
-if TYPE_CHECKING:
-    from collections.abc import Mapping
-
 
 # Levels from the outermost in: each level's parent key is made of the levels before it.
 LEVELS: tuple[str, ...] = ("drawer", "book", "socket", "core")
 
 
-class RawCpu(Frozen):
+@dataclass(frozen=True, slots=True)
+class RawCpu:
     """What sysfs says about one CPU, before any interpretation."""
 
-    __slots__ = ("cpu", "online", "configured", "polarization", "dedicated", "address", "has_topology", "ids",  # noqa: RUF023 (field order)
-                 "masks")
     cpu: int
     online: bool
     configured: bool
@@ -37,19 +33,6 @@ class RawCpu(Frozen):
     ids: Mapping[str, int | None]  # level -> kernel id (None: file absent or -1)
     # level -> sibling mask (None: file absent). "core" is thread_siblings, "socket" core_siblings.
     masks: Mapping[str, frozenset[int] | None]
-
-    def __init__(self, cpu: int, online: bool, configured: bool, polarization: str, dedicated: bool | None,
-                 address: int | None, has_topology: bool, ids: Mapping[str, int | None],
-                 masks: Mapping[str, frozenset[int] | None]) -> None:
-        _set(self, "cpu", cpu)
-        _set(self, "online", online)
-        _set(self, "configured", configured)
-        _set(self, "polarization", polarization)
-        _set(self, "dedicated", dedicated)
-        _set(self, "address", address)
-        _set(self, "has_topology", has_topology)
-        _set(self, "ids", ids)
-        _set(self, "masks", masks)
 
 
 def _level_masks(raws: list[RawCpu], level: str) -> dict[int, frozenset[int]]:
@@ -141,7 +124,7 @@ def build_topology(raws: list[RawCpu], machine: Machine, cpu_nodes: Mapping[int,
         cpus.append(Cpu(cpu, cores.get(cpu), sockets.get(cpu), books.get(cpu), drawers.get(cpu), siblings,
                         cpu_nodes.get(cpu), r.online, r.configured, r.polarization, r.dedicated, r.address))
     smt = max((len(c.siblings) for c in cpus if c.online), default=1) or 1
-    return Topology(machine=machine._replace(smt_threads=max(smt, 1)), cpus=tuple(cpus))
+    return Topology(machine=replace(machine, smt_threads=max(smt, 1)), cpus=tuple(cpus))
 
 
 def parse_sysinfo(text: str) -> dict[str, str]:

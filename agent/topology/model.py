@@ -7,7 +7,7 @@ book by (drawer, book). ``None`` stands for "this level does not exist or is unk
 
 from __future__ import annotations
 
-from agent.topology.frozen import Frozen, _set
+from dataclasses import dataclass
 
 POLARIZATIONS: tuple[str, ...] = (
     "horizontal",
@@ -69,40 +69,22 @@ def generation_of(machine_type: str | None) -> str | None:
     return MACHINE_GENERATIONS.get(machine_type.strip())
 
 
-class Cpu(Frozen):
+@dataclass(frozen=True, slots=True)
+class Cpu:
     """One logical CPU (an SMT thread on SMT machines)."""
 
-    __slots__ = ("cpu", "core", "socket", "book", "drawer", "siblings", "node", "online", "configured",  # noqa: RUF023 (field order)
-                 "polarization", "dedicated", "address")
     cpu: int
-    core: int | None
-    socket: int | None
-    book: int | None
-    drawer: int | None
-    siblings: tuple[int, ...]  # SMT threads of this CPU's core, itself included, sorted
-    node: int | None  # NUMA node listing this CPU, None when the machine has no node dirs
-    online: bool
-    configured: bool  # False: standby (deconfigured) on an LPAR
-    polarization: str
-    dedicated: bool | None
-    address: int | None
-
-    def __init__(self, cpu: int, core: int | None = None, socket: int | None = None, book: int | None = None,
-                 drawer: int | None = None, siblings: tuple[int, ...] = (), node: int | None = None,
-                 online: bool = True, configured: bool = True, polarization: str = "unknown",
-                 dedicated: bool | None = None, address: int | None = None) -> None:
-        _set(self, "cpu", cpu)
-        _set(self, "core", core)
-        _set(self, "socket", socket)
-        _set(self, "book", book)
-        _set(self, "drawer", drawer)
-        _set(self, "siblings", siblings)
-        _set(self, "node", node)
-        _set(self, "online", online)
-        _set(self, "configured", configured)
-        _set(self, "polarization", polarization)
-        _set(self, "dedicated", dedicated)
-        _set(self, "address", address)
+    core: int | None = None
+    socket: int | None = None
+    book: int | None = None
+    drawer: int | None = None
+    siblings: tuple[int, ...] = ()  # SMT threads of this CPU's core, itself included, sorted
+    node: int | None = None  # NUMA node listing this CPU, None when the machine has no node dirs
+    online: bool = True
+    configured: bool = True  # False: standby (deconfigured) on an LPAR
+    polarization: str = "unknown"
+    dedicated: bool | None = None
+    address: int | None = None
 
     @property
     def socket_key(self) -> SocketKey:
@@ -118,31 +100,18 @@ class Cpu(Frozen):
         return self.siblings or (self.cpu,)
 
 
-class Machine(Frozen):
+@dataclass(frozen=True, slots=True)
+class Machine:
     """Facts about the machine as a whole."""
 
-    __slots__ = ("arch", "machine_type", "environment", "topology_facility", "dispatching", "smt_threads",  # noqa: RUF023 (field order)
-                 "memory_nodes", "has_node_dirs")
-    arch: str  # "s390x", "x86_64", "aarch64", ... or "unknown"
-    machine_type: str | None  # /proc/sysinfo Type, e.g. "3931"
-    environment: str  # lpar | zvm | kvm | unknown | none (not s390)
-    topology_facility: bool | None  # "CPU Topology HW:" present; None when not s390
-    dispatching: str  # horizontal | vertical | unknown
-    smt_threads: int  # SMT threads per core
-    memory_nodes: tuple[int, ...]  # real memory nodes; (0,) when there is no node dir
-    has_node_dirs: bool
-
-    def __init__(self, arch: str = "unknown", machine_type: str | None = None, environment: str = "unknown",
-                 topology_facility: bool | None = None, dispatching: str = "unknown", smt_threads: int = 1,
-                 memory_nodes: tuple[int, ...] = (0,), has_node_dirs: bool = False) -> None:
-        _set(self, "arch", arch)
-        _set(self, "machine_type", machine_type)
-        _set(self, "environment", environment)
-        _set(self, "topology_facility", topology_facility)
-        _set(self, "dispatching", dispatching)
-        _set(self, "smt_threads", smt_threads)
-        _set(self, "memory_nodes", memory_nodes)
-        _set(self, "has_node_dirs", has_node_dirs)
+    arch: str = "unknown"  # "s390x", "x86_64", "aarch64", ... or "unknown"
+    machine_type: str | None = None  # /proc/sysinfo Type, e.g. "3931"
+    environment: str = "unknown"  # lpar | zvm | kvm | unknown | none (not s390)
+    topology_facility: bool | None = None  # "CPU Topology HW:" present; None when not s390
+    dispatching: str = "unknown"  # horizontal | vertical | unknown
+    smt_threads: int = 1  # SMT threads per core
+    memory_nodes: tuple[int, ...] = (0,)  # real memory nodes; (0,) when there is no node dir
+    has_node_dirs: bool = False
 
     @property
     def generation(self) -> str | None:
@@ -153,19 +122,18 @@ class Machine(Frozen):
         return self.arch == "s390x"
 
 
-class Topology(Frozen):
+@dataclass(frozen=True, slots=True)
+class Topology:
     """Every CPU the node has (present CPUs) and the machine facts."""
 
-    __slots__ = ("machine", "cpus")  # noqa: RUF023 (field order)
     machine: Machine
-    cpus: tuple[Cpu, ...]  # ascending CPU numbers, each once (the last of a repeated number kept)
+    cpus: tuple[Cpu, ...] = ()  # ascending CPU numbers, each once (the last of a repeated number kept)
 
-    def __init__(self, machine: Machine, cpus: tuple[Cpu, ...] = ()) -> None:
-        _set(self, "machine", machine)
-        numbers = [c.cpu for c in cpus]
+    def __post_init__(self) -> None:
+        numbers = [c.cpu for c in self.cpus]
         if numbers != sorted(set(numbers)):
-            cpus = tuple(sorted({c.cpu: c for c in cpus}.values(), key=lambda c: c.cpu))
-        _set(self, "cpus", cpus)
+            cpus = tuple(sorted({c.cpu: c for c in self.cpus}.values(), key=lambda c: c.cpu))
+            object.__setattr__(self, "cpus", cpus)  # frozen: normalized once, here
 
     def by_number(self) -> dict[int, Cpu]:
         return {c.cpu: c for c in self.cpus}
