@@ -7,6 +7,7 @@ Every flag has an environment twin ``TOPOLOGY_AGENT_<FLAG>`` (``--kubelet-dir`` 
 from __future__ import annotations
 
 import gc
+import json
 import math
 import os
 import sys
@@ -210,7 +211,6 @@ def dra_plan(args: argparse.Namespace, topology: Topology, grouping: Grouping) -
 
 
 def cmd_discover(args: argparse.Namespace) -> int:
-    from agent.observe.jsontext import json_text
     from agent.observe.report import grouping_dict, table
 
     settings = grouping_settings(args)
@@ -224,8 +224,8 @@ def cmd_discover(args: argparse.Namespace) -> int:
             from agent.policy.dra import pool_dict
 
             dra = {"dra": pool_dict(plan)}
-        sys.stdout.write(json_text({**grouping_dict(topology, grouping), "cpuset_enforcement": enforcement, **dra})
-                         + "\n")
+        sys.stdout.write(json.dumps({**grouping_dict(topology, grouping), "cpuset_enforcement": enforcement, **dra},
+                                    indent=2) + "\n")
     else:
         sys.stdout.write(table(topology, grouping) + enforcement_line(enforcement) + dra_text(plan))
     return 0

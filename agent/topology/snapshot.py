@@ -6,6 +6,8 @@ instead of a host root. ``to_dict``/``from_dict`` are pure; ``load``/``dump`` do
 
 from __future__ import annotations
 
+import json
+
 from agent.errors import TopologyReadError
 from agent.topology.model import DISPATCHING_MODES, ENVIRONMENTS, POLARIZATIONS, Cpu, Machine, Topology
 
@@ -156,8 +158,6 @@ def _check_cores(cpus: list[Cpu]) -> None:
 
 
 def dumps(topology: Topology) -> str:
-    import json  # here, not at the top: discover imports this module for to_dict, and json imports re
-
     return json.dumps(to_dict(topology), indent=1, sort_keys=False) + "\n"
 
 
@@ -168,8 +168,6 @@ def loads(text: str, source: str = "<snapshot>") -> Topology:
     if not text.strip():
         raise TopologyReadError(f"{source}: empty file, not a topology snapshot (make one with "
                                 "`topology-agent snapshot -o FILE`)")
-    import json
-
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
