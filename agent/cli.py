@@ -6,6 +6,7 @@ Every flag has an environment twin ``TOPOLOGY_AGENT_<FLAG>`` (``--kubelet-dir`` 
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import math
@@ -29,7 +30,6 @@ from agent.topology.source import TopologySource
 
 TYPE_CHECKING = False  # not typing's: the command line starts without importing typing (2 ms)
 if TYPE_CHECKING:
-    import argparse
     from collections.abc import Callable, Sequence
     from pathlib import Path
     from typing import NoReturn
@@ -72,8 +72,6 @@ def add_topology_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_policy_flags(parser: argparse.ArgumentParser) -> None:
-    import argparse
-
     group = parser.add_argument_group("grouping policy")
     _add(group, "--levels", "auto", metavar="LIST",
          help="auto (book if more than one book, else socket) or a list of drawer,book,socket")
@@ -279,8 +277,6 @@ def cmd_seccomp_profile(args: argparse.Namespace) -> int:
 
 
 def add_allocation_flags(parser: argparse.ArgumentParser) -> None:
-    import argparse
-
     from agent.policy.allocation import DEFAULT_RESERVE_CORES_PER_GROUP
 
     group = parser.add_argument_group("what a container gets")
@@ -331,8 +327,6 @@ def check_choices(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 
 def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    import argparse
-
     actions = list(parser._actions)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -353,8 +347,6 @@ def _bool_env(flag: str, default: bool) -> bool:
 
 
 def add_service_flags(parser: argparse.ArgumentParser) -> None:
-    import argparse
-
     group = parser.add_argument_group("kubelet")
     _add(group, "--kubelet-dir", DEFAULT_KUBELET_DIR, metavar="DIR",
          help="kubelet's device-plugin directory (k3s: /var/lib/rancher/k3s/agent/kubelet/device-plugins)")
@@ -644,127 +636,25 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
 }
 
 
-_ARGPARSE_CLASSES: tuple[type[argparse.HelpFormatter], type[argparse.ArgumentParser]] | None = None
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, but a bad flag or value is one line and a hint, not the whole usage first."""
 
-
-def argparse_classes() -> tuple[type[argparse.HelpFormatter], type[argparse.ArgumentParser]]:
-    """(formatter, parser): argparse's, as the command line wants them, made when the first parser is built
-    (``discover`` with its plain flags parses them without argparse: :func:`quick_discover_args`)."""
-    global _ARGPARSE_CLASSES
-    if _ARGPARSE_CLASSES is not None:
-        return _ARGPARSE_CLASSES
-    import argparse
-
-    class HelpFormatter(argparse.HelpFormatter):
-        """argparse's formatter, sized as argparse sizes it but without importing shutil (2 ms of every
-        start, with bz2 and lzma): argparse makes a formatter for every ``add_argument``."""
-
-        def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
-                     width: int | None = None) -> None:
-            super().__init__(prog, indent_increment, max_help_position,
-                             terminal_columns() - 2 if width is None else width)
-
-    class Parser(argparse.ArgumentParser):
-        """argparse's parser, but a bad flag or value is one line and a hint, not the whole usage first."""
-
-        def error(self, message: str) -> NoReturn:
-            self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-    _ARGPARSE_CLASSES = (HelpFormatter, Parser)
-    return _ARGPARSE_CLASSES
-
-
-def terminal_columns() -> int:
-    """``shutil.get_terminal_size().columns``: $COLUMNS, else standard output's terminal, else 80."""
-    try:
-        return int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        pass
-    try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-    except (AttributeError, ValueError, OSError):
-        return 80
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line, or, with ``only``, every command but only that one's flags (each
     command imports what its flags need: ``discover`` starts without the rest)."""
-    formatter, parser_class = argparse_classes()
-    parser = parser_class(prog="topology-agent", formatter_class=formatter,
-                          description="Makes IBM Z CPU topology (drawers, books, sockets) schedulable.")
+    parser = Parser(prog="topology-agent",
+                    description="Makes IBM Z CPU topology (drawers, books, sockets) schedulable.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=parser_class)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name, (help_text, add_flags) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, formatter_class=formatter)
+        p = sub.add_parser(name, help=help_text)
         if only is None or only == name:
             add_flags(p)
     return parser
-
-
-# discover's flags for quick_discover_args: flag -> (dest, default, choices, has an environment twin), as
-# _discover_flags gives them to argparse (tests/test_cli_quick.py holds the two to each other).
-DISCOVER_FLAGS: dict[str, tuple[str, str | None, tuple[str, ...] | None, bool]] = {
-    "--host-root": ("host_root", "/", None, True),
-    "--proc-root": ("proc_root", None, None, True),
-    "--topology-file": ("topology_file", None, None, True),
-    "--source": ("source", "sysfs", ("sysfs", "lscpu"), True),
-    "--levels": ("levels", "auto", None, True),
-    "--resource-prefix": ("resource_prefix", DEFAULT_PREFIX, None, True),
-    "--reserved-cpus": ("reserved_cpus", "", None, True),
-    "--exclude-polarization": ("exclude_polarization", "", None, True),
-    "--min-group-cores": ("min_group_cores", "auto", None, True),
-    "--format": ("format", "table", ("table", "json"), False),
-    "--cpuset-enforcement": ("cpuset_enforcement", "none", ("none", "cri", "nri", "auto"), True),
-    "--nri-socket": ("nri_socket", DEFAULT_NRI_SOCKET, None, True),
-    "--cri-socket": ("cri_socket", "", None, True),
-    "--mode": ("mode", "deviceplugin", ("deviceplugin", "dra"), True),
-}
-# discover's --X / --no-X switches (argparse.BooleanOptionalAction, default None: the twin is read later).
-DISCOVER_SWITCHES: dict[str, str] = {"--uniform-groups": "uniform_groups", "--allow-non-s390x": "allow_non_s390x"}
-
-
-class _Namespace:
-    """The flags as attributes, as ``argparse.Namespace`` holds them."""
-
-    def __init__(self, **values: object) -> None:
-        self.__dict__.update(values)
-
-
-def quick_discover_args(argv: Sequence[str]) -> argparse.Namespace | None:
-    """``discover``'s flags as argparse parses them, for their plain spellings only (``--flag VALUE``,
-    ``--flag=VALUE``, ``--switch``, ``--no-switch``, every value one of its choices): argparse's import and
-    a parser of every flag are a fifth of a discover. None for anything else (another command, an
-    abbreviation, -h, a value that starts with ``-``, a bad choice here or in an environment twin...):
-    argparse parses those, with its errors and help, as always."""
-    if not argv or argv[0] != "discover":
-        return None
-    values: dict[str, object] = {dest: env_default(flag, default) if env else default
-                                 for flag, (dest, default, _, env) in DISCOVER_FLAGS.items()}
-    values.update(dict.fromkeys(DISCOVER_SWITCHES.values()))
-    i = 1
-    while i < len(argv):
-        flag, has_value, value = argv[i].partition("=")
-        i += 1
-        switch = DISCOVER_SWITCHES.get(flag) or (flag.startswith("--no-") and DISCOVER_SWITCHES.get("--" + flag[5:]))
-        if switch:
-            if has_value:
-                return None
-            values[switch] = not flag.startswith("--no-")
-            continue
-        spec = DISCOVER_FLAGS.get(flag)
-        if spec is None:
-            return None
-        if not has_value:
-            if i == len(argv) or argv[i].startswith("-"):
-                return None
-            value = argv[i]
-            i += 1
-        values[spec[0]] = value
-    for dest, _, choices, _ in DISCOVER_FLAGS.values():
-        if choices is not None and values[dest] is not None and values[dest] not in choices:
-            return None
-    namespace: argparse.Namespace = _Namespace(**values, command="discover", func=cmd_discover)  # type: ignore
-    return namespace
 
 
 def _command_in(argv: Sequence[str]) -> str | None:
@@ -777,11 +667,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     whole_process = argv is None  # the console script (or python -m): nothing runs after this call
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
-        args = quick_discover_args(argv)
-        if args is None:
-            parser = build_parser(only=_command_in(argv))
-            args = parser.parse_args(argv)
-            check_choices(parser, args)
+        parser = build_parser(only=_command_in(argv))
+        args = parser.parse_args(argv)
+        check_choices(parser, args)
         func: Command = args.func
         one_shot = whole_process and args.command in QUICK_EXIT
         if one_shot:

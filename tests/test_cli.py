@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.cli import main
-from tests.conftest import real_dump
+from agent.topology.embedded import load_embedded
+from tests.conftest import REPO, real_dump
+from topology_devkit.sysfs_writer import write_sysfs_tree
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -166,3 +170,19 @@ def test_bad_environment_twins_are_checked_like_flags(capsys: pytest.CaptureFixt
     monkeypatch.setenv(env, value)
     code, _, err = run(capsys, "serve", "--topology-file", "embedded:z16-lpar", "--kubelet-dir", "/dev/null/x")
     assert code == 2 and words in err and "Traceback" not in err
+
+
+def test_the_command_as_a_process_prints_what_main_returns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """python -m agent (the console script's main, which ends with os._exit and runs without the collector)
+    prints what main() prints in-process, and exits 0; an error is one line, exit 2."""
+    write_sysfs_tree(load_embedded("z16-400"), tmp_path)
+    argv = ["discover", "--format", "json", "--host-root", str(tmp_path), "--levels", "book,socket"]
+    assert main(argv) == 0
+    want = capsys.readouterr().out
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TOPOLOGY_AGENT_"))}
+    done = subprocess.run([sys.executable, "-m", "agent", *argv], capture_output=True, text=True, timeout=60,
+                          cwd=REPO, env=env, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (0, want, "")
+    bad = subprocess.run([sys.executable, "-m", "agent", "discover", "--host-root", str(tmp_path / "none")],
+                         capture_output=True, text=True, timeout=60, cwd=REPO, env=env, check=False)
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1
