@@ -7,7 +7,6 @@ Every flag has an environment twin ``TOPOLOGY_AGENT_<FLAG>`` (``--kubelet-dir`` 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import os
@@ -664,20 +663,13 @@ def _command_in(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     # gRPC core's own INFO lines (e.g. "Got goaway" when kubelet restarts) would break JSON logs.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    whole_process = argv is None  # the console script (or python -m): nothing runs after this call
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         parser = build_parser(only=_command_in(argv))
         args = parser.parse_args(argv)
         check_choices(parser, args)
         func: Command = args.func
-        one_shot = whole_process and args.command in QUICK_EXIT
-        if one_shot:
-            gc.disable()  # it ends with os._exit: collecting its garbage on the way is work for nothing (~3 %)
-        code = func(args)
-        if one_shot:
-            _exit_now(code)
-        return code
+        return func(args)
     except UserError as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
@@ -687,17 +679,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # a path given on the command line that the system refuses
         where = f"{exc.filename}: " if exc.filename else ""
         return _fail(f"{where}{exc.strerror or exc}")
-
-
-QUICK_EXIT = frozenset({"discover"})  # one-shot commands that start no thread and register no exit handler
-
-
-def _exit_now(code: int) -> None:
-    """End the process once its output is out, without the interpreter's teardown of every module and
-    object (about 5 ms of a ~40 ms ``discover``, which is compared with lscpu)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _fail(message: str) -> int:

@@ -173,8 +173,8 @@ def test_bad_environment_twins_are_checked_like_flags(capsys: pytest.CaptureFixt
 
 
 def test_the_command_as_a_process_prints_what_main_returns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """python -m agent (the console script's main, which ends with os._exit and runs without the collector)
-    prints what main() prints in-process, and exits 0; an error is one line, exit 2."""
+    """python -m agent (the console script's main) prints what main() prints in-process, and exits 0; an error
+    is one line, exit 2."""
     write_sysfs_tree(load_embedded("z16-400"), tmp_path)
     argv = ["discover", "--format", "json", "--host-root", str(tmp_path), "--levels", "book,socket"]
     assert main(argv) == 0
