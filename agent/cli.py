@@ -11,6 +11,9 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 from agent import __version__
 from agent.app.paths import (
@@ -22,21 +25,15 @@ from agent.app.paths import (
     DEFAULT_POD_RESOURCES_SOCKET,
 )
 from agent.errors import CpuListError, StartupError, UsageError, UserError
-from agent.policy.grouping import DEFAULT_PREFIX, GroupingSettings, group_topology
+from agent.policy.grouping import DEFAULT_PREFIX, Grouping, GroupingSettings, group_topology
 from agent.topology.cpulist import parse_cpulist
 from agent.topology.model import POLARIZATIONS, Topology, normalize_polarization
 from agent.topology.source import TopologySource
 
-TYPE_CHECKING = False  # not typing's: the command line starts without importing typing (2 ms)
-if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
-    from pathlib import Path
-    from typing import NoReturn
-
+if TYPE_CHECKING:  # what serve, explain and DRA mode import when they run: discover does without them
     from agent.app.config import AgentConfig
     from agent.policy.allocation import AllocationSettings
     from agent.policy.dra import PoolPlan
-    from agent.policy.grouping import Grouping
 
 ENV_PREFIX = "TOPOLOGY_AGENT_"
 
@@ -149,8 +146,6 @@ def enforcement_here(args: argparse.Namespace) -> dict[str, str]:
 
         mode, why = enforcement_mode(args.cpuset_enforcement, False, False)
         return {"requested": args.cpuset_enforcement, "mode": mode, "reason": why}
-    from pathlib import Path
-
     from agent.app.config import AgentConfig
     from agent.app.enforcement_mode import choose_enforcement
 
@@ -267,8 +262,6 @@ def cmd_seccomp_profile(args: argparse.Namespace) -> int:
     if args.install is None:
         sys.stdout.buffer.write(seccomp.profile(arch))
         return 0
-    from pathlib import Path
-
     changed = seccomp.install(Path(args.install), arch)
     where = Path(args.install) / seccomp.PROFILE_NAME
     print(f"{'installed' if changed else 'unchanged'}: {where} ({arch})", file=sys.stderr)
@@ -430,8 +423,6 @@ def _port(value: str) -> int:
 
 
 def agent_config(args: argparse.Namespace) -> AgentConfig:
-    from pathlib import Path
-
     from agent.app.config import AgentConfig
     from agent.app.paths import DEFAULT_CDI_DIR, DEFAULT_DRA_PLUGIN_DIR, DEFAULT_DRA_REGISTRY_DIR
 
@@ -459,8 +450,6 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
 
 def cri_socket(text: str) -> Path | None:
     """The CRI socket given (None: the composition root picks the usual one, only when enforcing)."""
-    from pathlib import Path
-
     return Path(text) if text else None
 
 
@@ -492,8 +481,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cleanup_after_stop(args: argparse.Namespace, config: AgentConfig) -> None:
     """After serve stopped: clean the node up only if the agent's DaemonSet is being deleted (agent/node/uninstall)."""
-    from pathlib import Path
-
     from agent.errors import NodeLabelerError
     from agent.node.uninstall import LeanReleaseApi, cleanup_if_released, log
 
@@ -560,8 +547,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(topology_from(args), grouping_settings(args), allocation_settings(args))
 
 
-if TYPE_CHECKING:
-    Command = Callable[[argparse.Namespace], int]
+Command = Callable[[argparse.Namespace], int]
 
 
 def _discover_flags(p: argparse.ArgumentParser) -> None:

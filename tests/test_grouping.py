@@ -247,5 +247,5 @@ def test_the_automatic_minimum_is_half_the_median_group(sizes: list[int], expect
     st.sampled_from(["topology/book", "requests.x/book", "kubernetes.io/book", "a.kubernetes.io/b", "x" * 250 + "/b",
                      "a/" + "b" * 63, "a/" + "b" * 64, "-a/b", "a-/b", "a..b/c", "A/b", "a/b-", "a/_b"])))
 def test_resource_names_are_judged_as_kubelet_judges_them(name: str) -> None:
-    """The agent's check (sets, no regular expressions) against the emulator's copy of kubelet's patterns."""
+    """The agent's check against the emulator's copy of kubelet's patterns."""
     assert (resource_name_error(name) is None) == is_extended_resource_name(name), name

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent.app.config import AgentConfig
 from agent.app.paths import CRI_SOCKETS
 from agent.policy.enforcement_choice import enforcement_mode
-
-TYPE_CHECKING = False  # not typing's: discover imports this (see agent/cli.py)
-if TYPE_CHECKING:
-    from agent.app.config import AgentConfig
 
 
 def cri_socket_of(config: AgentConfig) -> Path:

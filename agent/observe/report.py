@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from agent.policy.grouping import Grouping, group_sizes, uniform_size
 from agent.topology.cpulist import format_cpulist
 from agent.topology.model import Machine, Topology
 from agent.topology.snapshot import to_dict
 
-TYPE_CHECKING = False  # not typing's: discover starts without importing typing
-if TYPE_CHECKING:
-    from typing import Any
-
+if TYPE_CHECKING:  # explain's: discover, which imports this module, does not plan
     from agent.policy.allocation import AllocationSettings
 
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from agent.errors import CpuListError
+from collections.abc import Iterable
 
-TYPE_CHECKING = False  # not typing's (see agent/cli.py)
-if TYPE_CHECKING:
-    from collections.abc import Iterable
+from agent.errors import CpuListError
 
 
 def parse_cpulist(text: str) -> list[int]:

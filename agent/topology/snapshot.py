@@ -7,14 +7,11 @@ instead of a host root. ``to_dict``/``from_dict`` are pure; ``load``/``dump`` do
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 from agent.errors import TopologyReadError
 from agent.topology.model import DISPATCHING_MODES, ENVIRONMENTS, POLARIZATIONS, Cpu, Machine, Topology
-
-TYPE_CHECKING = False  # not typing's: discover starts without importing typing
-if TYPE_CHECKING:
-    from pathlib import Path
-    from typing import Any
 
 SNAPSHOT_VERSION = 1
 
@@ -181,8 +178,6 @@ def loads(text: str, source: str = "<snapshot>") -> Topology:
 
 
 def load(path: str | Path) -> Topology:
-    from pathlib import Path
-
     p = Path(path)
     try:
         with p.open("rb") as f:  # bounded: /dev/zero or a huge file is refused, not read into memory
@@ -199,6 +194,4 @@ def load(path: str | Path) -> Topology:
 
 
 def dump(topology: Topology, path: str | Path) -> None:
-    from pathlib import Path
-
     Path(path).write_text(dumps(topology), encoding="utf-8")

@@ -4,21 +4,16 @@ directory of per-node snapshots (the chart's fake-topology mode), or an embedded
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from agent.errors import TopologyReadError
 from agent.topology.model import Topology
-
-TYPE_CHECKING = False  # not typing's; pathlib only where a path is worked on (see agent/cli.py)
-if TYPE_CHECKING:
-    from pathlib import Path
 
 EMBEDDED_PREFIX = "embedded:"
 
 
 def snapshot_path(path: str | Path, node_name: str | None = None) -> Path:
     """A snapshot file; for a directory, ``<node name>.json`` in it, else ``default.json``."""
-    from pathlib import Path
-
     p = Path(path)
     if not p.is_dir():
         return p
