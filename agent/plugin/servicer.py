@@ -8,7 +8,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from functools import lru_cache
 from typing import Protocol
 
 import grpc
@@ -20,9 +19,9 @@ from agent.policy.allocation import ContainerPlan
 
 log = logging.getLogger("topology-agent.plugin")
 
-# One container's answer, serialized once and kept by the device table: the bytes of field 1 of an
-# AllocateResponse (tag, length, ContainerAllocateResponse), so an answer is the concatenation of its
-# containers' wires and nothing is built or serialized again per call.
+# One container's answer, serialized once and kept by the device table: an AllocateResponse with that one
+# container (protobuf's repeated field: responses joined are one response with every container), so an
+# answer is the concatenation of its containers' wires and nothing is built or serialized again per call.
 Wire = bytes
 SERVICE = "v1beta1.DevicePlugin"
 REFUSAL_CODES = {"invalid": grpc.StatusCode.INVALID_ARGUMENT, "conflict": grpc.StatusCode.FAILED_PRECONDITION,
@@ -55,47 +54,12 @@ def bounded(message: str) -> str:
     return f"{message[:MAX_DETAILS - 40]}... ({len(message) - MAX_DETAILS + 40} more characters)"
 
 
-def _varint(n: int) -> bytes:
-    if n < 0x4000:  # an answer's length: one or two bytes
-        return bytes((n,)) if n < 0x80 else bytes((n & 0x7F | 0x80, n >> 7))
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-_SHORT = tuple(bytes((n,)) for n in range(0x80))
-
-
-@lru_cache(maxsize=64)
-def _layout(field: int, keys: tuple[str, ...]) -> tuple[tuple[str, bytes], ...]:
-    """The entries of a map field with these keys, inserted in this order, in the order protobuf writes
-    them (upb's hash-table order, seeded once per process: the same keys give the same order within
-    a process), each key with its bytes ready (key field, length, key, value field's tag)."""
-    probe = api_pb2.ContainerAllocateResponse()
-    getattr(probe, "envs" if field == 1 else "annotations").update({k: "-" for k in keys})
-    wire = probe.SerializeToString()
-    parts = {k: b"\x0a" + _varint(len(k.encode())) + k.encode() + b"\x12" for k in keys}
-    return tuple(sorted(((k, p) for k, p in parts.items()), key=lambda kp: wire.index(kp[1])))
-
-
 def render(plan: ContainerPlan) -> Wire:
-    """The wire form of a plan (``container_responses`` entry of an AllocateResponse): built once per
-    id list and kept by the device table. The bytes protobuf writes for the message, without building
-    one: each map entry from its key's ready bytes and the value."""
-    out: list[bytes] = []
-    for tag, values in ((b"\x0a", plan.envs), (b"\x22", plan.annotations)):
-        for key, prefix in _layout(tag[0] >> 3, tuple(values)):
-            value = values[key].encode()
-            n = len(value)
-            size = _SHORT[n] if n < 0x80 else bytes((n & 0x7F | 0x80, n >> 7)) if n < 0x4000 else _varint(n)
-            n += len(prefix) + len(size)
-            out += (tag, _SHORT[n] if n < 0x80 else bytes((n & 0x7F | 0x80, n >> 7)) if n < 0x4000 else _varint(n),
-                    prefix, size, value)
-    body = b"".join(out)
-    return b"\x0a" + _varint(len(body)) + body
+    """The wire form of a plan: an AllocateResponse holding its one ContainerAllocateResponse, serialized
+    once per id list and kept by the device table (answers for several containers are these joined)."""
+    response = api_pb2.AllocateResponse()
+    response.container_responses.add(envs=plan.envs, annotations=plan.annotations)
+    return response.SerializeToString()
 
 
 def allocate_response_bytes(response: api_pb2.AllocateResponse | bytes) -> bytes:
