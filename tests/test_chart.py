@@ -388,16 +388,18 @@ def test_seccomp_profile_install_is_an_init_container_writing_under_kubelets_sec
 def test_every_agent_variable_is_a_serve_flag(render: Render, monkeypatch: pytest.MonkeyPatch) -> None:
     """The chart's TOPOLOGY_AGENT_* variables name real flags of `topology-agent serve`, with values it accepts."""
     from agent import cli
+    from agent.cli.flags import ENV_PREFIX
+    from agent.cli.settings import allocation_settings, grouping_settings
 
     container = agent_container(render("--set", "kubelet.readState=true", "--set-json",
                                        'agent.excludePolarization=["vertical:low"]', "--set", "agent.levels=book",
                                        "--set", "metrics.allocationsPodNames=true"))
     assert container["args"] == ["serve"]
-    env = {k: v for k, v in env_of(container).items() if k.startswith(cli.ENV_PREFIX)}
+    env = {k: v for k, v in env_of(container).items() if k.startswith(ENV_PREFIX)}
     serve = next(a for a in cli.build_parser()._actions
                  if isinstance(a, argparse._SubParsersAction)).choices["serve"]
     flags = {opt for action in serve._actions for opt in action.option_strings}
-    to_flag = {k: "--" + k[len(cli.ENV_PREFIX):].lower().replace("_", "-") for k in env}
+    to_flag = {k: "--" + k[len(ENV_PREFIX):].lower().replace("_", "-") for k in env}
     unknown = sorted(k for k, flag in to_flag.items() if flag not in flags)
     assert not unknown, f"variables without a serve flag: {unknown}"
     # The same values given as flags: argparse checks choices, the settings builders check the rest.
@@ -408,15 +410,15 @@ def test_every_agent_variable_is_a_serve_flag(render: Render, monkeypatch: pytes
             argv.append(to_flag[key] if value == "true" else "--no-" + to_flag[key][2:])
         else:
             argv += [to_flag[key], value]
-    for key in [k for k in os.environ if k.startswith(cli.ENV_PREFIX)]:
+    for key in [k for k in os.environ if k.startswith(ENV_PREFIX)]:
         monkeypatch.delenv(key)
     for key, value in env.items():
         monkeypatch.setenv(key, value)  # the env twins must parse too (booleans are read at parser build time)
     args = cli.build_parser().parse_args(argv)
     assert args.kubelet_dir == "/var/lib/kubelet/device-plugins"
     assert args.allocations_pod_names is True
-    assert cli.grouping_settings(args).exclude_polarization == frozenset({"vertical:low"})
-    cli.allocation_settings(args)
+    assert grouping_settings(args).exclude_polarization == frozenset({"vertical:low"})
+    allocation_settings(args)
 
 
 def test_image_tag_defaults_to_app_version_and_digest_wins(render: Render) -> None:

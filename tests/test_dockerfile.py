@@ -207,7 +207,7 @@ def test_dockerignore_lets_in_only_what_the_image_needs() -> None:
     files += [".venv/bin/python", "agent/__pycache__/cli.cpython-311.pyc", "agent/plugin/__pycache__/x.pyc",
               "build/image-lock-venv/bin/uv", ".git/config"]
     context = {f for f in files if dockerignore_included(patterns, f)}
-    assert {"pyproject.toml", "README.md", "LICENSE", "agent/cli.py",
+    assert {"pyproject.toml", "README.md", "LICENSE", "agent/cli/__init__.py",
             "deploy/image/requirements.txt", "deploy/image/build-requirements.txt"} <= context
     outside = {f for f in context if not f.startswith("agent/")}
     assert outside == {"pyproject.toml", "README.md", "LICENSE",
