@@ -24,7 +24,7 @@ Rules (vLLM PR #40714 for the automatic level choice):
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -231,105 +231,129 @@ def uniform_size(sizes: Sequence[int]) -> int | None:
 def group_topology(topology: Topology, settings: GroupingSettings | None = None) -> Grouping:
     """The groups ``topology`` advertises under ``settings``."""
     settings = (settings or GroupingSettings()).validated()
-    skipped: dict[str, list[int]] = {}
+    skipped: defaultdict[str, list[int]] = defaultdict(list)  # reason -> CPUs left out for it
+    usable = _whole_cores(_usable(topology, settings, skipped), topology, skipped)
+    refused = _refusal(topology, usable, settings)
+    if refused is not None:
+        reason, fidelity = refused
+        skipped[reason].extend(c.cpu for c in usable)
+        return Grouping((), tuple(_skipped(skipped)), (), reason, fidelity)
+    if settings.levels is None:
+        levels, level_reason = _auto_levels(usable)
+    else:
+        levels, level_reason = tuple(lv for lv in LEVELS if lv in settings.levels), "levels set by --levels"
+    m = topology.machine
+    fidelity = "lpar" if m.is_s390 and m.topology_facility else ("generic" if not m.is_s390 else "unknown")
+    warnings: list[str] = []
+    groups: list[Group] = []
+    uniform: list[Uniform] = []
+    for level in levels:
+        level_groups, chosen = _level_groups(level, usable, settings, m.memory_nodes, skipped, warnings)
+        groups += level_groups
+        if chosen is not None:
+            uniform.append(chosen)
+    # A CPU counted under several level-unknown reasons only needs listing once per reason.
+    deduped = {reason: sorted(set(cpus)) for reason, cpus in skipped.items()}
+    return Grouping(tuple(groups), tuple(_skipped(deduped)), levels, level_reason, fidelity, tuple(warnings),
+                    tuple(uniform))
+
+
+def _usable(topology: Topology, settings: GroupingSettings, skipped: defaultdict[str, list[int]]) -> list[Cpu]:
+    """The CPUs online, configured, not reserved and not of an excluded polarization; the others in ``skipped``."""
     usable: list[Cpu] = []
     for cpu in topology.cpus:
         reason = _unusable_reason(cpu, settings)
         if reason is None:
             usable.append(cpu)
         else:
-            skipped.setdefault(reason, []).append(cpu.cpu)
+            skipped[reason].append(cpu.cpu)
+    return usable
 
-    # Whole cores only.
+
+def _whole_cores(usable: list[Cpu], topology: Topology, skipped: defaultdict[str, list[int]]) -> list[Cpu]:
+    """The usable CPUs whose every present SMT sibling is usable too (a group never splits a core)."""
     usable_numbers = {c.cpu for c in usable}
     present = {c.cpu for c in topology.cpus}
     kept: list[Cpu] = []
     for cpu in usable:
         if not cpu.siblings:
-            skipped.setdefault("cores unknown: the kernel reports no SMT siblings (thread_siblings)", []).append(
-                cpu.cpu)
+            skipped["cores unknown: the kernel reports no SMT siblings (thread_siblings)"].append(cpu.cpu)
             continue
         missing = [t for t in cpu.siblings if t in present and t not in usable_numbers]
         if missing:
-            skipped.setdefault(f"core split: sibling thread(s) {format_cpulist(missing)} not usable (whole cores "
-                               "only)", []).append(cpu.cpu)
+            skipped[f"core split: sibling thread(s) {format_cpulist(missing)} not usable (whole cores only)"].append(
+                cpu.cpu)
             continue
         kept.append(cpu)
-    usable = kept
+    return kept
 
+
+def _refusal(topology: Topology, usable: list[Cpu], settings: GroupingSettings) -> tuple[str, str] | None:
+    """(why nothing is advertised, the fidelity) for a machine that is not IBM Z or has no real topology."""
     m = topology.machine
     if not m.is_s390 and m.arch != "unknown" and not settings.allow_non_s390x:
-        reason = (f"not an IBM Z machine (architecture {m.arch}): nothing is advertised (--allow-non-s390x groups "
-                  "it anyway; --topology-file reads an s390x snapshot)")
-        skipped.setdefault(reason, []).extend(c.cpu for c in usable)
-        return Grouping((), tuple(_skipped(skipped)), (), reason, "generic")
-
+        return (f"not an IBM Z machine (architecture {m.arch}): nothing is advertised (--allow-non-s390x groups it "
+                "anyway; --topology-file reads an s390x snapshot)", "generic")
     degenerate = _degenerate_reason(topology, usable)
     if degenerate is not None:
-        skipped.setdefault(degenerate, []).extend(c.cpu for c in usable)
-        return Grouping((), tuple(_skipped(skipped)), (), degenerate, "guest-no-topology")
+        return degenerate, "guest-no-topology"
+    return None
 
-    if settings.levels is None:
-        levels, level_reason = _auto_levels(usable)
-    else:
-        levels, level_reason = tuple(lv for lv in LEVELS if lv in settings.levels), "levels set by --levels"
 
-    fidelity = "lpar" if m.is_s390 and m.topology_facility else ("generic" if not m.is_s390 else "unknown")
-    warnings: list[str] = []
+def _level_groups(level: str, usable: list[Cpu], settings: GroupingSettings, real_nodes: tuple[int, ...],
+                  skipped: defaultdict[str, list[int]], warnings: list[str]) -> tuple[list[Group], Uniform | None]:
+    """The groups of one level, in topology order, and what --uniform-groups chose for it (None without it).
+    Groups too small (--min-group-cores) or of another size (--uniform-groups) go to ``skipped``."""
+    resource = resource_name(settings.resource_prefix, level)
+    members: dict[tuple[int | None, ...], list[Cpu]] = defaultdict(list)
+    for cpu in usable:
+        key = _key(cpu, level)
+        if key[-1] is None:
+            skipped[f"{level} unknown: the kernel reports no {level} id"].append(cpu.cpu)
+        else:
+            members[key].append(cpu)
+    ordered = sorted(members.items(), key=lambda kv: tuple(-1 if k is None else k for k in kv[0]))
+    shapes = [(key, cpus, _cores(cpus)) for key, cpus in ordered]
+    threshold, how = min_cores_for([len(cores) for _, _, cores in shapes], settings.min_group_cores)
+    size: int | None = None
+    if settings.uniform_groups:
+        size = uniform_size([len(cpus) for _, cpus, cores in shapes if len(cores) >= threshold])
     groups: list[Group] = []
-    uniform: list[Uniform] = []
-    for level in levels:
-        resource = resource_name(settings.resource_prefix, level)
-        members: dict[tuple[int | None, ...], list[Cpu]] = {}
-        for cpu in usable:
-            key = _key(cpu, level)
-            if key[-1] is None:
-                skipped.setdefault(f"{level} unknown: the kernel reports no {level} id", []).append(cpu.cpu)
-            else:
-                members.setdefault(key, []).append(cpu)
-        ordered = sorted(members.items(), key=lambda kv: tuple(-1 if k is None else k for k in kv[0]))
-        shapes = [(key, cpus, _cores(cpus)) for key, cpus in ordered]
-        threshold, how = min_cores_for([len(cores) for _, _, cores in shapes], settings.min_group_cores)
-        size: int | None = None
-        if settings.uniform_groups:
-            size = uniform_size([len(cpus) for _, cpus, cores in shapes if len(cores) >= threshold])
-        left_out: list[str] = []
-        for key, cpus, cores in shapes:
-            gid = device_id(dict(zip(LEVELS, key, strict=False)))
-            if len(cores) < threshold:
-                skipped.setdefault(f"{level} {gid} not advertised: {len(cores)} core{'s' if len(cores) != 1 else ''}, "
-                                   f"fewer than {threshold} ({how}); a pod asking for one {level} would get far less "
-                                   f"than its peers (--min-group-cores 0 advertises every {level})", []).extend(
-                    c.cpu for c in cpus)
-                continue
-            if size is not None and len(cpus) != size:
-                skipped.setdefault(f"{level} {gid} not advertised: {len(cpus)} CPUs, not the {size} of this node's "
-                                   f"other {level}s (--uniform-groups advertises one size per resource: the most "
-                                   "common, a tie going to the larger)", []).extend(c.cpu for c in cpus)
-                left_out.append(gid)
-                continue
-            pol = Counter(c.polarization for c in cpus)
-            nodes, recorded, fell_back = _memory_nodes(cpus, m.memory_nodes)
-            if fell_back:
-                warnings.append(
-                    f"{resource} {gid}: recorded memory node(s) {','.join(map(str, recorded))} not a real "
-                    f"memory node (real: {','.join(map(str, m.memory_nodes))}); falling back to memory node "
-                    f"{nodes[0]}")
-            groups.append(Group(
-                level=level,
-                resource=resource,
-                id=gid,
-                key=key,
-                cpus=tuple(sorted(c.cpu for c in cpus)),
-                cores=cores,
-                threads_per_core=max(len(core) for core in cores),
-                polarization=tuple((p, pol[p]) for p in POLARIZATIONS if pol.get(p)),
-                memory_nodes=nodes,
-                recorded_nodes=recorded,
-            ))
-        if size is not None:
-            uniform.append(Uniform(resource, size, tuple(left_out)))
-    # A CPU counted under several level-unknown reasons only needs listing once per reason.
-    deduped = {reason: sorted(set(cpus)) for reason, cpus in skipped.items()}
-    return Grouping(tuple(groups), tuple(_skipped(deduped)), levels, level_reason, fidelity, tuple(warnings),
-                    tuple(uniform))
+    left_out: list[str] = []
+    for key, cpus, cores in shapes:
+        gid = device_id(dict(zip(LEVELS, key, strict=False)))
+        if len(cores) < threshold:
+            skipped[f"{level} {gid} not advertised: {len(cores)} core{'s' if len(cores) != 1 else ''}, fewer than "
+                    f"{threshold} ({how}); a pod asking for one {level} would get far less than its peers "
+                    f"(--min-group-cores 0 advertises every {level})"].extend(c.cpu for c in cpus)
+        elif size is not None and len(cpus) != size:
+            skipped[f"{level} {gid} not advertised: {len(cpus)} CPUs, not the {size} of this node's other "
+                    f"{level}s (--uniform-groups advertises one size per resource: the most common, a tie going "
+                    "to the larger)"].extend(c.cpu for c in cpus)
+            left_out.append(gid)
+        else:
+            groups.append(_group(level, resource, gid, key, cpus, cores, real_nodes, warnings))
+    return groups, (None if size is None else Uniform(resource, size, tuple(left_out)))
+
+
+def _group(level: str, resource: str, gid: str, key: tuple[int | None, ...], cpus: list[Cpu],
+           cores: tuple[tuple[int, ...], ...], real_nodes: tuple[int, ...], warnings: list[str]) -> Group:
+    """One advertised group; a recorded memory node that is not a real one falls back, with a warning."""
+    pol = Counter(c.polarization for c in cpus)
+    nodes, recorded, fell_back = _memory_nodes(cpus, real_nodes)
+    if fell_back:
+        warnings.append(
+            f"{resource} {gid}: recorded memory node(s) {','.join(map(str, recorded))} not a real "
+            f"memory node (real: {','.join(map(str, real_nodes))}); falling back to memory node {nodes[0]}")
+    return Group(
+        level=level,
+        resource=resource,
+        id=gid,
+        key=key,
+        cpus=tuple(sorted(c.cpu for c in cpus)),
+        cores=cores,
+        threads_per_core=max(len(core) for core in cores),
+        polarization=tuple((p, pol[p]) for p in POLARIZATIONS if pol.get(p)),
+        memory_nodes=nodes,
+        recorded_nodes=recorded,
+    )
