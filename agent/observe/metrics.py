@@ -84,123 +84,150 @@ def _threads() -> int | None:
     return None
 
 
+Metric = GaugeMetricFamily | CounterMetricFamily
+
+
 class StatusCollector(Collector):
     def __init__(self, status: Callable[[], AgentStatus]) -> None:
         self.status = status
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         s = self.status()
-        node = GaugeMetricFamily(f"{PREFIX}_node_info", "What the node is",
-                                 labels=["machine", "fidelity", "dispatching", "smt"])
-        node.add_metric([s.machine, s.fidelity, s.dispatching, str(s.smt)], 1)
-        yield node
+        for part in (_node, _devices, _registrations, _health, _enforcement, _process):
+            yield from part(s)
 
-        devices = GaugeMetricFamily(f"{PREFIX}_devices", "Advertised devices by state", labels=["resource", "state"])
-        for r in s.resources:
-            for state in DEVICE_STATES:
-                devices.add_metric([r.resource, state], r.states.get(state, 0))
-        yield devices
 
-        cpus = GaugeMetricFamily(f"{PREFIX}_group_cpus", "CPUs of each advertised group", labels=["resource", "device"])
-        for resource, device, count in s.groups:
-            cpus.add_metric([resource, device], count)
-        yield cpus
+def _node(s: AgentStatus) -> Iterator[Metric]:
+    """What the node is."""
+    node = GaugeMetricFamily(f"{PREFIX}_node_info", "What the node is",
+                             labels=["machine", "fidelity", "dispatching", "smt"])
+    node.add_metric([s.machine, s.fidelity, s.dispatching, str(s.smt)], 1)
+    yield node
 
-        if s.uniform:  # --uniform-groups
-            size = GaugeMetricFamily(f"{PREFIX}_uniform_group_cpus",
-                                     "CPUs of every advertised group of the resource (--uniform-groups)",
+
+def _devices(s: AgentStatus) -> Iterator[Metric]:
+    """The advertised devices: by state, each group's CPUs, --uniform-groups' choice."""
+    devices = GaugeMetricFamily(f"{PREFIX}_devices", "Advertised devices by state", labels=["resource", "state"])
+    for r in s.resources:
+        for state in DEVICE_STATES:
+            devices.add_metric([r.resource, state], r.states.get(state, 0))
+    yield devices
+
+    cpus = GaugeMetricFamily(f"{PREFIX}_group_cpus", "CPUs of each advertised group", labels=["resource", "device"])
+    for resource, device, count in s.groups:
+        cpus.add_metric([resource, device], count)
+    yield cpus
+
+    if s.uniform:  # --uniform-groups
+        size = GaugeMetricFamily(f"{PREFIX}_uniform_group_cpus",
+                                 "CPUs of every advertised group of the resource (--uniform-groups)",
+                                 labels=["resource"])
+        left_out = GaugeMetricFamily(f"{PREFIX}_groups_not_uniform",
+                                     "Groups not advertised because their size differs (--uniform-groups)",
                                      labels=["resource"])
-            left_out = GaugeMetricFamily(f"{PREFIX}_groups_not_uniform",
-                                         "Groups not advertised because their size differs (--uniform-groups)",
-                                         labels=["resource"])
-            for resource, count, others in s.uniform:
-                size.add_metric([resource], count)
-                left_out.add_metric([resource], others)
-            yield size
-            yield left_out
+        for resource, count, others in s.uniform:
+            size.add_metric([resource], count)
+            left_out.add_metric([resource], others)
+        yield size
+        yield left_out
 
-        registrations = CounterMetricFamily(f"{PREFIX}_registrations", "Successful registrations with kubelet",
-                                            labels=["resource"])
-        streams = GaugeMetricFamily(f"{PREFIX}_list_and_watch_streams", "Open ListAndWatch streams",
-                                    labels=["resource"])
-        since = GaugeMetricFamily(f"{PREFIX}_seconds_since_registration",
-                                  "Seconds since the last successful registration", labels=["resource"])
-        for r in s.resources:
-            registrations.add_metric([r.resource], r.registrations)
-            streams.add_metric([r.resource], r.streams)
-            if r.seconds_since_registration is not None:
-                since.add_metric([r.resource], r.seconds_since_registration)
-        yield registrations
-        yield streams
-        yield since
-        yield CounterMetricFamily(f"{PREFIX}_kubelet_restarts", "kubelet restarts detected", value=s.kubelet_restarts)
-        yield CounterMetricFamily(f"{PREFIX}_registration_failures", "Failed registration attempts",
-                                  value=s.registration_failures)
-        yield GaugeMetricFamily(f"{PREFIX}_ready", "1 when every resource is registered and watched",
-                                value=1 if s.ready else 0)
-        yield GaugeMetricFamily(f"{PREFIX}_exclusivity_confirmed",
-                                "1 when pod-resources confirms who holds which device; 0 while it does not answer",
-                                value=1 if s.exclusivity_confirmed else 0)
-        yield GaugeMetricFamily(f"{PREFIX}_pending_holds",
-                                "Devices handed out that pod-resources has not shown yet (kept held until it does)",
-                                value=s.pending_holds)
-        yield GaugeMetricFamily(f"{PREFIX}_memory_node_fallbacks",
-                                "Groups whose recorded memory node is not a real one (fell back)",
-                                value=s.memory_node_fallbacks)
-        yield CounterMetricFamily(f"{PREFIX}_topology_rescans", "Topology rescans", value=s.rescans)
-        yield CounterMetricFamily(f"{PREFIX}_topology_rescan_failures", "Topology rescans that failed",
-                                  value=s.rescan_failures)
-        yield CounterMetricFamily(f"{PREFIX}_topology_changes", "Device state changes published",
-                                  value=s.topology_changes)
-        yield CounterMetricFamily(f"{PREFIX}_pod_resources_polls", "pod-resources List calls",
-                                  value=s.pod_resources_polls)
-        yield CounterMetricFamily(f"{PREFIX}_pod_resources_failures", "pod-resources List calls that failed",
-                                  value=s.pod_resources_failures)
-        yield CounterMetricFamily(f"{PREFIX}_node_label_patches", "Node label patches sent", value=s.label_patches)
-        yield CounterMetricFamily(f"{PREFIX}_node_label_failures", "Node label syncs that failed",
-                                  value=s.label_failures)
-        yield GaugeMetricFamily(f"{PREFIX}_cpu_manager_static",
-                                "1 when kubelet's CPU manager runs the static policy (it fights our pinning)",
-                                value=1 if s.cpu_manager_static else 0)
-        yield GaugeMetricFamily(f"{PREFIX}_cpu_manager_findings", "Warnings about kubelet's CPU manager",
-                                value=s.cpu_manager_findings)
-        mode = GaugeMetricFamily(f"{PREFIX}_cpuset_enforcement_mode",
-                                 "1 for the cpuset enforcement in force (none, cri: after the start, nri: at creation)",
-                                 labels=["mode"])
-        for name in ("none", "cri", "nri"):
-            mode.add_metric([name], 1 if s.enforcement_mode == name else 0)
-        yield mode
-        if s.enforcement is not None:
-            e = s.enforcement
-            yield GaugeMetricFamily(f"{PREFIX}_cpuset_enforcement_refused",
-                                    "1 while cpuset enforcement is refused (kubelet's static CPU manager)",
-                                    value=1 if e.refused else 0)
-            yield GaugeMetricFamily(f"{PREFIX}_cpuset_enforcement_failing", "1 while the runtime fails cpuset updates",
-                                    value=1 if e.failing else 0)
-            yield CounterMetricFamily(f"{PREFIX}_cpuset_enforcement_steps", "Looks at the runtime", value=e.steps)
-            yield GaugeMetricFamily(f"{PREFIX}_cpuset_topology_containers",
-                                    "Running containers that hold topology devices", value=e.topology_containers)
-            yield GaugeMetricFamily(f"{PREFIX}_cpuset_containers_pinned",
-                                    "Topology containers running on their groups' CPUs", value=e.pinned)
-            updates = CounterMetricFamily(f"{PREFIX}_cpuset_updates", "cpuset updates sent to the runtime",
-                                          labels=["kind", "result"])
-            for kind in ("topology", "shrink", "widen"):
-                for result in ("ok", "error"):
-                    updates.add_metric([kind, result], e.updates.get((kind, result), 0))
-            yield updates
-            yield CounterMetricFamily(f"{PREFIX}_cpuset_container_refusals",
-                                      "cpuset calls the runtime refused for one container (the others went on)",
-                                      value=e.container_refusals)
-            yield GaugeMetricFamily(f"{PREFIX}_cpuset_containers_refusing",
-                                    "Containers whose last cpuset call the runtime refused", value=e.refusing)
-            yield GaugeMetricFamily(f"{PREFIX}_cpuset_shared_pool_cpus", "CPUs of the shared pool", value=e.pool_cpus)
-            yield GaugeMetricFamily(f"{PREFIX}_cpuset_shared_pool_empty",
-                                    "1 when the shared pool would be empty (nobody is shrunk)",
-                                    value=1 if e.pool_empty else 0)
-        threads = _threads()
-        if threads is not None:
-            yield GaugeMetricFamily("process_threads", "Threads of the agent's process (Python's and gRPC's)",
-                                    value=threads)
-        yield CounterMetricFamily(f"{PREFIX}_log_records_dropped",
-                                  "Log records dropped because stderr was not drained fast enough",
-                                  value=s.log_records_dropped)
+
+def _registrations(s: AgentStatus) -> Iterator[Metric]:
+    """Registrations with kubelet and ListAndWatch streams, per resource."""
+    registrations = CounterMetricFamily(f"{PREFIX}_registrations", "Successful registrations with kubelet",
+                                        labels=["resource"])
+    streams = GaugeMetricFamily(f"{PREFIX}_list_and_watch_streams", "Open ListAndWatch streams",
+                                labels=["resource"])
+    since = GaugeMetricFamily(f"{PREFIX}_seconds_since_registration",
+                              "Seconds since the last successful registration", labels=["resource"])
+    for r in s.resources:
+        registrations.add_metric([r.resource], r.registrations)
+        streams.add_metric([r.resource], r.streams)
+        if r.seconds_since_registration is not None:
+            since.add_metric([r.resource], r.seconds_since_registration)
+    yield registrations
+    yield streams
+    yield since
+
+
+def _health(s: AgentStatus) -> Iterator[Metric]:
+    """The agent's own health: readiness, exclusivity, the loops' counters, kubelet's CPU manager."""
+    yield CounterMetricFamily(f"{PREFIX}_kubelet_restarts", "kubelet restarts detected", value=s.kubelet_restarts)
+    yield CounterMetricFamily(f"{PREFIX}_registration_failures", "Failed registration attempts",
+                              value=s.registration_failures)
+    yield GaugeMetricFamily(f"{PREFIX}_ready", "1 when every resource is registered and watched",
+                            value=1 if s.ready else 0)
+    yield GaugeMetricFamily(f"{PREFIX}_exclusivity_confirmed",
+                            "1 when pod-resources confirms who holds which device; 0 while it does not answer",
+                            value=1 if s.exclusivity_confirmed else 0)
+    yield GaugeMetricFamily(f"{PREFIX}_pending_holds",
+                            "Devices handed out that pod-resources has not shown yet (kept held until it does)",
+                            value=s.pending_holds)
+    yield GaugeMetricFamily(f"{PREFIX}_memory_node_fallbacks",
+                            "Groups whose recorded memory node is not a real one (fell back)",
+                            value=s.memory_node_fallbacks)
+    yield CounterMetricFamily(f"{PREFIX}_topology_rescans", "Topology rescans", value=s.rescans)
+    yield CounterMetricFamily(f"{PREFIX}_topology_rescan_failures", "Topology rescans that failed",
+                              value=s.rescan_failures)
+    yield CounterMetricFamily(f"{PREFIX}_topology_changes", "Device state changes published",
+                              value=s.topology_changes)
+    yield CounterMetricFamily(f"{PREFIX}_pod_resources_polls", "pod-resources List calls",
+                              value=s.pod_resources_polls)
+    yield CounterMetricFamily(f"{PREFIX}_pod_resources_failures", "pod-resources List calls that failed",
+                              value=s.pod_resources_failures)
+    yield CounterMetricFamily(f"{PREFIX}_node_label_patches", "Node label patches sent", value=s.label_patches)
+    yield CounterMetricFamily(f"{PREFIX}_node_label_failures", "Node label syncs that failed",
+                              value=s.label_failures)
+    yield GaugeMetricFamily(f"{PREFIX}_cpu_manager_static",
+                            "1 when kubelet's CPU manager runs the static policy (it fights our pinning)",
+                            value=1 if s.cpu_manager_static else 0)
+    yield GaugeMetricFamily(f"{PREFIX}_cpu_manager_findings", "Warnings about kubelet's CPU manager",
+                            value=s.cpu_manager_findings)
+
+
+def _enforcement(s: AgentStatus) -> Iterator[Metric]:
+    """The cpuset enforcement in force and, when one runs, what it did."""
+    mode = GaugeMetricFamily(f"{PREFIX}_cpuset_enforcement_mode",
+                             "1 for the cpuset enforcement in force (none, cri: after the start, nri: at creation)",
+                             labels=["mode"])
+    for name in ("none", "cri", "nri"):
+        mode.add_metric([name], 1 if s.enforcement_mode == name else 0)
+    yield mode
+    if s.enforcement is not None:
+        e = s.enforcement
+        yield GaugeMetricFamily(f"{PREFIX}_cpuset_enforcement_refused",
+                                "1 while cpuset enforcement is refused (kubelet's static CPU manager)",
+                                value=1 if e.refused else 0)
+        yield GaugeMetricFamily(f"{PREFIX}_cpuset_enforcement_failing", "1 while the runtime fails cpuset updates",
+                                value=1 if e.failing else 0)
+        yield CounterMetricFamily(f"{PREFIX}_cpuset_enforcement_steps", "Looks at the runtime", value=e.steps)
+        yield GaugeMetricFamily(f"{PREFIX}_cpuset_topology_containers",
+                                "Running containers that hold topology devices", value=e.topology_containers)
+        yield GaugeMetricFamily(f"{PREFIX}_cpuset_containers_pinned",
+                                "Topology containers running on their groups' CPUs", value=e.pinned)
+        updates = CounterMetricFamily(f"{PREFIX}_cpuset_updates", "cpuset updates sent to the runtime",
+                                      labels=["kind", "result"])
+        for kind in ("topology", "shrink", "widen"):
+            for result in ("ok", "error"):
+                updates.add_metric([kind, result], e.updates.get((kind, result), 0))
+        yield updates
+        yield CounterMetricFamily(f"{PREFIX}_cpuset_container_refusals",
+                                  "cpuset calls the runtime refused for one container (the others went on)",
+                                  value=e.container_refusals)
+        yield GaugeMetricFamily(f"{PREFIX}_cpuset_containers_refusing",
+                                "Containers whose last cpuset call the runtime refused", value=e.refusing)
+        yield GaugeMetricFamily(f"{PREFIX}_cpuset_shared_pool_cpus", "CPUs of the shared pool", value=e.pool_cpus)
+        yield GaugeMetricFamily(f"{PREFIX}_cpuset_shared_pool_empty",
+                                "1 when the shared pool would be empty (nobody is shrunk)",
+                                value=1 if e.pool_empty else 0)
+
+
+def _process(s: AgentStatus) -> Iterator[Metric]:
+    """The process's threads and the log records it had to drop."""
+    threads = _threads()
+    if threads is not None:
+        yield GaugeMetricFamily("process_threads", "Threads of the agent's process (Python's and gRPC's)",
+                                value=threads)
+    yield CounterMetricFamily(f"{PREFIX}_log_records_dropped",
+                              "Log records dropped because stderr was not drained fast enough",
+                              value=s.log_records_dropped)
