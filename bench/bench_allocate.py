@@ -25,6 +25,12 @@ host-root tree (16 books), next to the kubelet emulator in this process.
   (min/median/max: the noise) are shown. ``--only KIND`` (repeated, first-time, first-time-alone; again
   for more), ``--clients N`` (again for more) and ``--rounds N`` measure some rows only (no
   re-registration then).
+* **The Allocate handler in-process.** ``DevicePluginServicer.Allocate`` called directly (the request parsed
+  from its bytes, a context that only aborts) on a device table made as ``serve`` makes it (the ``z16-400``
+  tree, default settings, the metrics observer), for every first-time set once (each planned and rendered in
+  the call) and then for the repeated sets again and again (answered from the table's cache); each call
+  timed with ``perf_counter``. Target: p99 <= 1 ms for both kinds (kubelet has no timeout on Allocate; the
+  gRPC rows above add the transport).
 * **Re-registration.** From the emulator's ``kubelet.sock`` coming back after ``restart(down_for=0.5)``
   to the agent's Register being counted, median of 12 restarts. Target <= 0.3 s.
 
@@ -45,6 +51,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,8 +62,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import grpc
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2
+from agent.devices.table import NodeDevices
+from agent.observe.metrics import AgentMetrics
 from agent.plugin.server import WORKERS, socket_name
-from agent.plugin.servicer import render
+from agent.plugin.servicer import DevicePluginServicer, render
 from agent.policy.allocation import AllocationSettings, plan_allocation
 from agent.policy.grouping import Group, GroupingSettings, group_topology
 from agent.topology.embedded import load_embedded
@@ -84,6 +93,7 @@ CONCURRENCY = (1, 4, 16)
 REPEATED_SETS = 24
 TARGET_P50_RATIO = 1.3
 TARGET_REREGISTER_S = 0.3
+TARGET_HANDLER_P99_S = 0.001
 LOAD = Path(__file__).resolve().parent / "grpc_load.py"
 
 
@@ -241,6 +251,37 @@ def measure_round(prod: Production, tree: Path, tmp: Path, repeated: list[bytes]
                 stop_process(echo)
 
 
+# --------------------------------------------------------------------------- the handler in-process
+
+class _Context:
+    """What Allocate needs of a gRPC context: a refusal aborts (none is expected here)."""
+
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise BenchError(f"Allocate refused a set in-process: {code}: {details}")
+
+
+def measure_handler(tree: Path, repeated: Sequence[bytes], fresh: Sequence[bytes], table: dict[bytes, bytes],
+                    passes: int) -> dict[str, list[float]]:
+    """Seconds per Allocate handler call, in-process: every first-time set once on a new device table, then the
+    repeated sets ``passes`` times; every answer checked against the product's plan."""
+    grouping = group_topology(read_sysfs(tree, tree / "proc", details=False), GroupingSettings())
+    devices = NodeDevices(grouping, GroupingSettings(), AllocationSettings(), render)
+    metrics = AgentMetrics()
+    metrics.prepare(grouping.resources())
+    servicer = DevicePluginServicer(devices.table(RESOURCE), threading.Event(), metrics)
+    context = _Context()
+    times: dict[str, list[float]] = {"first-time": [], "repeated": []}
+    for kind, requests in (("first-time", fresh), ("warm-up", repeated), ("repeated", list(repeated) * passes)):
+        for raw in requests:
+            started = time.perf_counter()
+            answer = servicer.Allocate(api_pb2.AllocateRequest.FromString(raw), context)
+            times.setdefault(kind, []).append(time.perf_counter() - started)
+            if api_pb2.AllocateResponse.FromString(answer) != api_pb2.AllocateResponse.FromString(table[raw]):
+                raise BenchError("the in-process Allocate answered another plan than the product's")
+    del times["warm-up"]  # the repeated sets' first calls: planned then, cached since
+    return times
+
+
 # --------------------------------------------------------------------------- re-registration
 
 def measure_reregister(prod: Production, tree: Path, tmp: Path, restarts: int, down_for: float) -> list[float]:
@@ -302,6 +343,7 @@ def run(quick: bool, pin: bool = False, only: Sequence[str] = (), clients: Seque
         fresh_block = min(block, (len(fresh) - warmup) // blocks)
         all_ids = sorted(groups)
         before = {requests[ids]: preference_request(all_ids, ids) for ids in sets}
+        handler = measure_handler(tree, repeated, fresh, table, 10 if quick else 40) if not only else {}
         table_file = tmp / "answers.pickle"
         table_file.write_bytes(pickle.dumps(table))
         rows_order = [(kind, c) for c in clients for kind in ("repeated", "first-time", "first-time-alone")
@@ -347,6 +389,12 @@ def run(quick: bool, pin: bool = False, only: Sequence[str] = (), clients: Seque
             raw={"agent_p50_s": a50, "echo_p50_s": e50, "agent_p99_s": a99, "echo_p99_s": e99,
                  "block_ratios": ratios, "round_ratios": s.round_ratios, "calls_per_side": len(agent),
                  "rounds": rounds}))
+    for kind, seconds in handler.items():
+        p99 = percentile(seconds, 99)
+        rows.append(Row(BENCH, f"Allocate handler p99 in-process, {kind} sets",
+                        f"p99 {fmt_time(p99)}, p50 {fmt_time(percentile(seconds, 50))}, max {fmt_time(max(seconds))} "
+                        f"({len(seconds)} calls)", p99, f"p99 <= {fmt_time(TARGET_HANDLER_P99_S)}",
+                        at_most(p99, TARGET_HANDLER_P99_S), raw={"seconds": seconds}))
     if rereg:
         r50 = median(rereg)
         rows.append(Row(BENCH, "kubelet.sock back -> re-registered",
