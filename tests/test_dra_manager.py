@@ -36,7 +36,7 @@ def test_manager_publishes_taints_and_restores() -> None:
     plugin = KubeletPlugin(driver=DRIVER, registry_dir=root / "reg", plugin_dir=root / "plugin", preparer=preparer)
     broken: dict[tuple[str, str], str] = {}
     manager = DraManager(plugin=plugin, publisher=SlicePublisher(api, "node-a", DRIVER),
-                         plan=lambda b: build_pool(grouping, topology, SliceSettings("node-a"), b),
+                         plan=lambda b, u: build_pool(grouping, topology, SliceSettings("node-a"), b, u),
                          broken=lambda: dict(broken), resources=grouping.resources(), interval=0)
     manager.start()
     try:
@@ -85,8 +85,11 @@ def test_pod_resources_reports_dra_claims_as_holds() -> None:
         assert client.list() == [ListedDevice("ns", "p", "", "", ()), ListedDevice("ns", "idle", "", "", ())]
         client.dra_driver = DRIVER
         client.dra_devices = {"drawer0-book1": "topology/book"}
-        assert client.list() == [ListedDevice("ns", "p", "main", "topology/book", ("drawer0-book1",)),
+        assert client.list() == [ListedDevice("ns", "p", "main", "topology/book", ("drawer0-book1",), "ns/c"),
                                  ListedDevice("ns", "idle", "", "", ())]
+        # A device held with admin access is observed, not held: its row is no hold (the pod holds nothing).
+        client.dra_admin = lambda: frozenset({("ns", "c", "drawer0-book1")})
+        assert client.list() == [ListedDevice("ns", "p", "", "", ()), ListedDevice("ns", "idle", "", "", ())]
         client.close()
     finally:
         server.stop(None)

@@ -30,7 +30,16 @@ from agent.policy.allocation import (
     plan_ordered,
 )
 from agent.policy.grouping import Group, Grouping, GroupingSettings
-from agent.policy.health import DeviceKey, DeviceState, device_states, machine_health, overlap_map
+from agent.policy.health import (
+    DeviceKey,
+    DeviceState,
+    Holder,
+    device_states,
+    elsewhere_conflict,
+    held_elsewhere,
+    machine_health,
+    overlap_map,
+)
 from agent.policy.ledger import AllocationLedger, ListedDevice, SavedHolds, admissible
 from agent.policy.preference import PreferenceIndex, preferred_allocation, spoiled_containers
 from agent.topology.model import Topology
@@ -251,8 +260,9 @@ class NodeDevices(Generic[W]):
 
     def __init__(self, grouping: Grouping, settings: GroupingSettings, allocation: AllocationSettings,
                  render: Callable[[ContainerPlan], W], *, numa_topology: bool = False,
-                 store: HoldStore | None = None, clock: Clock = time.monotonic) -> None:
+                 store: HoldStore | None = None, clock: Clock = time.monotonic, mode: str = "deviceplugin") -> None:
         self.grouping = grouping
+        self.mode = mode  # what hands the devices out: "deviceplugin" (kubelet's device manager) or "dra" (claims)
         self.settings = settings
         self.allocation = allocation.validated()
         self.render = render
@@ -297,6 +307,43 @@ class NodeDevices(Generic[W]):
             self.ledger.restore(holds.keys, self.clock(), holds.pods)
             self._saved_holds = self.ledger.saved()
         self.refresh()
+
+    def set_claims(self, claims: Mapping[DeviceKey, frozenset[Holder]]) -> None:
+        """DRA mode: the devices of the claims prepared now (a prepare is a hold at once, until its unprepare); the
+        listeners hear of it right after, off the caller's path."""
+        with self.lock:
+            self.ledger.set_claims(claims)
+        self.request_refresh()
+
+    def restore_claims(self, claims: Mapping[DeviceKey, frozenset[Holder]]) -> None:
+        """Device-plugin mode: the claims a DRA agent left prepared, held until pod-resources shows or drops them."""
+        with self.lock:
+            self.ledger.restore_claims(claims, self.clock())
+        self.refresh()
+
+    def elsewhere(self) -> dict[DeviceKey, str]:
+        """The devices held by the other mode (:func:`~agent.policy.health.held_elsewhere`), with who holds them."""
+        with self.lock:
+            return held_elsewhere(self.ledger.held(), self.mode)
+
+    def in_use_elsewhere(self) -> dict[DeviceKey, str]:
+        """DRA mode's devices that no claim may get now: those the other mode holds and those overlapping them (the
+        scheduler's counters know only claims), with the reason."""
+        with self.lock:
+            elsewhere = held_elsewhere(self.ledger.held(), self.mode)
+        out = dict(elsewhere)
+        for key in self.keys:
+            if key not in out:
+                why = elsewhere_conflict(key, elsewhere, self.overlap)
+                if why is not None:
+                    out[key] = why
+        return out
+
+    def claim_conflict(self, keys: Iterable[DeviceKey]) -> str | None:
+        """Why a claim on ``keys`` must not be prepared (a device the other mode holds, or one overlapping it)."""
+        with self.lock:
+            elsewhere = held_elsewhere(self.ledger.held(), self.mode)
+        return next((why for why in (elsewhere_conflict(k, elsewhere, self.overlap) for k in keys) if why), None)
 
     def kubelet_restarted(self, seconds_ago: float = 0.0) -> None:
         """kubelet restarted (its socket re-created): its List releases nothing until it has settled."""
@@ -369,6 +416,9 @@ class NodeDevices(Generic[W]):
             reason = s.reason
             if not pod_names and s.state == "allocated":
                 reason = f"held by {len(held)} container{'s' if len(held) != 1 else ''}"
+            elif not pod_names and s.state == "held-elsewhere":
+                other = "a DRA claim" if self.mode == "deviceplugin" else "a device-plugin allocation"
+                reason = f"held through {other}"
             elif not pod_names and s.state == "blocked-by-overlap":
                 blocker = next((o for o in self.overlap.get(key, ()) if holders.get(o)), None)
                 reason = f"{blocker[0]} {blocker[1]} is held" if blocker else "an overlapping device is held"
@@ -443,7 +493,8 @@ class NodeDevices(Generic[W]):
         a newer one (the publisher, the pod-resources loop and rescans all refresh)."""
         with self._publish_lock:
             with self.lock:
-                new = device_states(self.grouping, self.ledger.held(), self.broken, self.overlap)
+                held = self.ledger.held()
+                new = device_states(self.grouping, held, self.broken, self.overlap, held_elsewhere(held, self.mode))
                 old, self._states = self._states, new
             changed = False
             for key, state in new.items():

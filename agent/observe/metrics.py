@@ -19,7 +19,7 @@ from agent import __version__
 from agent.observe.status import AgentStatus
 
 PREFIX = "topology_agent"
-DEVICE_STATES: tuple[str, ...] = ("healthy", "allocated", "blocked-by-overlap", "unhealthy-offline")
+DEVICE_STATES: tuple[str, ...] = ("healthy", "allocated", "held-elsewhere", "blocked-by-overlap", "unhealthy-offline")
 # Allocate answers from precomputed data: most calls take tens of microseconds.
 LATENCY_BUCKETS: tuple[float, ...] = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -23,9 +24,12 @@ class PodResourcesClient:
         self._channel: grpc.Channel | None = None
         self._socket: tuple[int, int] | None = None  # the socket the last List answered on
         self.replaced = False  # the last List answered on a socket other than the one before: kubelet restarted
-        # DRA mode: the driver whose claimed devices count as holds, and its device names -> resource names.
+        # The DRA driver whose claimed devices count as holds (in both modes: a claim holds its devices whatever the
+        # agent serves now), its device names -> resource names, and the (claim namespace, claim name, device) that
+        # are held with admin access (observed, not held: the scheduler does not count them either).
         self.dra_driver: str | None = None
         self.dra_devices: dict[str, str] = {}
+        self.dra_admin: Callable[[], frozenset[tuple[str, str, str]]] = frozenset
 
     def _stub(self) -> api_pb2_grpc.PodResourcesListerStub:
         with self._lock:
@@ -65,12 +69,14 @@ class PodResourcesClient:
             rows.extend(ListedDevice(pod.namespace, pod.name, container.name, devices.resource_name,
                                      tuple(devices.device_ids))
                         for container in pod.containers for devices in container.devices)
-            if self.dra_driver:  # DRA claims per container: our devices, as if allocated by the device plugin
+            if self.dra_driver:  # DRA claims per container: our devices, held through the claim
+                admin = self.dra_admin()
                 rows.extend(ListedDevice(pod.namespace, pod.name, container.name, self.dra_devices[r.device_name],
-                                         (r.device_name,))
+                                         (r.device_name,), f"{claim.claim_namespace}/{claim.claim_name}")
                             for container in pod.containers for claim in container.dynamic_resources
                             for r in claim.claim_resources
-                            if r.driver_name == self.dra_driver and r.device_name in self.dra_devices)
+                            if r.driver_name == self.dra_driver and r.device_name in self.dra_devices
+                            and (claim.claim_namespace, claim.claim_name, r.device_name) not in admin)
             if len(rows) == before:  # the pod is there, holding nothing
                 rows.append(ListedDevice(pod.namespace, pod.name, "", "", ()))
         return rows

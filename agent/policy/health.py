@@ -4,11 +4,17 @@ kubelet treats ``topology/book`` and ``topology/socket`` as unrelated resources,
 enforces exclusivity across levels itself: a held book blocks its sockets, a held socket blocks
 its book (drawers likewise). Blocked devices are published ``Unhealthy`` so kubelet will not
 hand them out; a device that is itself held is never marked, and no id is ever dropped.
+
+Holds come from both modes, whatever the mode the agent runs in: device-plugin allocations (pod-resources'
+device rows, the agent's own Allocates, the saved holds) and DRA claims (pod-resources' claim rows, the prepared
+claims' checkpoint). What hands devices out in one mode knows nothing of the other's holds (kubelet's device
+manager knows no claim; the scheduler counts only claims), so a device held by the other mode (:func:`held_elsewhere`)
+is never handed out by this one: Unhealthy in device-plugin mode, tainted in DRA mode (:mod:`agent.policy.dra`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from agent.policy.grouping import Group, Grouping, GroupingSettings, group_topology
@@ -16,26 +22,36 @@ from agent.topology.cpulist import format_cpulist
 from agent.topology.model import Topology
 
 DeviceKey = tuple[str, str]  # (resource, device id)
+MODES = ("deviceplugin", "dra")
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class Holder:
-    """Who holds a device: a pod's container, or our own Allocate not yet listed by kubelet."""
+    """Who holds a device: a pod's container, or our own Allocate not yet listed by kubelet; ``claim``
+    (``namespace/name``) when it is held through a DRA claim (a prepared claim no container is listed with yet has
+    no namespace, pod or container)."""
 
     namespace: str
     pod: str
     container: str
+    claim: str = ""
 
     def __str__(self) -> str:
         if not self.namespace:
-            return f"pending allocation ({self.pod})"
-        return f"{self.namespace}/{self.pod}/{self.container}"
+            return self.pod if self.claim else f"pending allocation ({self.pod})"
+        through = f" (claim {self.claim})" if self.claim else ""
+        return f"{self.namespace}/{self.pod}/{self.container}{through}"
+
+
+def claim_holder(claim: str) -> Holder:
+    """A prepared DRA claim (``namespace/name``) as a holder of its devices."""
+    return Holder("", f"claim {claim}", "", claim)
 
 
 @dataclass(frozen=True, slots=True)
 class DeviceState:
     health: str  # "Healthy" | "Unhealthy"
-    state: str  # healthy | allocated | blocked-by-overlap | unhealthy-offline
+    state: str  # healthy | allocated | held-elsewhere | blocked-by-overlap | unhealthy-offline
     reason: str = ""
 
 
@@ -85,19 +101,53 @@ def machine_health(advertised: Grouping, current: Topology, settings: GroupingSe
     return broken
 
 
+def held_elsewhere(held: Mapping[DeviceKey, Iterable[Holder]], mode: str) -> dict[DeviceKey, str]:
+    """The devices the other mode holds, with who holds them: in device-plugin mode those held through a DRA claim
+    (kubelet's device manager does not know them: it would hand them out), in DRA mode those held by a device-plugin
+    allocation (the scheduler counts only claims: it would allocate them)."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    claims = mode == "deviceplugin"
+    out: dict[DeviceKey, str] = {}
+    for key, holders in held.items():
+        other = sorted(h for h in holders if bool(h.claim) == claims)
+        if other:
+            what = "a DRA claim" if claims else "a device-plugin allocation"
+            out[key] = f"held through {what}: {other[0]}" + (f" and {len(other) - 1} more" if len(other) > 1 else "")
+    return out
+
+
+def elsewhere_conflict(key: DeviceKey, elsewhere: Mapping[DeviceKey, str],
+                       overlap: Mapping[DeviceKey, Sequence[DeviceKey]]) -> str | None:
+    """Why handing ``key`` out in this mode would give CPUs that the other mode holds (``elsewhere``, from
+    :func:`held_elsewhere`) to a second holder, or None."""
+    if key in elsewhere:
+        return f"{key[0]} {key[1]} is {elsewhere[key]}"
+    for other in overlap.get(key, ()):
+        if other in elsewhere:
+            return f"{key[0]} {key[1]} overlaps {other[0]} {other[1]}, {elsewhere[other]}"
+    return None
+
+
 def device_states(
     grouping: Grouping,
     held: Mapping[DeviceKey, Iterable[Holder]],
     broken: Mapping[DeviceKey, str],
     overlap: Mapping[DeviceKey, list[DeviceKey]] | None = None,
+    elsewhere: Mapping[DeviceKey, str] | None = None,
 ) -> dict[DeviceKey, DeviceState]:
-    """The published state of every advertised device."""
+    """The published state of every advertised device (``elsewhere``: held by the other mode, from
+    :func:`held_elsewhere`: Unhealthy although held, since what hands it out in this mode does not know the hold)."""
     overlap = overlap if overlap is not None else overlap_map(grouping)
+    elsewhere = elsewhere or {}
     states: dict[DeviceKey, DeviceState] = {}
     for g in grouping.groups:
         key = (g.resource, g.id)
         holders = sorted(held.get(key, ()))
-        if holders:  # never mark a device that is itself allocated
+        if key in elsewhere:
+            states[key] = DeviceState("Unhealthy", "held-elsewhere", elsewhere[key])
+            continue
+        if holders:  # never mark a device that is itself allocated (by what hands devices out in this mode)
             states[key] = DeviceState("Healthy", "allocated", ", ".join(map(str, holders)))
             continue
         blockers = [(o, sorted(held[o])) for o in overlap.get(key, []) if held.get(o)]

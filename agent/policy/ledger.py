@@ -29,6 +29,14 @@ release nothing, until a List begun ``restart_settle`` seconds after the restart
 pods as the List before it (also begun that late). An API server away for longer than that makes
 two empty answers agree: then the holds go, as they would at kubelet's first Allocate after its
 sources are ready.
+
+**DRA claims** are holds too, in either mode (:mod:`agent.policy.health`, "held elsewhere"): pod-resources lists
+them per container (a row with ``claim``); in DRA mode the claims the agent prepared hold their devices from the
+prepare until the unprepare, listed or not (:meth:`AllocationLedger.set_claims`); in device-plugin mode the claims
+a DRA agent left prepared (its checkpoint) hold theirs from the start until a ``List`` shows or drops them, as
+restored holds do (:meth:`AllocationLedger.restore_claims`). An Allocate is refused a device held through a claim
+(kubelet's device manager knows nothing of it). The saved holds are the device-plugin ones: the claims are in the
+DRA checkpoint.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ class ListedDevice:
     container: str
     resource: str
     device_ids: tuple[str, ...]
+    claim: str = ""  # the DRA claim (namespace/name) the devices are held through; "" for a device-plugin row
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +74,11 @@ class Admission:
 
 def conflict(key: DeviceKey, held: Mapping[DeviceKey, Iterable[Holder]],
              overlap: Mapping[DeviceKey, Sequence[DeviceKey]]) -> str | None:
-    """Why allocating ``key`` now would break exclusivity, or None."""
+    """Why allocating ``key`` now would break exclusivity, or None: it is held through a DRA claim (kubelet's device
+    manager, which offers it, does not know that hold), or it overlaps a held device."""
+    claimed = sorted(h for h in held.get(key, ()) if h.claim)
+    if claimed:
+        return f"{key[0]} {key[1]} is held through a DRA claim: {claimed[0]}"
     for other in overlap.get(key, ()):
         holders = held.get(other)
         if holders:
@@ -96,6 +109,8 @@ class AllocationLedger:
     pending: dict[DeviceKey, float] = field(default_factory=dict)  # -> time of our Allocate
     last_allocate: dict[str, float] = field(default_factory=dict)  # resource -> time of its last Allocate
     restart_settle: float = 10.0  # after a kubelet restart, Lists release nothing for this long (at least)
+    claims: dict[DeviceKey, frozenset[Holder]] = field(default_factory=dict)  # DRA mode: prepared claims
+    pending_claims: dict[DeviceKey, tuple[float, frozenset[Holder]]] = field(default_factory=dict)  # restored
     synced: bool = False  # at least one List answer seen
     pod_held: dict[DeviceKey, frozenset[PodRef]] = field(default_factory=dict)  # held by plain init containers
     kept: dict[DeviceKey, frozenset[Holder]] = field(default_factory=dict)  # held when kubelet restarted
@@ -119,7 +134,7 @@ class AllocationLedger:
             recent = tuple(r for r, at in last.items() if r != resource and now - at < self.same_container_window)
         keys = [(resource, device) for ids in requests for device in ids]
         for key in keys:
-            if not overlap.get(key):  # overlaps nothing (one level advertised): nothing can conflict
+            if not overlap.get(key) and key not in self._held:  # overlaps nothing, held by nobody: no conflict
                 continue
             why = conflict(key, self._held, overlap)
             if why is not None:
@@ -146,7 +161,7 @@ class AllocationLedger:
             pods.add((row.namespace, row.pod))
             if row.resource not in self.resources:
                 continue
-            holder = Holder(row.namespace, row.pod, row.container)
+            holder = Holder(row.namespace, row.pod, row.container, row.claim)
             for device in row.device_ids:
                 listed.setdefault((row.resource, device), set()).add(holder)
                 with_ours.add((row.namespace, row.pod))
@@ -170,6 +185,8 @@ class AllocationLedger:
                 if owners:
                     self.pod_held[key] = owners
         self.pending = pending
+        self.pending_claims = {key: (at, holders) for key, (at, holders) in self.pending_claims.items()
+                               if key not in listed and (settling or started < at + self.visibility_grace)}
         self._rebuild()
 
     def _settled(self, pods: frozenset[PodRef], started: float) -> bool:
@@ -208,6 +225,19 @@ class AllocationLedger:
                 self.pending.setdefault(key, now - self.visibility_grace)
         self._rebuild()
 
+    def set_claims(self, claims: Mapping[DeviceKey, frozenset[Holder]]) -> None:
+        """DRA mode: the devices of every claim prepared now, held until it is unprepared (listed or not)."""
+        self.claims = {key: frozenset(holders) for key, holders in claims.items() if holders}
+        self._rebuild()
+
+    def restore_claims(self, claims: Mapping[DeviceKey, frozenset[Holder]], now: float) -> None:
+        """Device-plugin mode: the claims a DRA agent left prepared, held until a ``List`` shows or drops them (as
+        :meth:`restore` keeps saved holds): no unprepare comes while no DRA plugin runs."""
+        for key, holders in claims.items():
+            if key[0] in self.resources and holders:
+                self.pending_claims[key] = (now - self.visibility_grace, frozenset(holders))
+        self._rebuild()
+
     def containers(self) -> Mapping[DeviceKey, frozenset[Holder]]:
         """The containers known to hold each device: listed, and those listed before a kubelet restart
         that has not settled yet (the same containers, most likely, still running)."""
@@ -219,8 +249,10 @@ class AllocationLedger:
         return merged
 
     def saved(self) -> SavedHolds:
-        """Every hold, for saving: an agent restarted while pod-resources is away must know them all."""
-        return SavedHolds(frozenset(self._held), dict(self.pod_held))
+        """Every device-plugin hold, for saving: an agent restarted while pod-resources is away must know them all
+        (a device held through DRA claims alone is in the DRA checkpoint instead)."""
+        return SavedHolds(frozenset(k for k, holders in self._held.items() if any(not h.claim for h in holders)),
+                          dict(self.pod_held))
 
     def _rebuild(self) -> None:
         held = dict(self.listed)
@@ -231,4 +263,8 @@ class AllocationLedger:
         if self.restarted_at is not None:
             for key, holders in self.kept.items():
                 held[key] = held.get(key, frozenset()) | holders
+        for key, holders in self.claims.items():
+            held[key] = held.get(key, frozenset()) | holders
+        for key, (_, holders) in self.pending_claims.items():
+            held[key] = held.get(key, frozenset()) | holders
         self._held = held

@@ -22,6 +22,7 @@ import grpc
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2 as dp
 from agent._proto.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from agent._proto.podresources.v1 import api_pb2 as pr
 from agent._proto.podresources.v1 import api_pb2_grpc as pr_grpc
 
 from .calls import CallLog
@@ -163,6 +164,7 @@ class KubeletEmulator:
         self._pods_synced_at = 0.0  # time.monotonic() from which List shows the pods again
         self._deferred_deletions: list[tuple[str, str]] = []  # pods deleted before the pods were synced
         self._deferred_lock = threading.Lock()
+        self._claim_pods: dict[tuple[str, str], pr.PodResources] = {}  # pods holding DRA claims (pod-resources)
 
     # ------------------------------------------------------------------ context manager / lifecycle
 
@@ -283,7 +285,7 @@ class KubeletEmulator:
             self.pod_resources_socket,
             lambda server: pr_grpc.add_PodResourcesListerServicer_to_server(
                 PodResourcesServicer(manager, self._count_served, get_enabled=self._pod_resources_get_enabled,
-                                     pods_synced=self.pods_synced),
+                                     pods_synced=self.pods_synced, claim_pods=self._claim_pod_list),
                 server,
             ),
             self._max_workers,
@@ -465,6 +467,31 @@ class KubeletEmulator:
 
     def pods(self) -> list[Pod]:
         return self._manager.pods()
+
+    # ------------------------------------------------------------------ DRA claims (pod-resources only)
+
+    def add_claim_pod(self, namespace: str, name: str, container: str, claim: tuple[str, str], driver: str,
+                      pool: str, devices: list[str]) -> None:
+        """A running pod whose container uses a ResourceClaim (``claim``: namespace, name) allocated ``devices`` of
+        ``driver``'s ``pool``, as pod-resources ``List`` reports it (``ContainerResources.dynamic_resources``,
+        ``pkg/kubelet/apis/podresources/server_v1.go`` from the DRA manager's claim cache). Nothing else of DRA is
+        emulated: no prepare, no scheduling; the pod is listed once the pods are synced, like every other."""
+        resources = pr.ContainerResources(name=container, dynamic_resources=[pr.DynamicResource(
+            claim_namespace=claim[0], claim_name=claim[1], claim_resources=[
+                pr.ClaimResource(driver_name=driver, pool_name=pool, device_name=d) for d in devices])])
+        with self._deferred_lock:
+            self._claim_pods[(namespace, name)] = pr.PodResources(namespace=namespace, name=name,
+                                                                   containers=[resources])
+        self._notify()
+
+    def remove_claim_pod(self, namespace: str, name: str) -> None:
+        with self._deferred_lock:
+            del self._claim_pods[(namespace, name)]
+        self._notify()
+
+    def _claim_pod_list(self) -> list[pr.PodResources]:
+        with self._deferred_lock:
+            return list(self._claim_pods.values())
 
     def pod(self, namespace: str, name: str) -> Pod:
         return self._manager.pod(namespace, name)

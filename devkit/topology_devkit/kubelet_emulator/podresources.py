@@ -29,11 +29,13 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
     """
 
     def __init__(self, manager: DeviceManager, on_served: Callable[[str], None], *, get_enabled: bool = True,
-                 pods_synced: Callable[[], bool] = lambda: True) -> None:
+                 pods_synced: Callable[[], bool] = lambda: True,
+                 claim_pods: Callable[[], list[pr.PodResources]] = list) -> None:
         self._manager = manager
         self._on_served = on_served
         self._get_enabled = get_enabled
         self._pods_synced = pods_synced
+        self._claim_pods = claim_pods
 
     def List(self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext) -> pr.ListPodResourcesResponse:
         """Empty until the pods are synced again after a restart: kubelet's List walks its pod manager
@@ -43,7 +45,7 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
         self._on_served("List")
         if not self._pods_synced():
             return pr.ListPodResourcesResponse()
-        return pr.ListPodResourcesResponse(pod_resources=self._manager.list_pod_resources())
+        return pr.ListPodResourcesResponse(pod_resources=[*self._manager.list_pod_resources(), *self._claim_pods()])
 
     def GetAllocatableResources(
         self, request: pr.AllocatableResourcesRequest, context: grpc.ServicerContext
