@@ -240,7 +240,7 @@ def test_manager_changed_reaches_the_stream() -> None:
     before the slices are republished."""
     n = Node()
     manager = DraManager(plugin=n.plugin, publisher=SlicePublisher(n.api, "node-a", DRIVER),
-                         plan=lambda b: build_pool(n.grouping, n.topology, SliceSettings("node-a"), b),
+                         plan=lambda b, u: build_pool(n.grouping, n.topology, SliceSettings("node-a"), b, u),
                          broken=lambda: dict(n.broken), resources=n.grouping.resources(), interval=0)
     manager.start()
     watch = Watch(n.plugin.dra_path)

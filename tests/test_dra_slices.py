@@ -19,6 +19,7 @@ from agent.policy.dra import (
     MAX_COUNTERS_PER_SET,
     MAX_DEVICES_PER_SLICE,
     MAX_STRING_VALUE,
+    NUMA_NODE_ATTRIBUTE,
     TAINT_KEY,
     PoolPlan,
     SliceSettings,
@@ -66,7 +67,7 @@ def check_limits(plan: PoolPlan) -> None:
             names.add(d["name"])
             assert len(d["attributes"]) + len(d["capacity"]) <= MAX_ATTRIBUTES_PER_DEVICE
             for key, value in d["attributes"].items():
-                assert C_IDENTIFIER.match(key)
+                assert C_IDENTIFIER.match(key) or key == NUMA_NODE_ATTRIBUTE  # the one standard attribute
                 assert len(value) == 1
                 if "string" in value:
                     assert len(value["string"]) <= MAX_STRING_VALUE
@@ -102,7 +103,8 @@ def test_pr40714_layout() -> None:
     assert book["attributes"] == {
         "level": {"string": "book"}, "drawer": {"int": 0}, "book": {"int": 1}, "cores": {"int": 12},
         "cpus": {"int": 24}, "smtThreads": {"int": 2}, "memoryNode": {"int": 0},
-        "polarization": {"string": "horizontal"}, "machineType": {"string": "3931"}}
+        "polarization": {"string": "horizontal"}, "machineType": {"string": "3931"},
+        NUMA_NODE_ATTRIBUTE: {"int": 0}}  # the standard name (stable in 1.37), for matchAttribute across drivers
     assert book["capacity"] == {"cores": {"value": "12"}}
     assert book["consumesCounters"] == [{"counterSet": "drawer0", "counters": {
         "book1-socket0": {"value": "6"}, "book1-socket1": {"value": "6"}}}]

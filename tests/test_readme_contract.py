@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import Any
 
 from agent.cli import build_parser
 from agent.dra.prepare import plan_claim
 from agent.policy.allocation import ENV_KEYS, OPENMP_ENV_KEYS, AllocationSettings, plan_allocation
-from agent.policy.claims import CLAIM_ENV
+from agent.policy.claims import ADMIN_ENV, CLAIM_ENV
 from agent.policy.dra import DRIVER
 from agent.policy.grouping import group_topology
 from agent.topology.embedded import load_embedded
@@ -42,16 +43,28 @@ def test_the_environment_table_is_what_allocate_returns() -> None:
     opt_in = [n for row in rows if "--openmp-env" in row[1] for n in names(row[0])]
     assert always == list(ENV_KEYS)
     assert opt_in == list(OPENMP_ENV_KEYS)
-    assert dra == [CLAIM_ENV]
+    assert dra == [CLAIM_ENV, ADMIN_ENV]
     books = group_topology(load_embedded("z16-lpar")).by_resource("topology/book")[:2]
     assert list(plan_allocation(books).envs) == always
     assert set(plan_allocation(books, AllocationSettings(openmp_env=True)).envs) == {*always, *opt_in}
-    claim = {"metadata": {"namespace": "ns", "name": "c", "uid": "u"}, "status": {"allocation": {"devices": {
-        "results": [{"request": "r", "driver": DRIVER, "pool": "n", "device": b.id} for b in books]}}}}
+    claim: dict[str, Any] = {"metadata": {"namespace": "ns", "name": "c", "uid": "u"}, "status": {"allocation": {
+        "devices": {"results": [{"request": "r", "driver": DRIVER, "pool": "n", "device": b.id} for b in books]}}}}
     _, files = plan_claim(claim, driver=DRIVER, pool="n", groups={b.id: b for b in books},
                           allocation=AllocationSettings())
     (spec,) = files.values()
-    assert [e.split("=", 1)[0] for e in spec["devices"][0]["containerEdits"]["env"]] == [*always, *dra]
+    assert [e.split("=", 1)[0] for e in spec["devices"][0]["containerEdits"]["env"]] == [*always, CLAIM_ENV]
+    for result in books_results(claim):
+        result["adminAccess"] = True  # the row's promise: two variables to observe, and the marker
+    _, files = plan_claim(claim, driver=DRIVER, pool="n", groups={b.id: b for b in books},
+                          allocation=AllocationSettings())
+    (spec,) = files.values()
+    assert [e.split("=", 1)[0] for e in spec["devices"][0]["containerEdits"]["env"]] == [
+        "TOPOLOGY_GROUPS", "TOPOLOGY_CPUS", ADMIN_ENV]
+
+
+def books_results(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = claim["status"]["allocation"]["devices"]["results"]
+    return results
 
 
 def subcommand(name: str) -> argparse.ArgumentParser:

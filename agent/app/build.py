@@ -1,16 +1,22 @@
 """The composition root: every bit of start-up I/O, then finished parts handed to :class:`Agent`.
 
-In order: the groups to advertise (the saved ones while pods hold them, else the ones found now;
-reading the saved file and asking pod-resources who holds what), the device table with the
-machine's health and the holders as known before serving, the plugin manager, the node
+In order: the groups to advertise (the saved ones while anything holds them, else the ones found now;
+reading the saved file and asking pod-resources, the saved holds and the DRA checkpoint who holds what), the
+device table with the machine's health and the holders as known before serving, the plugin manager, the node
 reporter, metrics and the bound HTTP port. Nothing is served or registered here.
+
+Holds of both modes count in either (:mod:`agent.policy.health`): pod-resources' claim rows of the DRA driver are
+read in device-plugin mode too, and the claims a DRA agent left prepared (its checkpoint) hold their devices there
+until pod-resources shows or drops them; in DRA mode the saved device-plugin holds are restored as in device-plugin
+mode. So a switch of modes, either way, hands out nothing the other mode holds, from the first ListAndWatch or the
+first slice publication on.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import cast
 
@@ -22,6 +28,7 @@ from agent.app.nri_enforcement import NriEnforcement
 from agent.cri.client import CriClient
 from agent.devices.persist import StateFiles
 from agent.devices.table import NodeDevices
+from agent.dra.prepare import PreparedClaim, admin_devices, checkpoint_path, claim_holds, read_checkpoint
 from agent.errors import PodResourcesError
 from agent.node.reporter import LabelerFactory, NodeReporter, default_labeler
 from agent.observe.http import HttpEndpoint
@@ -29,6 +36,7 @@ from agent.observe.metrics import AgentMetrics
 from agent.plugin.manager import PluginManager
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire, render
+from agent.policy.dra import DRIVER
 from agent.policy.grouping import Grouping, group_topology
 from agent.policy.ledger import SavedHolds
 from agent.topology.model import Topology
@@ -40,16 +48,22 @@ FIRST_SYNC_RETRY = 0.5
 
 
 def choose_grouping(fresh: Grouping, files: StateFiles, pod_resources: PodResourcesClient,
-                    topology: Topology) -> Grouping:
-    """The groups advertised before a restart while pods hold any of them (their ids and CPU sets
-    must not change under running pods), else the groups found now. Saves the choice."""
+                    topology: Topology, claims: Mapping[str, PreparedClaim] | None = None) -> Grouping:
+    """The groups advertised before a restart while anything holds any of them (their ids and CPU sets
+    must not change under running pods), else the groups found now. Holders, of either mode: pod-resources'
+    device rows and claim rows, the saved holds, the prepared DRA claims (``claims``, the checkpoint). Saves the
+    choice, and tells ``pod_resources`` the devices its claim rows may name."""
     saved = files.load_groups(c.cpu for c in topology.cpus)
     chosen = fresh
     if saved is not None and saved.groups != fresh.groups:
-        ours = {g.resource for g in saved.groups}
+        ids = {g.id: g.resource for g in saved.groups}
+        keys = {(resource, device) for device, resource in ids.items()}
+        pod_resources.dra_devices = ids
+        held = set(files.load_holds(keys).keys) | set(claim_holds(claims or {}, {g.id: g for g in saved.groups}))
         try:
-            held = {(row.resource, d) for row in pod_resources.list() if row.resource in ours for d in row.device_ids}
-            why = f"pods hold {len(held)} of them" if held else ""
+            held |= {(row.resource, d) for row in pod_resources.list() for d in row.device_ids
+                     if (row.resource, d) in keys}
+            why = f"{len(held)} of them held" if held else ""
         except PodResourcesError as exc:
             why = f"holders unknown ({exc})"
         if why:
@@ -58,6 +72,7 @@ def choose_grouping(fresh: Grouping, files: StateFiles, pod_resources: PodResour
                         extra={"reason": why})
             chosen = saved
     files.save_groups(chosen)
+    pod_resources.dra_devices = {g.id: g.resource for g in chosen.groups}
     return chosen
 
 
@@ -93,11 +108,14 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
                 labeler_factory: LabelerFactory = default_labeler) -> Agent:
     first_fingerprint = fingerprint() if fingerprint is not None else None
     pod_resources = PodResourcesClient(config.pod_resources_socket)
+    pod_resources.dra_driver = DRIVER  # claim rows are holds in either mode
     files = StateFiles(config.kubelet_dir, config.grouping)
-    grouping = choose_grouping(group_topology(topology, config.grouping), files, pod_resources, topology)
+    claims = read_checkpoint(checkpoint_path(config.kubelet_dir))  # DRA mode's prepared claims (the preparer's own)
+    grouping = choose_grouping(group_topology(topology, config.grouping), files, pod_resources, topology, claims)
     machine = topology.machine
     devices = NodeDevices(grouping, config.grouping, config.allocation, render,
-                          numa_topology=machine.has_node_dirs and len(machine.memory_nodes) > 1, store=files)
+                          numa_topology=machine.has_node_dirs and len(machine.memory_nodes) > 1, store=files,
+                          mode=config.mode)
     holds = files.load_holds((g.resource, g.id) for g in grouping.groups)
     if config.pod_resources_interval <= 0:
         if any(devices.overlap.values()):
@@ -108,6 +126,16 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
         log.warning("keeping %d device(s) an earlier instance held until pod-resources shows or drops them: %s",
                     len(holds.keys), ", ".join(f"{r} {d}" for r, d in sorted(holds.keys)))
         devices.restore_holds(holds)
+    if config.mode != "dra" and claims and config.pod_resources_interval > 0:
+        # A DRA agent ran here: its prepared claims hold their devices until pod-resources shows or drops them
+        # (no unprepare comes while no DRA plugin runs). In DRA mode the preparer holds them until unprepared.
+        held = claim_holds(claims, {g.id: g for g in grouping.groups})
+        if held:
+            log.warning("keeping %d device(s) that DRA claims hold (prepared by the agent in DRA mode) until "
+                        "pod-resources shows or drops them: %s", len(held),
+                        ", ".join(f"{r} {d}" for r, d in sorted(held)))
+            devices.restore_claims(held)
+        pod_resources.dra_admin = lambda: admin_devices(claims)
     metrics = AgentMetrics()
     metrics.prepare(grouping.resources())
     dra = None

@@ -12,6 +12,18 @@ Each device's environment also carries ``TOPOLOGY_DRA_CLAIM=<claim uid>/<request
 (a claim prepared here, and a pod of its namespace: :mod:`agent.policy.claims`), creates the container on its
 groups' CPUs and memory nodes, as the device-plugin mode's Allocate annotations let it.
 
+**Admin access** (a request with ``adminAccess: true``, copied into its allocation results): the scheduler does not
+count such a device as allocated (``pkg/scheduler/framework/plugins/dynamicresources/allocateddevices.go``
+``foreachAllocatedDevice`` skips it), so it may give the same book to an admin claim and a socket inside it to an
+ordinary claim, in either order. Such a request is prepared for observation only: its CDI device carries
+``TOPOLOGY_GROUPS``, ``TOPOLOGY_CPUS`` and ``TOPOLOGY_ADMIN_ACCESS=true``, no binding variables and no
+``TOPOLOGY_DRA_CLAIM``, so its container is never pinned onto the group's CPUs, and the device is held by nobody
+(neither here nor through pod-resources' claim rows): an admin-access claim never takes or blocks CPUs.
+
+**Held elsewhere**: a claim whose devices (ordinary requests) are held by the other mode, or overlap such a device,
+is refused (``check``): after a switch from device-plugin mode the scheduler counts only claims, and the slices
+carry a taint on those devices, so this is the second line.
+
 Idempotent and checkpointed: what was prepared is saved (atomically) in the agent's state directory before the
 answer goes out, so a second NodePrepareResources for a prepared claim (a kubelet restart, an agent restart)
 answers from the checkpoint without reading the claim again, and rewrites a CDI file that went missing; unprepare
@@ -26,17 +38,19 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent.policy.allocation import AllocationSettings, plan_allocation
-from agent.policy.claims import CLAIM_ENV, PreparedRequest, claim_value
+from agent.policy.claims import ADMIN_ENV, CLAIM_ENV, PreparedRequest, claim_value
 from agent.policy.grouping import Group
+from agent.policy.health import DeviceKey, Holder, claim_holder
 
 log = logging.getLogger("topology-agent.dra")
 
+CHECKPOINT_SUBPATH = "s390x-topology-agent/dra/claims.json"  # under the kubelet directory the state files use
 CDI_VERSION = "0.6.0"  # env-only specs need 0.3.0; 0.6.0 is what containerd 1.7 and 2.x both read
 CHECKPOINT_VERSION = 1
 MAX_CHECKPOINT = 4 * 1024 * 1024
@@ -54,6 +68,7 @@ class PreparedDevice:
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
+    admin: bool = False  # allocated with admin access: observed, never held or pinned
 
 
 @dataclass(frozen=True)
@@ -66,15 +81,21 @@ class PreparedClaim:
 
     def to_json(self) -> JSON:
         return {"uid": self.uid, "namespace": self.namespace, "name": self.name,
-                "devices": [{"request": d.request, "pool": d.pool, "device": d.device, "cdiIds": list(d.cdi_ids)}
-                            for d in self.devices], "files": dict(self.files)}
+                "devices": [{"request": d.request, "pool": d.pool, "device": d.device, "cdiIds": list(d.cdi_ids),
+                             **({"adminAccess": True} if d.admin else {})} for d in self.devices],
+                "files": dict(self.files)}
 
     @classmethod
     def from_json(cls, doc: JSON) -> PreparedClaim:
         return cls(uid=str(doc["uid"]), namespace=str(doc["namespace"]), name=str(doc["name"]),
                    devices=tuple(PreparedDevice(str(d["request"]), str(d["pool"]), str(d["device"]),
-                                                tuple(map(str, d["cdiIds"]))) for d in doc["devices"]),
+                                                tuple(map(str, d["cdiIds"])), d.get("adminAccess") is True)
+                                 for d in doc["devices"]),
                    files={str(k): v for k, v in doc["files"].items()})
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
 
 
 def cdi_name(text: str) -> str:
@@ -93,6 +114,7 @@ def plan_claim(claim: JSON, *, driver: str, pool: str, groups: Mapping[str, Grou
         raise PrepareError(f"claim {meta.get('namespace')}/{meta.get('name')} has no device of driver {driver} "
                            "allocated (not allocated yet, or to another driver)")
     by_request: dict[str, list[Group]] = {}
+    admin = {str(r.get("request")) for r in ours if r.get("adminAccess") is True}
     for r in ours:
         if r.get("pool") != pool:
             raise PrepareError(f"device {r.get('device')} is in pool {r.get('pool')}, not this node's pool {pool}")
@@ -111,18 +133,21 @@ def plan_claim(claim: JSON, *, driver: str, pool: str, groups: Mapping[str, Grou
         kind = f"{driver}/{level}"
         file_name = f"{driver}-{level}_{uid}.json"
         spec = files.setdefault(file_name, {"cdiVersion": CDI_VERSION, "kind": kind, "devices": []})
-        env = [f"{k}={v}" for k, v in plan.envs.items()] + [f"{CLAIM_ENV}={claim_value(uid, request)}"]
+        if request in admin:  # to observe, not to run on: what it is, nothing to bind to, no claim to pin by
+            env = [f"{k}={plan.envs[k]}" for k in ("TOPOLOGY_GROUPS", "TOPOLOGY_CPUS")] + [f"{ADMIN_ENV}=true"]
+        else:
+            env = [f"{k}={v}" for k, v in plan.envs.items()] + [f"{CLAIM_ENV}={claim_value(uid, request)}"]
         spec["devices"].append({"name": name, "containerEdits": {"env": env}})
         cdi_of[request] = f"{kind}={name}"
-    devices = tuple(PreparedDevice(str(r["request"]), str(r["pool"]), str(r["device"]), (cdi_of[str(r["request"])],))
-                    for r in ours)
+    devices = tuple(PreparedDevice(str(r["request"]), str(r["pool"]), str(r["device"]), (cdi_of[str(r["request"])],),
+                                   str(r["request"]) in admin) for r in ours)
     return devices, files
 
 
 def with_claim_env(claim: PreparedClaim) -> PreparedClaim:
     """A claim prepared by an agent that did not write ``TOPOLOGY_DRA_CLAIM`` yet, with it added to every CDI device
     that lacks it (the device's request is found by its CDI id); the same claim when nothing lacks it. Pure."""
-    request_of = {cdi_id.rsplit("=", 1)[-1]: d.request for d in claim.devices for cdi_id in d.cdi_ids}
+    request_of = {cdi_id.rsplit("=", 1)[-1]: d.request for d in claim.devices for cdi_id in d.cdi_ids if not d.admin}
     files: dict[str, JSON] = {}
     changed = False
     for file_name, spec in claim.files.items():
@@ -141,18 +166,61 @@ def with_claim_env(claim: PreparedClaim) -> PreparedClaim:
 
 
 def request_index(claims: Mapping[str, PreparedClaim], groups: Mapping[str, Group]) -> dict[str, PreparedRequest]:
-    """``<claim uid>/<request>`` -> its namespace and devices (``(resource, id)``; a device no longer published is
-    left out). Pure."""
+    """``<claim uid>/<request>`` -> its namespace and devices (``(resource, id)``; a device no longer published, or
+    held with admin access, is left out). Pure."""
     index: dict[str, PreparedRequest] = {}
     for claim in claims.values():
         by_request: dict[str, list[tuple[str, str]]] = {}
         for d in claim.devices:
             keys = by_request.setdefault(d.request, [])
-            if d.device in groups:
+            if d.device in groups and not d.admin:
                 keys.append((groups[d.device].resource, d.device))
         for request, keys in by_request.items():
             index[claim_value(claim.uid, request)] = PreparedRequest(claim.namespace, claim.name, tuple(keys))
     return index
+
+
+def claim_holds(claims: Mapping[str, PreparedClaim], groups: Mapping[str, Group]) -> dict[DeviceKey, frozenset[Holder]]:
+    """Every device the prepared claims hold (admin access holds nothing) -> the claims holding it. Pure."""
+    holds: dict[DeviceKey, set[Holder]] = {}
+    for claim in claims.values():
+        for d in claim.devices:
+            if d.device in groups and not d.admin:
+                holds.setdefault((groups[d.device].resource, d.device), set()).add(claim_holder(claim.ref))
+    return {key: frozenset(holders) for key, holders in holds.items()}
+
+
+def admin_devices(claims: Mapping[str, PreparedClaim]) -> frozenset[tuple[str, str, str]]:
+    """(claim namespace, claim name, device) of every device held with admin access: pod-resources' claim rows
+    of these are observers, not holders. Pure."""
+    return frozenset((c.namespace, c.name, d.device) for c in claims.values() for d in c.devices if d.admin)
+
+
+def checkpoint_path(kubelet_dir: Path) -> Path:
+    """Where DRA mode keeps its prepared claims (read in both modes: a claim holds its devices in either)."""
+    return Path(kubelet_dir) / CHECKPOINT_SUBPATH
+
+
+def read_checkpoint(path: Path) -> dict[str, PreparedClaim]:
+    """The prepared claims saved at ``path`` by uid, as saved ({} when there is none; a file that cannot be trusted is
+    said and not used)."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        log.warning("cannot read the DRA checkpoint %s (%s): starting without prepared claims", path, exc)
+        return {}
+    try:
+        if len(raw) > MAX_CHECKPOINT:
+            raise ValueError("too large")
+        doc = json.loads(raw)
+        if doc.get("version") != CHECKPOINT_VERSION:
+            raise ValueError(f"version {doc.get('version')!r}")
+        return {c["uid"]: PreparedClaim.from_json(c) for c in doc["claims"]}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("the DRA checkpoint %s cannot be trusted (%s): not used", path, exc)
+        return {}
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -174,8 +242,10 @@ class ClaimPreparer:
     """The prepare/unprepare logic behind both DRAPlugin versions (thread-safe)."""
 
     def __init__(self, *, driver: str, pool: str, groups: Mapping[str, Group], allocation: AllocationSettings,
-                 read_claim: Callable[[str, str], JSON], cdi_dir: Path, checkpoint: Path) -> None:
+                 read_claim: Callable[[str, str], JSON], cdi_dir: Path, checkpoint: Path,
+                 check: Callable[[Sequence[DeviceKey]], str | None] | None = None) -> None:
         self.driver = driver
+        self.check = check  # why devices must not be prepared now (held by the other mode), or None
         self.pool = pool
         self.groups = groups
         self.allocation = allocation
@@ -191,25 +261,10 @@ class ClaimPreparer:
 
     # --- checkpoint ------------------------------------------------------------------------------
     def _load(self) -> dict[str, PreparedClaim]:
-        try:
-            raw = self.checkpoint.read_bytes()
-        except FileNotFoundError:
+        restored = read_checkpoint(self.checkpoint)
+        if not restored:
             return {}
-        except OSError as exc:
-            log.warning("cannot read the DRA checkpoint %s (%s): starting without prepared claims", self.checkpoint,
-                        exc)
-            return {}
-        try:
-            if len(raw) > MAX_CHECKPOINT:
-                raise ValueError("too large")
-            doc = json.loads(raw)
-            if doc.get("version") != CHECKPOINT_VERSION:
-                raise ValueError(f"version {doc.get('version')!r}")
-            restored = {c["uid"]: PreparedClaim.from_json(c) for c in doc["claims"]}
-            claims = {uid: with_claim_env(c) for uid, c in restored.items()}
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("the DRA checkpoint %s cannot be trusted (%s): not used", self.checkpoint, exc)
-            return {}
+        claims = {uid: with_claim_env(c) for uid, c in restored.items()}
         log.info("restored %d prepared claim(s) from %s", len(claims), self.checkpoint)
         for uid, claim in claims.items():
             if claim is not restored[uid]:  # from an agent before TOPOLOGY_DRA_CLAIM: its CDI files get it now
@@ -261,6 +316,12 @@ class ClaimPreparer:
             raise PrepareError(f"claim {namespace}/{name} has uid {got or '(none)'}, not {uid}: it was replaced")
         devices, files = plan_claim(claim, driver=self.driver, pool=self.pool, groups=self.groups,
                                     allocation=self.allocation)
+        if self.check is not None:
+            why = self.check([(self.groups[d.device].resource, d.device) for d in devices if not d.admin])
+            if why is not None:
+                raise PrepareError(f"claim {namespace}/{name} cannot be prepared: {why}; its CPUs would have two "
+                                   "holders (the device is tainted in the node's ResourceSlices until that holder "
+                                   "is gone)")
         prepared = PreparedClaim(uid, namespace, name, devices, files)
         with self._lock:
             known = self.claims.get(uid)
@@ -293,6 +354,15 @@ class ClaimPreparer:
         """Every prepared claim's requests by ``<claim uid>/<request>``, from memory (no I/O, no lock: the mapping
         is replaced, never changed, so the NRI hook reads it as it is)."""
         return self._requests
+
+    def holds(self) -> dict[DeviceKey, frozenset[Holder]]:
+        """Every device the prepared claims hold, with the claims (admin access holds nothing)."""
+        with self._lock:
+            return claim_holds(self.claims, self.groups)
+
+    def admin_devices(self) -> frozenset[tuple[str, str, str]]:
+        """(claim namespace, claim name, device) held with admin access (observers, not holders)."""
+        return admin_devices(self.claims)
 
     def prepared_devices(self) -> dict[str, list[tuple[str, str]]]:
         """Claim uid -> the (pool, device) it holds."""

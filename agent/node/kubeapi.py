@@ -1,6 +1,7 @@
 """The Node requests the agent makes (GET, a JSON merge PATCH of metadata, and one Event when the node
-advertises nothing), over the standard library: node labels need two calls an hour, not the
-``kubernetes`` package's 35 MiB of API models kept in memory for the life of the agent.
+advertises nothing; on a hand-over to the other mode, its extended resources' allocatable taken to zero with a
+merge PATCH of the status, :mod:`agent.policy.handover`), over the standard library: node labels need two calls
+an hour, not the ``kubernetes`` package's 35 MiB of API models kept in memory for the life of the agent.
 
 :class:`LeanNodeApi` speaks HTTP/1.1 to the API server with the in-cluster service account (the
 token is read again for every request: bound tokens rotate). Outside a cluster (a kubeconfig, local
@@ -36,6 +37,16 @@ class NodeApi(Protocol):
 
     def create_event(self, namespace: str, body: Mapping[str, Any], timeout: float) -> None:
         """POST a core/v1 Event (the Node's "nothing advertised" warning)."""
+
+
+class NodeStatusApi(Protocol):
+    """What a hand-over to the other mode needs of the Node (:mod:`agent.node.handover`)."""
+
+    def node_allocatable(self, name: str, timeout: float) -> dict[str, str]:
+        """The Node's ``status.allocatable``."""
+
+    def patch_node_status(self, name: str, body: Mapping[str, Any], timeout: float) -> None:
+        """A JSON merge patch of the Node's status subresource."""
 
 
 def _status_message(status: int, reason: str, body: bytes) -> str:
@@ -89,6 +100,15 @@ class LeanNodeApi:
 
     def patch_node(self, name: str, body: Mapping[str, Any], timeout: float) -> None:
         self._request("PATCH", f"/api/v1/nodes/{quote(name, safe='')}", json.dumps(body).encode(), timeout)
+
+    def node_allocatable(self, name: str, timeout: float) -> dict[str, str]:
+        node = self._request("GET", f"/api/v1/nodes/{quote(name, safe='')}", None, timeout)
+        status = node.get("status") if isinstance(node, dict) else None
+        allocatable = status.get("allocatable") if isinstance(status, dict) else None
+        return {str(k): str(v) for k, v in allocatable.items()} if isinstance(allocatable, dict) else {}
+
+    def patch_node_status(self, name: str, body: Mapping[str, Any], timeout: float) -> None:
+        self._request("PATCH", f"/api/v1/nodes/{quote(name, safe='')}/status", json.dumps(body).encode(), timeout)
 
     def create_event(self, namespace: str, body: Mapping[str, Any], timeout: float) -> None:
         self._request("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", json.dumps(body).encode(),
@@ -153,6 +173,15 @@ class _ClientNodeApi:
     def create_event(self, namespace: str, body: Mapping[str, Any], timeout: float) -> None:
         self._call(lambda: self.core_v1.create_namespaced_event(namespace, dict(body), _request_timeout=timeout))
 
+    def node_allocatable(self, name: str, timeout: float) -> dict[str, str]:
+        node = self._call(lambda: self.core_v1.read_node(name, _request_timeout=timeout))
+        allocatable = node.status.allocatable if node.status else None
+        return {str(k): str(v) for k, v in (allocatable or {}).items()}
+
+    def patch_node_status(self, name: str, body: Mapping[str, Any], timeout: float) -> None:
+        self._call(lambda: self.core_v1.patch_node_status(name, dict(body), _content_type=MERGE_PATCH,
+                                                          _request_timeout=timeout))
+
     @staticmethod
     def _call(call: Any) -> Any:
         import urllib3
@@ -199,6 +228,13 @@ def kubeconfig_api() -> NodeApi:
 
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     return _ClientNodeApi(client.CoreV1Api(client.ApiClient(configuration)))
+
+
+def node_status_api_from_environment() -> NodeStatusApi:
+    """:func:`node_api_from_environment` for a hand-over (both clients have the status calls)."""
+    api = node_api_from_environment()
+    assert isinstance(api, LeanNodeApi | _ClientNodeApi)
+    return api
 
 
 def node_api_from_environment() -> NodeApi:

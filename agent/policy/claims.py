@@ -28,6 +28,7 @@ from agent.policy.cpuset import Identity
 from agent.policy.health import DeviceKey
 
 CLAIM_ENV = "TOPOLOGY_DRA_CLAIM"
+ADMIN_ENV = "TOPOLOGY_ADMIN_ACCESS"  # set (``true``) instead of CLAIM_ENV for a request allocated with admin access
 
 
 @dataclass(frozen=True, slots=True)

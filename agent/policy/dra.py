@@ -17,8 +17,16 @@ One pool per node (named after the node), every slice with ``nodeName`` set:
   the group has), ``cores``, ``cpus`` (a count: no CPU list, string values are at most 64 characters),
   ``smtThreads``, ``memoryNode``, ``polarization`` (the group's one polarization, or ``mixed``),
   ``machineType`` (when known); capacity ``cores``;
+* the standard attribute ``resource.kubernetes.io/numaNode`` (a standard device attribute name, stable in 1.37;
+  an int: the group's memory node, as ``memoryNode``), so that a claim can ask for a device of another driver on the
+  same NUMA node with ``matchAttribute: resource.kubernetes.io/numaNode``, as other drivers publish it
+  (dra-driver-cpu, dra-driver-memory, dra-driver-sriov);
 * a group that is no longer whole (CPUs offline, moved) carries a ``NoSchedule`` taint
-  ``topology.s390x.ibm.com/unhealthy``, so that nothing new is scheduled on it (device taints, GA in 1.37).
+  ``topology.s390x.ibm.com/unhealthy``, so that nothing new is scheduled on it (device taints, GA in 1.37);
+* a group the device-plugin mode holds (a pod admitted before a switch to DRA mode still runs on it), or one
+  overlapping such a group, carries a ``NoSchedule`` taint ``topology.s390x.ibm.com/in-use=device-plugin``: the
+  scheduler counts only claims, so without it a claim could get a book a device-plugin pod runs on, or a socket
+  inside it. Gone once that pod is.
 
 Deterministic: the same grouping gives the same slices, byte for byte, so a restarted agent republishes nothing.
 The pool's generation is the publisher's (:mod:`agent.dra.publisher`): it is not part of the content here.
@@ -51,7 +59,9 @@ MAX_NAME = 253  # object names (DNS-1123 subdomain)
 MAX_LABEL = 63  # device, counter set and counter names (DNS-1123 label)
 
 TAINT_KEY = f"{DRIVER}/unhealthy"
+IN_USE_TAINT_KEY = f"{DRIVER}/in-use"
 TAINT_EFFECT = "NoSchedule"
+NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"  # the standard attribute (k8s.io/api resource/v1)
 CONTENT_ANNOTATION = f"{DRIVER}/content"  # sha256 of a slice's spec without the pool generation
 
 JSON = dict[str, Any]
@@ -159,6 +169,7 @@ def _attributes(group: Group, topology: Topology) -> JSON:
     attrs["cpus"] = {"int": len(group.cpus)}
     attrs["smtThreads"] = {"int": group.threads_per_core}
     attrs["memoryNode"] = {"int": group.memory_node}
+    attrs[NUMA_NODE_ATTRIBUTE] = {"int": group.memory_node}
     attrs["polarization"] = {"string": _polarization(group)}
     machine_type = topology.machine.machine_type
     if machine_type:
@@ -180,10 +191,13 @@ def slice_name(node: str, suffix: str) -> str:
 
 
 def build_pool(grouping: Grouping, topology: Topology, settings: SliceSettings,
-               broken: Mapping[tuple[str, str], str] | None = None) -> PoolPlan:
-    """The node's ResourceSlices for ``grouping`` (``broken``: devices no longer whole, to be tainted)."""
+               broken: Mapping[tuple[str, str], str] | None = None,
+               in_use: Mapping[tuple[str, str], str] | None = None) -> PoolPlan:
+    """The node's ResourceSlices for ``grouping`` (``broken``: devices no longer whole; ``in_use``: devices the
+    device-plugin mode holds or that overlap one; both tainted)."""
     settings = settings.validated()
     broken = broken or {}
+    in_use = in_use or {}
     cpu_socket: dict[int, SocketKey] = {c.cpu: c.socket_key for c in topology.cpus}
 
     # Each socket's usable cores: from every advertised group that covers it (they agree; max to be safe).
@@ -244,9 +258,13 @@ def build_pool(grouping: Grouping, topology: Topology, settings: SliceSettings,
                 {"counterSet": name, "counters": {c: {"value": str(v)} for c, v in counters.items()}}
                 for name, counters in uses.items()],
         }
-        reason = broken.get((g.resource, g.id))
-        if reason is not None:
-            device["taints"] = [{"key": TAINT_KEY, "value": "not-whole", "effect": TAINT_EFFECT}]
+        taints = []
+        if (g.resource, g.id) in broken:
+            taints.append({"key": TAINT_KEY, "value": "not-whole", "effect": TAINT_EFFECT})
+        if (g.resource, g.id) in in_use:
+            taints.append({"key": IN_USE_TAINT_KEY, "value": "device-plugin", "effect": TAINT_EFFECT})
+        if taints:
+            device["taints"] = taints
         devices.append(device)
 
     counter_chunks = [counter_sets[i:i + MAX_COUNTER_SETS_PER_SLICE]
@@ -296,7 +314,8 @@ def describe(plan: PoolPlan) -> str:
     for d in plan.devices:
         attrs = d["attributes"]
         uses = "; ".join(f"{u['counterSet']}: " + ",".join(u["counters"]) for u in d["consumesCounters"])
-        taint = " TAINTED (not whole)" if d.get("taints") else ""
+        taint = "".join(f" TAINTED ({'not whole' if t['key'] == TAINT_KEY else 'in use by a device-plugin pod'})"
+                        for t in d.get("taints", []))
         lines.append(f"  device {d['name']}: {attrs['level']['string']}, {attrs['cores']['int']} cores, "
                      f"{attrs['cpus']['int']} cpus, consumes {uses}{taint}")
     for why in plan.left_out:
