@@ -434,7 +434,10 @@ def test_image_tag_defaults_to_app_version_and_digest_wins(render: Render) -> No
 def test_rbac_is_get_and_patch_on_nodes_and_create_on_events_only(render: Render) -> None:
     docs = render()
     role = one(docs, "ClusterRole")
+    # nodes/status: patch only, and only beside the node-restriction policy that holds it to lowering the agent's
+    # own extended resources to zero (a hand-over to the other mode; test_node_policy_admits_only_our_...)
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+                             {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
                              {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     binding = one(docs, "ClusterRoleBinding")
     account = one(docs, "ServiceAccount")
@@ -745,6 +748,19 @@ def _cel_to_json(value: Any) -> Any:
     return str(value)
 
 
+def _cel_plain(value: Any) -> Any:
+    """A CEL value as plain JSON data, booleans kept (celpy's BoolType is an int: JSON would make it 1)."""
+    from celpy import celtypes
+
+    if isinstance(value, celtypes.BoolType):
+        return bool(value)
+    if isinstance(value, dict):
+        return {str(k): _cel_plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_cel_plain(v) for v in value]
+    return json.loads(json.dumps(value, default=_cel_to_json))
+
+
 def pod(*containers: Doc, init: list[Doc] | None = None) -> Doc:
     spec: Doc = {"containers": list(containers)}
     if init:
@@ -821,7 +837,7 @@ def test_node_restriction_policy_shape(render: Render) -> None:
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"  # RBAC alone grants patch on every Node: fail closed
     assert spec["matchConstraints"]["resourceRules"] == [
-        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]}]
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes", "nodes/status"]}]
     account = one(docs, "ServiceAccount")["metadata"]
     assert spec["matchConditions"] == [{"name": "is-the-agent", "expression":
                                         f"request.userInfo.username == 'system:serviceaccount:{account['namespace']}"
@@ -838,10 +854,14 @@ def test_node_restriction_policy_shape(render: Render) -> None:
 
 
 def test_node_restriction_policy_sits_beside_a_patch_only_nodes_role(render: Render) -> None:
-    """The policy covers what the role grants on nodes: UPDATE (PATCH); events can only be created."""
-    rule, events = one(render(), "ClusterRole")["rules"]
+    """The policy covers what the role grants on nodes and their status: UPDATE (PATCH); events can only be
+    created. Without the policy there is no patch on the status at all (it would be every Node's, unbounded)."""
+    rule, status, events = one(render(), "ClusterRole")["rules"]
     assert rule["resources"] == ["nodes"] and set(rule["verbs"]) <= {"get", "patch"}
+    assert status["resources"] == ["nodes/status"] and status["verbs"] == ["patch"]
     assert events["resources"] == ["events"] and events["verbs"] == ["create"]
+    unguarded = one(render("--set", "nodeRestrictionPolicy.enabled=false"), "ClusterRole")["rules"]
+    assert not [r for r in unguarded if "nodes/status" in r["resources"]]
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -894,16 +914,17 @@ def node_update(render: Render, cel: Callable[[str, dict[str, Any]], Any]) -> Ca
     """node_update(new, old=NODE, user=agent()) -> the failed validations' messages ([] = admitted)."""
     spec = policy_of(render(), NODES)[0]["spec"]
 
-    def _update(new: Doc, old: Doc = NODE, user: Doc | None = None) -> list[str]:
+    def _update(new: Doc, old: Doc = NODE, user: Doc | None = None, subresource: str = "") -> list[str]:
         request = {"operation": "UPDATE", "kind": {"group": "", "version": "v1", "kind": "Node"},
-                   "name": new["metadata"]["name"], "userInfo": user if user is not None else agent()}
+                   "name": new["metadata"]["name"], "userInfo": user if user is not None else agent(),
+                   "subResource": subresource}
         base = {"object": new, "oldObject": old, "request": request}
         if not all(bool(cel(c["expression"], base)) for c in spec["matchConditions"]):
             return []
         variables: dict[str, Any] = {}
         for var in spec["variables"]:
             value = cel(var["expression"], {**base, "variables": variables})
-            variables[var["name"]] = json.loads(json.dumps(value, default=_cel_to_json))
+            variables[var["name"]] = _cel_plain(value)
         failures = []
         for validation in spec["validations"]:
             act = {**base, "variables": variables}
@@ -997,6 +1018,37 @@ def test_node_policy_denies_spec_status_finalizers_and_owners(node_update: Calla
     assert node_update(sneaky) == [prefix + "spec"]
     everything = changed({"metadata": {"finalizers": ["f"]}, "spec": {"unschedulable": True}, "status": {"x": "y"}})
     assert node_update(everything) == [prefix + "spec, status, metadata.finalizers"]
+
+
+def test_node_policy_admits_only_our_allocatable_lowered_to_zero_in_the_status(
+        node_update: Callable[..., list[str]]) -> None:
+    """A hand-over to the other mode (agent/node/handover.py): the agent's own merge patch of its Node's status, and
+    nothing else there."""
+    from agent.policy.handover import zero_patch
+
+    assert node_update(changed(zero_patch(["topology/book"])), subresource="status") == []
+    assert node_update(changed(zero_patch(["topology/book", "topology/socket"])), subresource="status") == []
+    prefix = "in its Node's status the topology agent may only lower the allocatable of topology/ resources to 0, not "
+    cases: list[tuple[Doc, str]] = [
+        ({"status": {"allocatable": {"topology/book": "40"}}}, "status.allocatable[topology/book]"),  # raised
+        ({"status": {"allocatable": {"topology/book": None}}}, "status.allocatable[topology/book]"),  # removed
+        ({"status": {"allocatable": {"cpu": "0"}}}, "status.allocatable[cpu]"),  # not ours
+        ({"status": {"allocatable": {"example.com/gpu": "0"}}}, "status.allocatable[example.com/gpu]"),
+        ({"status": {"capacity": {"topology/book": "0"}}}, "status.capacity"),
+        ({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}, "status.conditions"),
+        ({"status": {"declaredFeatures": ["x"]}}, "status.declaredFeatures"),  # a field newer than the chart too
+        ({"status": {"conditions": None}}, "status.conditions"),
+    ]
+    for patch, what in cases:
+        assert node_update(changed(patch), subresource="status") == [prefix + what], patch
+    sneaky = changed({"status": {"allocatable": {"topology/book": "0"}, "conditions": []}})
+    assert node_update(sneaky, subresource="status") == [prefix + "status.conditions"]
+    other = changed({"metadata": {"name": "z2"}, **zero_patch(["topology/book"])})
+    assert node_update(other, old=changed({"metadata": {"name": "z2"}}), subresource="status") == [
+        "the topology agent running on node z1 may not update Node z2: only its own"]
+    # The main resource still refuses any status change, the zero included.
+    assert node_update(changed(zero_patch(["topology/book"]))) == [
+        f"the topology agent may only change {OURS} labels and annotations of its Node, not status"]
 
 
 def test_node_policy_denies_a_token_without_the_node_name(node_update: Callable[..., list[str]]) -> None:

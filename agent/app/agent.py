@@ -88,6 +88,7 @@ class Agent:
         self._last_fingerprint = first_fingerprint
         self._quick_rescans = 0
         self.full_rescan_requested = False  # set by SIGHUP
+        self.before_stop: Callable[[], object] | None = None  # on a signal, while still serving (a hand-over)
         self.pod_resources_loop = PeriodicLoop("pod-resources", config.pod_resources_interval,
                                                self.sync_pod_resources, (PodResourcesError,),
                                                on_failure=self.devices.list_failed, pace=self._pod_resources_pace)
@@ -284,6 +285,8 @@ def run_until_signalled(agent: Agent) -> int:
     try:
         agent.start()
         stop.wait()
+        if agent.before_stop is not None:
+            agent.before_stop()
     finally:
         agent.stop()
         for s, h in previous.items():

@@ -36,6 +36,7 @@ from agent.cli.settings import (
 from agent.errors import NodeLabelerError, StartupError
 
 if TYPE_CHECKING:  # serve's wiring is imported when it runs: the other commands start without it
+    from agent.app.agent import Agent
     from agent.app.config import AgentConfig
 
 HELP = "advertise the groups to kubelet and stay registered (the DaemonSet's job)"
@@ -63,10 +64,21 @@ def run(args: argparse.Namespace) -> int:
                            "other roots)")
     setup_logging(args.log_level, args.log_format)
     source = topology_source(args)
-    code = run_until_signalled(build_agent(source.load(), config, loader=source.load, fingerprint=source.fingerprint))
+    agent = build_agent(source.load(), config, loader=source.load, fingerprint=source.fingerprint)
+    if args.release_daemonset and os.environ.get("POD_NAMESPACE"):
+        agent.before_stop = lambda: hand_over(agent, args.release_daemonset, os.environ["POD_NAMESPACE"])
+    code = run_until_signalled(agent)
     if args.release_daemonset:
         cleanup_after_stop(args, config)
     return code
+
+
+def hand_over(agent: Agent, daemonset: str, namespace: str) -> None:
+    """On a signal, before stopping: hand the node's resources over when this is the last agent of its mode there."""
+    from agent.app.handover import hand_over_if_last
+    from agent.node.uninstall import LeanReleaseApi
+
+    hand_over_if_last(agent, LeanReleaseApi.in_cluster, namespace=namespace, daemonset=daemonset)
 
 
 def agent_config(args: argparse.Namespace) -> AgentConfig:

@@ -70,3 +70,36 @@ def leftover_nodes(nodes: Iterable[tuple[str, Mapping[str, str], Mapping[str, st
         if patch is not None:
             left.append((name, patch))
     return sorted(left, key=lambda item: item[0])
+
+
+def template_mode(daemonset: Mapping[str, Any] | None) -> str | None:
+    """The mode (``TOPOLOGY_AGENT_MODE``, ``deviceplugin`` when unset) the DaemonSet's pod template runs; None when
+    the answer is not a DaemonSet with an agent container."""
+    spec = daemonset.get("spec") if isinstance(daemonset, Mapping) else None
+    template = spec.get("template") if isinstance(spec, Mapping) else None
+    pod = template.get("spec") if isinstance(template, Mapping) else None
+    containers = pod.get("containers") if isinstance(pod, Mapping) else None
+    if not isinstance(containers, list):
+        return None
+    for container in containers:
+        env = container.get("env") if isinstance(container, Mapping) else None
+        if not isinstance(env, list) or not any(isinstance(e, Mapping) and str(e.get("name", "")).startswith(
+                "TOPOLOGY_AGENT_") for e in env):
+            continue  # not the agent's container
+        mode = next((e.get("value") for e in env if isinstance(e, Mapping) and e.get("name") == "TOPOLOGY_AGENT_MODE"),
+                    None)
+        return str(mode) if mode else "deviceplugin"
+    return None
+
+
+def handing_over(daemonset: Mapping[str, Any] | None, mode: str) -> str | None:
+    """Why the agent that stops now, running ``mode``, is the last of its mode on its node: the release is being
+    uninstalled, or its DaemonSet's template now runs the other mode (``helm upgrade --set mode=...``, a rolling
+    update under way). None for a restart or a rolling update in the same mode (and for any doubt): the next agent
+    serves the same resources."""
+    if release_deleted(daemonset):
+        return "the release is being uninstalled"
+    after = template_mode(daemonset)
+    if after is not None and after != mode:
+        return f"its DaemonSet now runs {after} mode"
+    return None
