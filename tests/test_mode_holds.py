@@ -331,3 +331,40 @@ def test_with_cri_enforcement_a_prepare_holds_at_once_and_wakes_the_loop(
         cpus = {int(c) for part in RecordingRuntime.updates[-1][1].split(",") for c in
                 (range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1))}
         assert not cpus & set(book.cpus)
+
+
+# --- the other mode's holds on a level this one does not advertise --------------------------------------------
+def test_a_dra_claim_on_a_socket_blocks_its_book_when_device_plugin_mode_advertises_books_only(
+        kubelet: KubeletEmulator) -> None:
+    topology = load_embedded("z16-lpar")
+    socket = "drawer0-book1-socket0"
+    prepare_in_checkpoint(kubelet, topology, claim("u-1", socket))  # DRA mode published books and sockets
+    kubelet.add_claim_pod("ns", "llm", "main", ("ns", "c"), DRIVER, NODE, [socket])
+    with started(build_agent(topology, config(kubelet, levels=("book",)))) as agent:
+        kubelet.wait_registered(BOOK)
+        kubelet.wait_for(lambda: kubelet.snapshots(BOOK) >= 1, what="the first ListAndWatch")
+        assert kubelet.resources() == [BOOK]
+        assert kubelet.unhealthy_devices(BOOK) == {"drawer0-book1"}  # the book around the claimed socket
+        with pytest.raises(grpc.RpcError) as refused:
+            allocate(agent, BOOK, ["drawer0-book1"])
+        assert "overlaps topology/socket drawer0-book1-socket0, held by ns/llm/main (claim ns/c)" in (
+            refused.value.details() or "")
+        pod = kubelet.admit_pod("default", "book", [Container("c", {BOOK: 1})])
+        assert pod.devices("c", BOOK) != ["drawer0-book1"]
+
+
+def test_a_device_plugin_pod_on_a_socket_taints_its_book_when_dra_mode_publishes_books_only(
+        kubelet: KubeletEmulator, api: ClaimsApi) -> None:
+    topology = load_embedded("z16-lpar")
+    with started(build_agent(topology, config(kubelet, levels=("socket",)))):  # device-plugin mode: sockets
+        kubelet.wait_registered(SOCKET)
+        pod = kubelet.admit_pod("default", "dp", [Container("c", {SOCKET: 1})])
+        (socket,) = pod.devices("c", SOCKET)
+    book = socket.rsplit("-", 1)[0]
+    with started(build_agent(topology, config(kubelet, mode="dra", levels=("book",)))) as agent:
+        devices = api.published()
+        assert sorted(devices) == sorted(g.id for g in agent.grouping.groups)  # books only
+        tainted = {name for name, d in devices.items() if d.get("taints")}
+        assert tainted == {book}
+        with pytest.raises(PrepareError, match=f"overlaps topology/socket {socket}"):
+            preparer_of(agent).prepare(*api.add(claim("u-1", book)))

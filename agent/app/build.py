@@ -38,6 +38,7 @@ from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire, render
 from agent.policy.dra import DRIVER
 from agent.policy.grouping import Grouping, group_topology
+from agent.policy.health import shadow_groups
 from agent.policy.ledger import SavedHolds
 from agent.topology.model import Topology
 
@@ -52,7 +53,7 @@ def choose_grouping(fresh: Grouping, files: StateFiles, pod_resources: PodResour
     """The groups advertised before a restart while anything holds any of them (their ids and CPU sets
     must not change under running pods), else the groups found now. Holders, of either mode: pod-resources'
     device rows and claim rows, the saved holds, the prepared DRA claims (``claims``, the checkpoint). Saves the
-    choice, and tells ``pod_resources`` the devices its claim rows may name."""
+    choice."""
     saved = files.load_groups(c.cpu for c in topology.cpus)
     chosen = fresh
     if saved is not None and saved.groups != fresh.groups:
@@ -72,7 +73,6 @@ def choose_grouping(fresh: Grouping, files: StateFiles, pod_resources: PodResour
                         extra={"reason": why})
             chosen = saved
     files.save_groups(chosen)
-    pod_resources.dra_devices = {g.id: g.resource for g in chosen.groups}
     return chosen
 
 
@@ -113,10 +113,14 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
     claims = read_checkpoint(checkpoint_path(config.kubelet_dir))  # DRA mode's prepared claims (the preparer's own)
     grouping = choose_grouping(group_topology(topology, config.grouping), files, pod_resources, topology, claims)
     machine = topology.machine
+    # Groups not advertised (another level, too small): the other mode, or an earlier choice, may hold them.
+    shadow = shadow_groups(grouping, topology, config.grouping)
+    every = (*grouping.groups, *shadow)
+    pod_resources.dra_devices = {g.id: g.resource for g in every}
     devices = NodeDevices(grouping, config.grouping, config.allocation, render,
                           numa_topology=machine.has_node_dirs and len(machine.memory_nodes) > 1, store=files,
-                          mode=config.mode)
-    holds = files.load_holds((g.resource, g.id) for g in grouping.groups)
+                          mode=config.mode, shadow=shadow)
+    holds = files.load_holds((g.resource, g.id) for g in every)
     if config.pod_resources_interval <= 0:
         if any(devices.overlap.values()):
             log.warning("pod-resources is off (--pod-resources-interval 0): the agent cannot learn when a pod ends, "
@@ -129,7 +133,7 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
     if config.mode != "dra" and claims and config.pod_resources_interval > 0:
         # A DRA agent ran here: its prepared claims hold their devices until pod-resources shows or drops them
         # (no unprepare comes while no DRA plugin runs). In DRA mode the preparer holds them until unprepared.
-        held = claim_holds(claims, {g.id: g for g in grouping.groups})
+        held = claim_holds(claims, {g.id: g for g in every})
         if held:
             log.warning("keeping %d device(s) that DRA claims hold (prepared by the agent in DRA mode) until "
                         "pod-resources shows or drops them: %s", len(held),
@@ -173,7 +177,7 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
                         "served", why, extra={"reason": why})
     if mode == "nri":
         enforcement = NriEnforcement(
-            devices, {(g.resource, g.id): g for g in grouping.groups}, config.allocation.annotation_domain,
+            devices, {(g.resource, g.id): g for g in every}, config.allocation.annotation_domain,
             online=latest.online, reserved=config.grouping.reserved_cpus, shared_pool=config.shared_pool,
             cpu_manager_policy=lambda: reporter.cpu_manager_policy, socket_path=config.nri_socket,
             observe_pinned=metrics.pin_latency.observe,
@@ -186,7 +190,7 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
     elif mode == "cri":
         socket = cri_socket_of(config)
         enforcement = CpusetEnforcement(
-            CriClient(socket), devices, {(g.resource, g.id): g for g in grouping.groups},
+            CriClient(socket), devices, {(g.resource, g.id): g for g in every},
             config.allocation.annotation_domain, online=latest.online, reserved=config.grouping.reserved_cpus,
             shared_pool=config.shared_pool, cpu_manager_policy=lambda: reporter.cpu_manager_policy,
             interval=config.cpuset_interval, observe_pinned=metrics.pin_latency.observe)

@@ -207,7 +207,8 @@ class DeviceTable(Generic[W]):
         with node.lock:
             held = node.ledger.held()
             allowed = admissible(self.resource, available, held, node.overlap)
-            spoiled = spoiled_containers(node.keys[k] for k in (*held, *node.broken) if k in node.keys)
+            keys = node._container_keys
+            spoiled = spoiled_containers(keys[k] for k in (*held, *node.broken) if k in keys)
         if len(set(allowed) - set(must_include)) >= size - len(set(must_include)):
             available = allowed  # kubelet's health view lags behind our holds: offer nothing Allocate refuses
         chosen = preferred_allocation(self.groups, available, must_include, size, self._preference, spoiled)
@@ -260,17 +261,20 @@ class NodeDevices(Generic[W]):
 
     def __init__(self, grouping: Grouping, settings: GroupingSettings, allocation: AllocationSettings,
                  render: Callable[[ContainerPlan], W], *, numa_topology: bool = False,
-                 store: HoldStore | None = None, clock: Clock = time.monotonic, mode: str = "deviceplugin") -> None:
+                 store: HoldStore | None = None, clock: Clock = time.monotonic, mode: str = "deviceplugin",
+                 shadow: Sequence[Group] = ()) -> None:
         self.grouping = grouping
+        self.shadow = tuple(shadow)  # groups not advertised whose holds still block what they overlap
         self.mode = mode  # what hands the devices out: "deviceplugin" (kubelet's device manager) or "dra" (claims)
         self.settings = settings
         self.allocation = allocation.validated()
         self.render = render
         self.clock = clock
         self.lock = threading.Lock()  # the node state's one lock: ledger, broken groups, states
-        self.overlap = overlap_map(grouping)
+        self.overlap = overlap_map(grouping, self.shadow)
         self.keys = {(g.resource, g.id): g.key for g in grouping.groups}  # each device's container key
-        self.ledger = AllocationLedger(frozenset(grouping.resources()))
+        self._container_keys = {**{(g.resource, g.id): g.key for g in self.shadow}, **self.keys}
+        self.ledger = AllocationLedger(frozenset(grouping.resources()) | {g.resource for g in self.shadow})
         self.store = store
         self._saved_holds = SavedHolds(frozenset(), {})
         self._listing_ok = False  # pod-resources answered, and its last answer is current

@@ -63,10 +63,27 @@ def overlaps(a: Group, b: Group) -> bool:
     return a.key[:n] == b.key[:n]
 
 
-def overlap_map(grouping: Grouping) -> dict[DeviceKey, list[DeviceKey]]:
-    """Each device -> the devices of other resources it overlaps."""
-    keys = {(g.resource, g.id): g for g in grouping.groups}
+def overlap_map(grouping: Grouping, shadow: Iterable[Group] = ()) -> dict[DeviceKey, list[DeviceKey]]:
+    """Each device -> the devices of other resources it overlaps (``shadow``: groups not advertised, from
+    :func:`shadow_groups`, whose holds still block what they overlap)."""
+    keys = {(g.resource, g.id): g for g in (*grouping.groups, *shadow)}
     return {k: [o for o, og in keys.items() if overlaps(g, og)] for k, g in keys.items()}
+
+
+def shadow_groups(advertised: Grouping, topology: Topology, settings: GroupingSettings) -> tuple[Group, ...]:
+    """The groups of every level that ``advertised`` leaves out: a level it does not advertise, a group too small.
+
+    Something may hold them all the same: the other mode (a DRA claim on a socket while device-plugin mode advertises
+    books only; a device-plugin pod on a socket while DRA mode publishes books only), or an earlier choice of levels.
+    Their holds are known by their ids (pod-resources' rows, the saved holds, the DRA checkpoint), and block the
+    advertised groups they overlap, as a held advertised group does."""
+    try:
+        every = group_topology(topology, replace(settings, levels=("drawer", "book", "socket"), min_group_cores=0,
+                                                 uniform_groups=False))
+    except ValueError:
+        return ()
+    known = {(g.resource, g.id) for g in advertised.groups}
+    return tuple(g for g in every.groups if (g.resource, g.id) not in known)
 
 
 def machine_health(advertised: Grouping, current: Topology, settings: GroupingSettings) -> dict[DeviceKey, str]:
