@@ -381,3 +381,82 @@ def test_a_book_gone_unhealthy_shows_in_its_pods_status(dra: E2EEnv, node: str) 
         set_snapshot(dra, snapshot.dumps(topology))
     wait_for(f"{device} Healthy again", lambda: health_is(dra, "health-pod", "Healthy"), timeout=180)
     delete(dra, "pod/health-pod", "resourceclaim/health-book")
+
+
+# --- issue 30: holds across an agent restart, admin access ---------------------------------------------
+def published(env: E2EEnv, node: str) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for s in slices(env, node) for d in s["spec"].get("devices", [])}
+
+
+def test_a_restart_on_a_changed_topology_keeps_the_groups_a_claim_holds(dra: E2EEnv, node: str) -> None:
+    """A DRA agent restarted after the topology changed keeps the groups it published while a claim holds one (its
+    checkpoint and pod-resources' claim rows are read before the grouping is chosen): the other book, offline now,
+    stays published (tainted not-whole) instead of a fresh grouping being published as a new pool generation."""
+    apply(dra, claim("kept-book", f"book.{DRIVER}"))
+    apply(dra, pod("kept-pod", dra.workload_image, "kept-book"))
+    running(dra, "kept-pod")
+    held = allocated_device(dra, "kept-book")
+    other = "drawer0-book1" if held == "drawer0-book0" else "drawer0-book0"
+    topology = lane_topology(dra)
+    set_snapshot(dra, offline(topology, cpus_of(topology, other)))
+    try:
+        wait_for(f"{other} tainted in the slices", lambda: published(dra, node).get(other, {}).get("taints"),
+                 timeout=180)
+        old = agent_pod(dra)["metadata"]["name"]
+        dra.kubectl("-n", dra.namespace, "delete", "pod", old, "--wait=true", timeout=120)
+        wait_for("a new agent ready", lambda: agent_ready(dra) and agent_pod(dra)["metadata"]["name"] != old,
+                 timeout=180)
+        devices = published(dra, node)
+        print(f"after the restart: {sorted(devices)}; {other} taints {devices.get(other, {}).get('taints')}")
+        assert sorted(devices) == sorted([held, f"{held}-socket0", other, f"{other}-socket0"])
+        assert devices[other].get("taints") and not devices[held].get("taints")
+        logs = dra.kubectl("-n", dra.namespace, "logs", agent_pod(dra)["metadata"]["name"]).stdout
+        assert "keeping the 4 groups advertised before the restart" in logs, logs[-2000:]
+    finally:
+        set_snapshot(dra, snapshot.dumps(topology))
+    wait_for(f"{other} whole again", lambda: not published(dra, node).get(other, {}).get("taints"), timeout=180)
+    delete(dra, "pod/kept-pod", "resourceclaim/kept-book")
+
+
+def enforcement_steps(env: E2EEnv) -> float:
+    """The agent's ``topology_agent_cpuset_enforcement_steps_total`` (its metrics port, from this node)."""
+    import urllib.request
+
+    address = agent_pod(env)["status"]["podIP"]
+    with urllib.request.urlopen(f"http://{address}:9400/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return next(float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith("topology_agent_cpuset_enforcement_steps_total "))
+
+
+def test_an_admin_access_claim_is_observed_not_pinned(dra: E2EEnv, node: str) -> None:
+    """An admin-access claim for the book a socket claim holds (the scheduler counts neither against the other):
+    both are prepared; the socket's holder is pinned to its CPUs, the admin container is not, and its environment
+    names the book to observe, with nothing to bind to and no claim to pin by."""
+    dra.kubectl("label", "namespace", NS, "resource.kubernetes.io/admin-access=true", "--overwrite")
+    try:
+        apply(dra, claim("holds-socket", f"socket.{DRIVER}"))
+        apply(dra, pod("socket-holder", dra.workload_image, "holds-socket", cpu="0"))
+        running(dra, "socket-holder")
+        socket = allocated_device(dra, "holds-socket")
+        book = socket.removesuffix("-socket0")
+        admin = claim("observes-book", f"book.{DRIVER}", f'device.attributes["{DRIVER}"].book == '
+                                                         f'{int(book.removeprefix("drawer0-book"))}')
+        admin["spec"]["devices"]["requests"][0]["exactly"]["adminAccess"] = True
+        apply(dra, admin)
+        apply(dra, pod("observer", dra.workload_image, "observes-book", cpu="0"))
+        running(dra, "observer")
+        assert allocated_device(dra, "observes-book") == book
+        cpu = book.removeprefix("drawer0-book")
+        wait_for("the socket's holder pinned", lambda: container_view(dra, "socket-holder")[1] == cpu, timeout=60)
+        envs, allowed = container_view(dra, "observer")
+        print(f"observer: TOPOLOGY_GROUPS={envs.get('TOPOLOGY_GROUPS')} Cpus_allowed_list={allowed}")
+        assert envs.get("TOPOLOGY_ADMIN_ACCESS") == "true" and envs.get("TOPOLOGY_GROUPS") == book
+        assert "TOPOLOGY_DRA_CLAIM" not in envs and "VLLM_CPU_OMP_THREADS_BIND" not in envs
+        # Two more looks at the runtime by the enforcement loop (every 2 s), and it is still not pinned.
+        steps = enforcement_steps(dra)
+        wait_for("two enforcement steps", lambda: enforcement_steps(dra) >= steps + 2, timeout=60)
+        assert container_view(dra, "observer")[1] != cpu
+    finally:
+        delete(dra, "pod/observer", "pod/socket-holder", "resourceclaim/observes-book", "resourceclaim/holds-socket")
+        dra.kubectl("label", "namespace", NS, "resource.kubernetes.io/admin-access-")
