@@ -916,8 +916,9 @@ def node_update(render: Render, cel: Callable[[str, dict[str, Any]], Any]) -> Ca
 
     def _update(new: Doc, old: Doc = NODE, user: Doc | None = None, subresource: str = "") -> list[str]:
         request = {"operation": "UPDATE", "kind": {"group": "", "version": "v1", "kind": "Node"},
-                   "name": new["metadata"]["name"], "userInfo": user if user is not None else agent(),
-                   "subResource": subresource}
+                   "name": new["metadata"]["name"], "userInfo": user if user is not None else agent()}
+        if subresource:  # the API server leaves an empty subResource out of the request (omitempty)
+            request["subResource"] = subresource
         base = {"object": new, "oldObject": old, "request": request}
         if not all(bool(cel(c["expression"], base)) for c in spec["matchConditions"]):
             return []

@@ -430,24 +430,24 @@ def enforcement_steps(env: E2EEnv) -> float:
 
 
 def test_an_admin_access_claim_is_observed_not_pinned(dra: E2EEnv, node: str) -> None:
-    """An admin-access claim for the book a socket claim holds (the scheduler counts neither against the other):
-    both are prepared; the socket's holder is pinned to its CPUs, the admin container is not, and its environment
-    names the book to observe, with nothing to bind to and no claim to pin by."""
+    """An admin-access claim for a book, then a claim for the socket inside it: the scheduler allocates both (an
+    admin-access allocation consumes no counters: ``foreachAllocatedDevice`` skips it; the other order is refused by
+    the counters). Both are prepared; the socket's holder is pinned to its CPUs, the admin container is not, and its
+    environment names the book to observe, with nothing to bind to and no claim to pin by."""
     dra.kubectl("label", "namespace", NS, "resource.kubernetes.io/admin-access=true", "--overwrite")
     try:
-        apply(dra, claim("holds-socket", f"socket.{DRIVER}"))
-        apply(dra, pod("socket-holder", dra.workload_image, "holds-socket", cpu="0"))
-        running(dra, "socket-holder")
-        socket = allocated_device(dra, "holds-socket")
-        book = socket.removesuffix("-socket0")
-        admin = claim("observes-book", f"book.{DRIVER}", f'device.attributes["{DRIVER}"].book == '
-                                                         f'{int(book.removeprefix("drawer0-book"))}')
+        admin = claim("observes-book", f"book.{DRIVER}")
         admin["spec"]["devices"]["requests"][0]["exactly"]["adminAccess"] = True
         apply(dra, admin)
         apply(dra, pod("observer", dra.workload_image, "observes-book", cpu="0"))
         running(dra, "observer")
-        assert allocated_device(dra, "observes-book") == book
-        cpu = book.removeprefix("drawer0-book")
+        book = allocated_device(dra, "observes-book")
+        index = int(book.removeprefix("drawer0-book"))
+        apply(dra, claim("holds-socket", f"socket.{DRIVER}", f'device.attributes["{DRIVER}"].book == {index}'))
+        apply(dra, pod("socket-holder", dra.workload_image, "holds-socket", cpu="0"))
+        running(dra, "socket-holder")
+        assert allocated_device(dra, "holds-socket") == f"{book}-socket0"
+        cpu = str(index)
         wait_for("the socket's holder pinned", lambda: container_view(dra, "socket-holder")[1] == cpu, timeout=60)
         envs, allowed = container_view(dra, "observer")
         print(f"observer: TOPOLOGY_GROUPS={envs.get('TOPOLOGY_GROUPS')} Cpus_allowed_list={allowed}")
