@@ -368,3 +368,30 @@ def test_a_device_plugin_pod_on_a_socket_taints_its_book_when_dra_mode_publishes
         assert tainted == {book}
         with pytest.raises(PrepareError, match=f"overlaps topology/socket {socket}"):
             preparer_of(agent).prepare(*api.add(claim("u-1", book)))
+
+
+def test_a_claim_whose_pod_went_in_device_plugin_mode_is_forgotten_and_held_no_more_after_a_kubelet_restart(
+        kubelet: KubeletEmulator) -> None:
+    """Its pod deleted while no DRA plugin runs, kubelet cannot unprepare the claim: the checkpoint keeps it. Once
+    pod-resources no longer lists it the agent forgets it there, so that an agent started right after a kubelet
+    restart (whose List releases nothing for a while) does not hold the book again."""
+    from agent.dra.prepare import read_checkpoint
+
+    topology = load_embedded("z16-lpar")
+    book = "drawer0-book1"
+    prepare_in_checkpoint(kubelet, topology, claim("u-1", book))
+    kubelet.add_claim_pod("ns", "llm", "main", ("ns", "c"), DRIVER, NODE, [book])
+    checkpoint = checkpoint_path(kubelet.device_plugin_dir)
+    with started(build_agent(topology, config(kubelet))):
+        kubelet.wait_registered(BOOK)
+        kubelet.wait_for(lambda: kubelet.unhealthy_devices(BOOK) == {book}, what="the claimed book held")
+        assert set(read_checkpoint(checkpoint)) == {"u-1"}  # in use: kept
+        kubelet.remove_claim_pod("ns", "llm")
+        kubelet.wait_for(lambda: not kubelet.unhealthy_devices(BOOK), what="the book free again")
+        wait_until(lambda: read_checkpoint(checkpoint) == {}, "the claim forgotten in the checkpoint")
+    kubelet.pods_resync = 30.0  # the restarted kubelet's List stays empty: an agent now releases nothing
+    kubelet.restart()
+    with started(build_agent(topology, config(kubelet))):
+        kubelet.wait_registered(BOOK)
+        kubelet.wait_for(lambda: kubelet.snapshots(BOOK) >= 1, what="the first ListAndWatch")
+        assert kubelet.unhealthy_devices(BOOK) == set()

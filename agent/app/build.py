@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -28,7 +28,14 @@ from agent.app.nri_enforcement import NriEnforcement
 from agent.cri.client import CriClient
 from agent.devices.persist import StateFiles
 from agent.devices.table import NodeDevices
-from agent.dra.prepare import PreparedClaim, admin_devices, checkpoint_path, claim_holds, read_checkpoint
+from agent.dra.prepare import (
+    PreparedClaim,
+    admin_devices,
+    checkpoint_path,
+    claim_holds,
+    forget_claims,
+    read_checkpoint,
+)
 from agent.errors import PodResourcesError
 from agent.node.reporter import LabelerFactory, NodeReporter, default_labeler
 from agent.observe.http import HttpEndpoint
@@ -37,7 +44,7 @@ from agent.plugin.manager import PluginManager
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire, render
 from agent.policy.dra import DRIVER
-from agent.policy.grouping import Grouping, group_topology
+from agent.policy.grouping import Group, Grouping, group_topology
 from agent.policy.health import shadow_groups
 from agent.policy.ledger import SavedHolds
 from agent.topology.model import Topology
@@ -74,6 +81,29 @@ def choose_grouping(fresh: Grouping, files: StateFiles, pod_resources: PodResour
             chosen = saved
     files.save_groups(chosen)
     return chosen
+
+
+class ReleasedClaims:
+    """Device-plugin mode: the claims a DRA agent left prepared that hold nothing any more (no pending hold, no
+    container listed) are forgotten in the checkpoint, so that the next agent does not hold their devices again
+    while kubelet's List settles after a restart (a NodeDevices listener; also run after the first List)."""
+
+    def __init__(self, devices: NodeDevices[Wire], path: Path, claims: Mapping[str, PreparedClaim],
+                 groups: Sequence[Group]) -> None:
+        self.devices = devices
+        self.path = path
+        by_id = {g.id: g for g in groups}
+        self.holding = {uid: set(keys) for uid in claims if (keys := claim_holds({uid: claims[uid]}, by_id))}
+
+    def __call__(self) -> None:
+        if not self.holding:
+            return
+        with self.devices.lock:
+            ledger = self.devices.ledger
+            still = set(ledger.pending_claims) | set(ledger.listed)
+        released = [uid for uid, keys in self.holding.items() if not keys & still]
+        for uid in forget_claims(self.path, released) if released else ():
+            del self.holding[uid]
 
 
 def first_pod_resources_sync(devices: NodeDevices[Wire], pod_resources: PodResourcesClient,
@@ -121,6 +151,7 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
                           numa_topology=machine.has_node_dirs and len(machine.memory_nodes) > 1, store=files,
                           mode=config.mode, shadow=shadow)
     holds = files.load_holds((g.resource, g.id) for g in every)
+    after_first_sync: list[Callable[[], None]] = []
     if config.pod_resources_interval <= 0:
         if any(devices.overlap.values()):
             log.warning("pod-resources is off (--pod-resources-interval 0): the agent cannot learn when a pod ends, "
@@ -139,6 +170,9 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
                         "pod-resources shows or drops them: %s", len(held),
                         ", ".join(f"{r} {d}" for r, d in sorted(held)))
             devices.restore_claims(held)
+            forget = ReleasedClaims(devices, checkpoint_path(config.kubelet_dir), claims, every)
+            devices.add_listener(forget)
+            after_first_sync.append(forget)
         pod_resources.dra_admin = lambda: admin_devices(claims)
     metrics = AgentMetrics()
     metrics.prepare(grouping.resources())
@@ -166,6 +200,8 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
         devices.apply_topology(topology)
         if config.pod_resources_interval > 0:
             first_pod_resources_sync(devices, pod_resources, config)
+        for step in after_first_sync:
+            step()
     http = HttpEndpoint(config.metrics_address, config.metrics_port) if config.metrics_port is not None else None
     latest = LatestTopology(topology)
     enforcement: CpusetEnforcement | NriEnforcement | None = None

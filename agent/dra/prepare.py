@@ -38,7 +38,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,6 +221,30 @@ def read_checkpoint(path: Path) -> dict[str, PreparedClaim]:
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         log.warning("the DRA checkpoint %s cannot be trusted (%s): not used", path, exc)
         return {}
+
+
+def forget_claims(path: Path, uids: Iterable[str]) -> list[str]:
+    """Device-plugin mode: drop claims from the checkpoint at ``path`` once pod-resources no longer lists their
+    containers (the pods went while no DRA plugin ran, so kubelet could not unprepare them; it does once one runs
+    again, and unpreparing a claim the checkpoint does not know succeeds). The uids removed; an unreadable or
+    unwritable checkpoint is left as it is (one warning)."""
+    drop = set(uids)
+    claims = read_checkpoint(path)
+    gone = sorted(uid for uid in claims if uid in drop)
+    if not gone:
+        return []
+    doc = {"version": CHECKPOINT_VERSION,
+           "claims": [c.to_json() for uid, c in claims.items() if uid not in drop]}
+    try:
+        _write_atomically(Path(path), json.dumps(doc, sort_keys=True).encode())
+    except OSError as exc:
+        log.warning("cannot forget released claims in the DRA checkpoint %s (%s)", path, exc)
+        return []
+    for uid in gone:
+        c = claims[uid]
+        log.info("forgot claim %s/%s (%s) in the DRA checkpoint: pod-resources lists none of its containers any more",
+                 c.namespace, c.name, uid)
+    return gone
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
