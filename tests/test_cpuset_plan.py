@@ -101,3 +101,91 @@ def test_no_container_is_ever_left_without_cpus_and_holders_never_share(
 def _expand(part: str) -> range:
     lo, _, hi = part.partition("-")
     return range(int(lo), int(hi or lo) + 1)
+
+
+# --- issue 30 -----------------------------------------------------------------------------------------------
+
+BOTH = group_topology(load_embedded("z16-lpar"), GroupingSettings(levels=("book", "socket")))
+BOTH_GROUPS = {(g.resource, g.id): g for g in BOTH.groups}
+SOCKET_OF_BOOK1 = ("topology/socket", "drawer0-book1-socket0")
+
+
+def test_a_running_holder_the_ledger_lost_still_counts_as_taken() -> None:
+    """Item 8: the ledger lacks llm's book (a kubelet restart with the API server away, an agent restart without
+    pod-resources), but llm runs pinned by its annotations: nobody else is widened onto its book."""
+    llm = container("llm", frozenset(range(12)), mems="0", annotated_groups=("drawer0-book0",),
+                    annotated_resource=BOOK)
+    web = container("web", frozenset(range(12, 82)))
+    plan = plan_cpusets([llm, web], {}, set(), GROUPS, ONLINE, shared_pool=True)
+    assert plan.updates == () and plan.pool == tuple(range(12, 82))
+    listed = plan_cpusets([container("llm", frozenset(range(12)), mems="0"), web], {("ns", "llm", "c"): {BOOK0}},
+                          set(), GROUPS, ONLINE, shared_pool=True)  # listed, but no longer held in the ledger
+    assert listed.updates == () and listed.pool == tuple(range(12, 82))
+
+
+def test_a_new_plain_container_is_created_off_a_running_holders_book_the_ledger_lost() -> None:
+    from agent.policy.creation import plan_creation
+
+    llm = container("llm", frozenset(range(12)), mems="0", annotated_groups=("drawer0-book0",),
+                    annotated_resource=BOOK)
+    new = container("new")
+    plan = plan_creation(new, [llm, new], {}, (), GROUPS, ONLINE, shared_pool=True)
+    assert plan.adjust is not None and plan.adjust.cpus == "12-81" and plan.others == ()
+
+
+def test_a_holder_whose_groups_are_all_offline_is_confined_to_the_pool_and_reported() -> None:
+    """Item 6: nothing of its book is online; it never runs on another holder's CPUs."""
+    holders = {("ns", "llm", "c"): {BOOK0}, ("ns", "other", "c"): {BOOK1}}
+    online = ONLINE - set(range(12))
+    llm, other = container("llm"), container("other", frozenset(range(12, 22)), mems="0")
+    plan = plan_cpusets([llm, other], holders, {BOOK0, BOOK1}, GROUPS, online)
+    (update,) = plan.updates
+    assert (update.container, update.cpus, update.kind, update.mems) == ("id-llm", "22-81", "offline", "")
+    assert plan.offline == (("ns", "llm", "c"),) and plan.topology_containers == 2 and plan.pinned == 1
+    again = plan_cpusets([container("llm", frozenset(range(22, 82))), other], holders, {BOOK0, BOOK1}, GROUPS, online)
+    assert again.updates == () and again.offline == (("ns", "llm", "c"),)
+    back = plan_cpusets([container("llm", frozenset(range(22, 82))), other], holders, {BOOK0, BOOK1}, GROUPS, ONLINE)
+    assert [(u.cpus, u.kind) for u in back.updates] == [("0-11", "topology")] and back.offline == ()
+
+
+def test_an_offline_holder_with_no_pool_left_is_stranded_not_spread_over_other_holders() -> None:
+    holders = {("ns", "llm", "c"): {BOOK0}, ("ns", "other", "c"): {BOOK1}}
+    online = frozenset(range(12, 22))  # book 0 offline, only book 1 (held by other) online
+    plan = plan_cpusets([container("llm"), container("other", frozenset(range(12, 22)), mems="0")], holders,
+                        {BOOK0, BOOK1}, GROUPS, online)
+    assert plan.updates == () and plan.stranded == (("ns", "llm", "c"),)
+    from agent.policy.creation import plan_creation
+
+    new = container("llm")
+    created = plan_creation(new, [new], holders, {BOOK0, BOOK1}, GROUPS, online)
+    assert created.refused and "offline" in created.refused
+
+
+def test_a_new_plain_container_is_refused_when_the_shared_pool_is_empty() -> None:
+    """Also: an empty pool; a new ordinary container must never be created on every CPU (NRI refuses it)."""
+    from agent.policy.creation import plan_creation
+
+    only_book0 = frozenset(range(12))
+    new = container("web")
+    plan = plan_creation(new, [new], {}, {BOOK0}, GROUPS, only_book0, shared_pool=True)
+    assert plan.adjust is None and plan.refused and "shared pool is empty" in plan.refused
+    assert plan_creation(new, [new], {}, {BOOK0}, GROUPS, only_book0, shared_pool=False).refused == ""
+    with_reserved = plan_creation(new, [new], {}, {BOOK0}, GROUPS, only_book0, reserved={0}, shared_pool=True)
+    assert not with_reserved.refused and with_reserved.adjust is not None and with_reserved.adjust.cpus == "0"
+
+
+def test_annotations_that_clash_with_a_listed_holder_are_not_believed() -> None:
+    """Also: annotation passthrough. A container's annotations naming a group whose CPUs pod-resources lists for
+    another container are not what kubelet allocated: it is treated as any other container."""
+    holders = {("ns", "llm", "c"): {SOCKET_OF_BOOK1}}
+    forged = container("x", annotated_groups=("drawer0-book1",), annotated_resource=BOOK)
+    plan = plan_cpusets([forged], holders, {SOCKET_OF_BOOK1}, BOTH_GROUPS, ONLINE, shared_pool=True)
+    (update,) = plan.updates
+    assert update.kind == "shrink" and not set(range(12, 18)) & set(_cpus(update.cpus))
+    assert plan.topology_containers == 0
+    mine = container("llm", annotated_groups=("drawer0-book1-socket0",), annotated_resource="topology/socket")
+    assert plan_cpusets([mine], holders, {SOCKET_OF_BOOK1}, BOTH_GROUPS, ONLINE).updates[0].cpus == "12-17"
+
+
+def _cpus(text: str) -> list[int]:
+    return [c for part in text.split(",") for c in _expand(part)]

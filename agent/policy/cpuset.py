@@ -1,13 +1,22 @@
 """Which cpuset every running container should have, when the agent enforces CPU sets through the
-container runtime (``--cpuset-enforcement cri``). Pure: containers, holders and groups in, updates out.
+container runtime (``--cpuset-enforcement cri`` or ``nri``). Pure: containers, holders and groups in, updates out.
 
 * A container that holds topology devices gets its groups' CPUs and memory nodes (what Allocate
   handed it as ``TOPOLOGY_CPUS`` and ``CPU_VISIBLE_MEMORY_NODES``). It is known by kubelet's names
   (namespace/pod/container) from pod-resources, or, right after it was created and before
-  pod-resources lists it, by the group ids the agent's Allocate put in its annotations.
+  pod-resources lists it, by the group ids the agent's Allocate put in its annotations. Annotations
+  that name a CPU pod-resources lists for another container are not what kubelet allocated (a pod can
+  put its own annotations there through containerd's ``pod_annotations``): such a container is treated
+  as any other.
+* Every container pinned that way counts as taken, whatever the ledger says: the ledger may have
+  dropped a hold whose container still runs (a kubelet restart while the API server is away, an
+  agent restart without pod-resources), and nobody else may be widened onto it.
 * With the shared pool, every other container runs on the pool: the online CPUs minus the CPUs of
-  every group held right now, with ``reserved`` CPUs always in it, as kubelet's static CPU manager
-  keeps its shared pool apart from exclusive CPUs. A pool that would be empty shrinks nobody.
+  every group held or pinned right now, with ``reserved`` CPUs always in it, as kubelet's static CPU
+  manager keeps its shared pool apart from exclusive CPUs. A pool that would be empty shrinks nobody.
+* A holder whose groups' CPUs are all offline runs on the pool too (kind ``offline``), with or without
+  ``--shared-pool``, and is reported: it must never run on CPUs other pods hold. With no pool left it is
+  ``stranded`` (left as it is, reported).
 * Only what differs is changed; a container with no cpuset of its own runs on every online CPU.
 """
 
@@ -21,6 +30,7 @@ from agent.policy.health import DeviceKey
 from agent.topology.cpulist import format_cpulist
 
 Identity = tuple[str, str, str]  # kubelet's namespace, pod, container
+KINDS = ("topology", "shrink", "widen", "offline")  # what an update does (metrics label every one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +50,8 @@ class Update:
     identity: Identity
     cpus: str  # cpulist
     mems: str  # cpulist; "" leaves the memory nodes as they are
-    kind: str  # "topology" (its groups) | "shrink" (into the shared pool) | "widen" (the pool grew back)
+    kind: str  # one of KINDS: "topology" (its groups) | "shrink" (into the shared pool) | "widen" (the pool grew
+    # back) | "offline" (a holder whose groups' CPUs are all offline, onto the pool)
     created_at: float = 0.0
 
 
@@ -51,18 +62,26 @@ class CpusetPlan:
     topology_containers: int  # running containers that hold topology devices
     pinned: int  # of those, already on their groups' CPUs
     pool_empty: bool  # the pool would be empty: nobody was shrunk
+    offline: tuple[Identity, ...] = ()  # holders whose groups' CPUs are all offline (run on the pool)
+    stranded: tuple[Identity, ...] = ()  # of those, the ones no CPU is left for (the pool is empty)
 
 
 def desired_topology(container: RunningContainer, holders: Mapping[Identity, Iterable[DeviceKey]],
                      groups: Mapping[DeviceKey, Group]) -> list[Group]:
-    """The groups a container holds: from pod-resources, else from its annotations (a new container)."""
+    """The groups a container holds: from pod-resources, else from its annotations (a new container),
+    unless they name CPUs pod-resources lists for another container."""
     listed = [groups[k] for k in holders.get(container.identity, ()) if k in groups]
     if listed:
         return listed
-    if container.annotated_resource:
-        return [groups[(container.annotated_resource, d)] for d in container.annotated_groups
-                if (container.annotated_resource, d) in groups]
-    return []
+    if not container.annotated_resource:
+        return []
+    annotated = [groups[(container.annotated_resource, d)] for d in container.annotated_groups
+                 if (container.annotated_resource, d) in groups]
+    mine = {c for g in annotated for c in g.cpus}
+    for identity, keys in holders.items():
+        if identity != container.identity and any(mine & set(groups[k].cpus) for k in keys if k in groups):
+            return []  # not what kubelet allocated: another container holds some of those CPUs
+    return annotated
 
 
 def plan_cpusets(containers: Iterable[RunningContainer], holders: Mapping[Identity, Iterable[DeviceKey]],
@@ -70,20 +89,29 @@ def plan_cpusets(containers: Iterable[RunningContainer], holders: Mapping[Identi
                  reserved: Iterable[int] = (), shared_pool: bool = False) -> CpusetPlan:
     """The cpuset updates that bring every running container where it belongs."""
     online_set = frozenset(online)
+    running = [(c, desired_topology(c, holders, groups)) for c in containers]
     taken = {c for key in held if key in groups for c in groups[key].cpus}
+    taken |= {c for _, mine in running for g in mine for c in g.cpus}
     pool = (online_set - taken) | (frozenset(reserved) & online_set)
     pool_empty = shared_pool and not pool
     updates: list[Update] = []
+    offline: list[Identity] = []
+    stranded: list[Identity] = []
     topology = pinned = 0
-    for container in containers:
-        mine = desired_topology(container, holders, groups)
+    for container, mine in running:
         current = container.cpus or online_set
         if mine:
             topology += 1
             cpus = frozenset(c for g in mine for c in g.cpus) & online_set
             mems = ",".join(map(str, sorted({n for g in mine for n in g.memory_nodes})))
-            if not cpus:
-                continue  # every CPU of its groups went offline: nothing sensible to pin to
+            if not cpus:  # every CPU of its groups went offline: the pool, never another holder's CPUs
+                offline.append(container.identity)
+                if not pool:
+                    stranded.append(container.identity)
+                elif current != pool:
+                    updates.append(Update(container.id, container.identity, format_cpulist(sorted(pool)), "",
+                                          "offline", container.created_at))
+                continue
             if current == cpus and (not mems or container.mems == mems):
                 pinned += 1
                 continue
@@ -94,4 +122,4 @@ def plan_cpusets(containers: Iterable[RunningContainer], holders: Mapping[Identi
             updates.append(Update(container.id, container.identity, format_cpulist(sorted(pool)), "", kind,
                                   container.created_at))
     return CpusetPlan(tuple(updates), tuple(sorted(pool if shared_pool else online_set)), topology, pinned,
-                      pool_empty)
+                      pool_empty, tuple(offline), tuple(stranded))

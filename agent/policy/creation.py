@@ -8,6 +8,10 @@ what the others need at that moment. Pure, and the same rules as :mod:`agent.pol
   its groups' CPUs and memory nodes;
 * with the shared pool, every other container is created inside the pool, and the containers
   already running are confined to the pool the new holder leaves (the updates in the reply);
+* a container the pool cannot take is refused (``refused``: the runtime fails its creation, kubelet
+  retries it with backoff), never created on every CPU: an ordinary container while the shared pool
+  is empty (every online CPU held, none reserved), or a holder whose groups' CPUs are all offline
+  with no pool left (kubernetes-sigs/dra-driver-cpu#297 fails closed the same way);
 * a container with nothing to say about is created as it was asked for.
 """
 
@@ -24,21 +28,28 @@ from agent.policy.health import DeviceKey
 
 @dataclass(frozen=True, slots=True)
 class CreationPlan:
-    adjust: Update | None  # the new container's cpuset (kind "topology" or "shrink"), None: as asked for
+    adjust: Update | None  # the new container's cpuset (kind "topology", "shrink" or "offline"), None: as asked for
     others: tuple[Update, ...]  # running containers to move (never the new one)
     pool: tuple[int, ...]
+    refused: str = ""  # why the container must not be created now ("": it may)
 
 
 def plan_creation(new: RunningContainer, running: Iterable[RunningContainer],
                   holders: Mapping[Identity, Iterable[DeviceKey]], held: Iterable[DeviceKey],
                   groups: Mapping[DeviceKey, Group], online: Iterable[int], reserved: Iterable[int] = (),
                   shared_pool: bool = False) -> CreationPlan:
-    """The new container's cpuset and the updates of the others, with its groups counted as held
-    (Allocate came first, but pod-resources may not list its holder yet)."""
-    online_set = frozenset(online)
-    mine = {(g.resource, g.id) for g in desired_topology(new, holders, groups)}
-    held_now = frozenset(held) | mine
-    own = plan_cpusets([new], holders, held_now, groups, online_set, reserved, shared_pool)
+    """The new container's cpuset and the updates of the others, planned together: its groups, and those of
+    every running holder, count as taken (Allocate came first, but pod-resources may not list its holder yet)."""
     others = [c for c in running if c.id != new.id]
-    rest = plan_cpusets(others, holders, held_now, groups, online_set, reserved, shared_pool)
-    return CreationPlan(own.updates[0] if own.updates else None, rest.updates, own.pool)
+    plan = plan_cpusets([new, *others], holders, held, groups, online, reserved, shared_pool)
+    adjust = next((u for u in plan.updates if u.container == new.id), None)
+    rest = tuple(u for u in plan.updates if u.container != new.id)
+    refused = ""
+    if new.identity in plan.stranded:
+        refused = ("every CPU of its groups is offline and no CPU is left outside other holders' groups: refused "
+                   "rather than created on CPUs other pods hold")
+    elif plan.pool_empty and not desired_topology(new, holders, groups):
+        refused = ("the shared pool is empty (every online CPU is in a held group, none reserved): refused rather "
+                   "than created on CPUs other pods hold; it is created once a group is freed (or give "
+                   "--reserved-cpus)")
+    return CreationPlan(None if refused else adjust, rest, plan.pool, refused)
