@@ -316,7 +316,7 @@ def test_build_agent_in_dra_mode_hands_the_nri_plugin_the_prepared_claims(monkey
     enforcement = agent.enforcement
     assert isinstance(enforcement, NriEnforcement)
     preparer = agent.manager.plugin.preparer  # type: ignore[attr-defined]
-    woken = enforcement._wake  # what the shared-pool thread waits on (not started here)
+    woken = enforcement.upkeep._wake  # what the upkeep thread waits on (not started here)
     assert not woken.is_set()
     book = agent.grouping.groups[1]
     claims[("inference", "one-book")] = {
@@ -332,3 +332,169 @@ def test_build_agent_in_dra_mode_hands_the_nri_plugin_the_prepared_claims(monkey
     assert answer.adjust.linux.resources.cpu.cpus == book.cpulist
     preparer.unprepare("u-1")
     assert woken.is_set()
+
+
+# --- issue 30: lost updates, empty pool, offline holders, annotation passthrough ------------------------------
+
+
+def three_books() -> Topology:
+    machine = Machine(arch="s390x", machine_type="3931", environment="lpar", topology_facility=True,
+                      dispatching="horizontal", smt_threads=1)
+    return Topology(machine=machine, cpus=tuple(
+        Cpu(cpu=n, core=n, socket=n, book=n, drawer=0, siblings=(n,), polarization="horizontal") for n in (0, 1, 2)))
+
+
+def setup3(shared_pool: bool = True, online: frozenset[int] = frozenset({0, 1, 2}),
+           **kw: Any) -> tuple[NriEnforcement, Any, list[tuple[str, str]]]:
+    settings = GroupingSettings(levels=("book",))
+    grouping = group_topology(three_books(), settings)
+    devices = NodeDevices(grouping, settings, AllocationSettings(), render_wire)
+    groups = {(g.resource, g.id): g for g in grouping.groups}
+    notices: list[tuple[str, str]] = []
+    current = [online]
+    enforcement = NriEnforcement(devices, groups, DOMAIN, online=lambda: current[0], reserved=frozenset(),
+                                 shared_pool=shared_pool, cpu_manager_policy=lambda: None,
+                                 socket_path=short_tmpdir_path() / "absent.sock",
+                                 notify=lambda reason, message: notices.append((reason, message)), **kw)
+    enforcement.set_online = lambda cpus: current.__setitem__(0, cpus)  # type: ignore[attr-defined]
+    return enforcement, grouping, notices
+
+
+def short_tmpdir_path() -> Any:
+    from tests.plugin_harness import short_tmpdir
+
+    return short_tmpdir()
+
+
+class FakeUnsolicited:
+    """The runtime's side of unsolicited UpdateContainers: records each call, fails as told."""
+
+    def __init__(self, enforcement: NriEnforcement, fail: Exception | None = None) -> None:
+        self.calls: list[list[nri.ContainerUpdate]] = []
+        self.fail = fail
+        enforcement.plugin.state.registered = True
+        enforcement.plugin.state.nri_version = "v0.12.1"
+        enforcement.plugin.update_containers = self  # type: ignore[method-assign]
+
+    def __call__(self, updates: list[nri.ContainerUpdate], timeout: float = 2.0) -> list[str]:
+        self.calls.append(list(updates))
+        if self.fail is not None:
+            raise self.fail
+        return []
+
+
+def test_a_lost_unsolicited_update_is_planned_again_in_the_next_reply() -> None:
+    """Item 9: an Allocate makes the pool thread move web off the book; the runtime never answers (containerd's
+    updateFromPlugin waits on the lock every event holds). The holder's CreateContainer reply must move web."""
+    from agent.nri.ttrpc import CallTimeout
+    from topology_devkit.agent_process import wait_until
+
+    enforcement, grouping, _ = setup3()
+    runtime = FakeUnsolicited(enforcement, fail=CallTimeout("no answer"))
+    enforcement.start()
+    try:
+        assert enforcement.create_container(pod("web"), container("c-web", "web")) == nri.CreateContainerResponse()
+        enforcement.devices.table(grouping.groups[0].resource).admit([[grouping.groups[0].id]])  # Allocate
+        wait_until(lambda: len(runtime.calls) >= 1, 10, "the pool thread's unsolicited update")
+        ((sent,),) = runtime.calls[:1]
+        assert (sent.container_id, sent.linux.resources.cpu.cpus) == ("c-web", "1-2")
+        assert sent.ignore_failure is False  # so that a failure comes back (containerd logs it otherwise)
+        llm = enforcement.create_container(pod("llm"), container("c-llm", "llm", annotated(grouping, 0)))
+        assert llm.adjust.linux.resources.cpu.cpus == "0"
+        assert [(u.container_id, u.linux.resources.cpu.cpus) for u in llm.update] == [("c-web", "1-2")]
+        assert enforcement.counters.updates.get(("shrink", "error"), 0) >= 1
+    finally:
+        enforcement.stop()
+
+
+def test_a_confirmed_unsolicited_update_is_remembered_and_not_sent_again() -> None:
+    from topology_devkit.agent_process import wait_until
+
+    enforcement, grouping, _ = setup3()
+    runtime = FakeUnsolicited(enforcement)
+    enforcement.start()
+    try:
+        enforcement.create_container(pod("web"), container("c-web", "web"))
+        enforcement.devices.table(grouping.groups[0].resource).admit([[grouping.groups[0].id]])
+        wait_until(lambda: enforcement.counters.updates.get(("shrink", "ok"), 0) == 1, 10, "the shrink confirmed")
+        llm = enforcement.create_container(pod("llm"), container("c-llm", "llm", annotated(grouping, 0)))
+        assert list(llm.update) == []  # the runtime confirmed web's move: nothing to repeat
+        assert len(runtime.calls) == 1
+    finally:
+        enforcement.stop()
+
+
+def test_a_failed_batch_is_tried_one_by_one_and_only_the_failed_one_is_planned_again() -> None:
+    from agent.nri.plugin import UpdatesFailed
+    from topology_devkit.agent_process import wait_until
+
+    enforcement, grouping, _ = setup3()
+    calls: list[list[str]] = []
+
+    def runtime(updates: list[nri.ContainerUpdate], timeout: float = 2.0) -> list[str]:
+        ids = [u.container_id for u in updates]
+        calls.append(ids)
+        if "c-bad" in ids:  # containerd: the failed updates go to its log, the plugin gets an error only
+            raise UpdatesFailed("UpdateContainers failed: NRI update of some containers failed (code 2)")
+        return []
+
+    FakeUnsolicited(enforcement)
+    enforcement.plugin.update_containers = runtime  # type: ignore[method-assign]
+    enforcement.start()
+    try:
+        for name in ("web", "bad"):
+            enforcement.create_container(pod(name), container(f"c-{name}", name))
+        enforcement.devices.table(grouping.groups[0].resource).admit([[grouping.groups[0].id]])
+        wait_until(lambda: enforcement.counters.updates.get(("shrink", "ok"), 0) == 1, 10, "web confirmed alone")
+        assert sorted(calls[0]) == ["c-bad", "c-web"]
+        llm = enforcement.create_container(pod("llm"), container("c-llm", "llm", annotated(grouping, 0)))
+        assert [u.container_id for u in llm.update] == ["c-bad"]
+    finally:
+        enforcement.stop()
+
+
+def test_a_new_plain_container_is_refused_while_the_shared_pool_is_empty() -> None:
+    """Also: an empty shared pool. Created on every CPU it would run on the held books: refused instead (the
+    runtime fails the creation, kubelet retries it), and counted."""
+    from agent.nri.plugin import Refused
+
+    enforcement, grouping, _ = setup3()
+    table = enforcement.devices.table(grouping.groups[0].resource)
+    table.admit([[g.id] for g in grouping.groups])
+    with pytest.raises(Refused, match="shared pool is empty"):
+        enforcement.create_container(pod("web"), container("c-web", "web"))
+    assert "c-web" not in {c.id for c in enforcement.known()}
+    assert enforcement.counters.creations_refused == 1
+    llm = enforcement.create_container(pod("llm"), container("c-llm", "llm", annotated(grouping, 0)))
+    assert llm.adjust.linux.resources.cpu.cpus == "0"  # a holder is created on its book as ever
+
+
+def test_a_holder_whose_book_is_offline_is_created_in_the_pool_and_said() -> None:
+    """Item 6: a restarted container of a pod whose book went offline runs on the pool, never on all CPUs."""
+    enforcement, grouping, notices = setup3(online=frozenset({1, 2}))
+    table = enforcement.devices.table(grouping.groups[0].resource)
+    table.admit([[grouping.groups[0].id]])
+    table.admit([[grouping.groups[2].id]])
+    llm = enforcement.create_container(pod("llm"), container("c-llm", "llm", annotated(grouping, 0)))
+    assert llm.adjust.linux.resources.cpu.cpus == "1"  # the pool: not book 2, which another pod holds
+    assert enforcement.counters.offline == 1 and enforcement.counters.updates[("offline", "ok")] == 1
+    assert [reason for reason, _ in notices] == ["TopologyHolderOffline"]
+    assert "default/llm/c" in notices[0][1] and "offline" in notices[0][1]
+    enforcement.create_container(pod("llm"), container("c-llm2", "llm", annotated(grouping, 0)))
+    assert len(notices) == 1  # said once per holder
+
+
+def test_annotations_the_pod_itself_carries_are_not_believed() -> None:
+    """Also: containerd's pod_annotations pass-through puts a pod's own annotations into its containers' (NRI's
+    criContainer.GetAnnotations merges the spec's and kubelet's, kubelet's winning): a pod naming a book in its
+    annotations is not pinned to it; kubelet's Allocate annotations, which differ from the pod's, still are."""
+    enforcement, grouping, _ = setup3(shared_pool=False)
+    forged = annotated(grouping, 1)
+    sandbox = pod("x")
+    sandbox.annotations.update(forged)
+    answer = enforcement.create_container(sandbox, container("c-x", "x", forged))
+    assert answer == nri.CreateContainerResponse()  # as asked for: no pin to book 1
+    holder = pod("llm")
+    holder.annotations.update(annotated(grouping, 1))  # the pod says book 1, kubelet's Allocate said book 2
+    real = enforcement.create_container(holder, container("c-llm", "llm", annotated(grouping, 2)))
+    assert real.adjust.linux.resources.cpu.cpus == "2"

@@ -290,3 +290,28 @@ def test_unsolicited_updates_only_from_nri_v0_12_1_on() -> None:
     assert nri_version_at_least("v0.12.3", (0, 12, 1)) and nri_version_at_least("v0.13.0-rc.1", (0, 12, 1))
     assert not nri_version_at_least("v0.12.0", (0, 12, 1))
     assert not nri_version_at_least("", (0, 12, 1)) and not nri_version_at_least("unknown", (0, 12, 1))
+
+
+def test_a_refused_creation_fails_with_its_reason_and_the_plugin_stays(runtime: FakeRuntime) -> None:
+    """A handler's Refused is a non-OK status with its text (the runtime fails that one creation, non-fatal for
+    the plugin: NRI isFatalError), not an empty answer that would create the container on every CPU."""
+    from agent.nri.plugin import Refused
+
+    class Refusing(Recorder):
+        def create_container(self, pod: nri.PodSandbox, container: nri.Container) -> nri.CreateContainerResponse:
+            raise Refused("the shared pool is empty")
+
+    plugin = NriPlugin(Refusing(), runtime.path)
+    plugin.start()
+    try:
+        runtime.handshake()
+        assert plugin.wait_registered(5)
+        answer = runtime.call("CreateContainer", nri.CreateContainerRequest(
+            pod=nri.PodSandbox(id="pod-1"), container=nri.Container(id="c2", name="new")).SerializeToString())
+        assert answer.code == wire.RESOURCE_EXHAUSTED and answer.message == "topology-agent: the shared pool is empty"
+        assert plugin.state.registered and plugin.state.refusals == 1
+        stopped = runtime.call("StopContainer", nri.StopContainerRequest(container=nri.Container(id="c2"))
+                               .SerializeToString())
+        assert stopped.code == wire.OK
+    finally:
+        plugin.stop()

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from agent.app.config import AgentConfig
 from agent.app.enforcement import CpusetEnforcement
+from agent.app.enforcement_auto import AutoEnforcement
 from agent.app.loops import PeriodicLoop, backoff_delay
 from agent.app.nri_enforcement import NriEnforcement
 from agent.devices.table import NodeDevices
@@ -29,6 +30,8 @@ from agent.policy.grouping import Grouping
 from agent.topology.model import Topology
 
 log = logging.getLogger("topology-agent")
+
+Enforcement = CpusetEnforcement | NriEnforcement | AutoEnforcement
 
 SLOW_POD_RESOURCES = 30.0  # seconds between pod-resources Lists while nothing is held
 IDLE_AFTER = 60.0  # seconds after the last change of hands before pod-resources slows down
@@ -69,7 +72,7 @@ class Agent:
                  manager: PluginManager, pod_resources: PodResourcesClient, reporter: NodeReporter,
                  metrics: AgentMetrics, http: HttpEndpoint | None, latest: LatestTopology,
                  loader: Callable[[], Topology] | None = None, fingerprint: Callable[[], object] | None = None,
-                 first_fingerprint: object = None, enforcement: CpusetEnforcement | NriEnforcement | None = None,
+                 first_fingerprint: object = None, enforcement: Enforcement | None = None,
                  enforcement_mode: str = "none") -> None:
         self.topology = topology
         self.config = config
@@ -83,7 +86,7 @@ class Agent:
         self.loader = loader
         self.latest = latest
         self.enforcement = enforcement
-        self.enforcement_mode = enforcement_mode  # none | cri | nri: the one in force (auto decided at start)
+        self._enforcement_mode = enforcement_mode  # none | cri | nri: the one chosen at start
         self.fingerprint = fingerprint
         self._last_fingerprint = first_fingerprint
         self._quick_rescans = 0
@@ -98,7 +101,13 @@ class Agent:
                                         (TopologyReadError, OSError))
         self.label_loop = PeriodicLoop("node labels", config.label_interval if config.node_labels else 0,
                                        self.reporter.sync_labels, (), pace=self._label_pace)
+        reporter.on_event = self.label_loop.wake  # a Warning Event to post (agent.node.reporter.NodeReporter.warn)
         metrics.read_status(self.status)
+
+    @property
+    def enforcement_mode(self) -> str:
+        """The cpuset enforcement in force now (auto may switch while the agent runs)."""
+        return self.enforcement.mode if self.enforcement is not None else self._enforcement_mode
 
     # --- the loops' steps ---------------------------------------------------------------------
     def _pod_resources_pace(self) -> float:
@@ -230,7 +239,9 @@ class Agent:
         return EnforcementStatus(refused=c.refused is not None, failing=self.enforcement.failing and c.refused is None,
                                  topology_containers=c.topology_containers, pinned=c.pinned,
                                  updates=dict(c.updates), pool_cpus=c.pool_cpus, pool_empty=c.pool_empty,
-                                 steps=c.steps, container_refusals=c.container_refusals, refusing=c.refusing)
+                                 steps=c.steps, container_refusals=c.container_refusals, refusing=c.refusing,
+                                 offline=c.offline, stranded=c.stranded, creations_refused=c.creations_refused,
+                                 overridden=c.overridden)
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:

@@ -20,9 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import cast
 
-from agent.app.agent import Agent, LatestTopology, exclusivity_confirmed
+from agent.app.agent import Agent, Enforcement, LatestTopology, exclusivity_confirmed
 from agent.app.config import AgentConfig
-from agent.app.enforcement import CpusetEnforcement
+from agent.app.enforcement import CpusetEnforcement, EnforcementCounters
+from agent.app.enforcement_auto import AutoEnforcement
 from agent.app.enforcement_mode import choose_enforcement, cri_socket_of
 from agent.app.nri_enforcement import NriEnforcement
 from agent.cri.client import CriClient
@@ -204,35 +205,52 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
             step()
     http = HttpEndpoint(config.metrics_address, config.metrics_port) if config.metrics_port is not None else None
     latest = LatestTopology(topology)
-    enforcement: CpusetEnforcement | NriEnforcement | None = None
+    enforcement: Enforcement | None = None
     mode = "none"
     if config.cpuset_enforcement != "none" and devices.tables:
         mode, why = choose_enforcement(config)
         if mode == "none":
             log.warning("cpuset enforcement off (%s): containers run wherever kubelet puts them; devices are still "
                         "served", why, extra={"reason": why})
-    if mode == "nri":
-        enforcement = NriEnforcement(
-            devices, {(g.resource, g.id): g for g in every}, config.allocation.annotation_domain,
-            online=latest.online, reserved=config.grouping.reserved_cpus, shared_pool=config.shared_pool,
+    groups = {(g.resource, g.id): g for g in every}
+    cri_socket = cri_socket_of(config)
+
+    def make_nri(counters: EnforcementCounters | None = None) -> NriEnforcement:
+        nri = NriEnforcement(
+            devices, groups, config.allocation.annotation_domain, online=latest.online,
+            reserved=config.grouping.reserved_cpus, shared_pool=config.shared_pool,
             cpu_manager_policy=lambda: reporter.cpu_manager_policy, socket_path=config.nri_socket,
             observe_pinned=metrics.pin_latency.observe,
-            claims=dra.prepared_requests if dra is not None else None)  # DRA: the claim its CDI env names
-        if dra is not None:
-            dra.on_claims_changed(enforcement.changed)
-        devices.enforced = enforcement.enforced
+            claims=dra.prepared_requests if dra is not None else None,  # DRA: the claim its CDI env names
+            notify=reporter.warn, counters=counters,
+            verifier=CriClient(cri_socket) if cri_socket.exists() else None)  # reads back what the runtime applied
         log.info("enforcing topology cpusets at creation as an NRI plugin on %s%s", config.nri_socket,
                  " with a shared pool for every other container" if config.shared_pool else "")
-    elif mode == "cri":
-        socket = cri_socket_of(config)
-        enforcement = CpusetEnforcement(
-            CriClient(socket), devices, {(g.resource, g.id): g for g in every},
-            config.allocation.annotation_domain, online=latest.online, reserved=config.grouping.reserved_cpus,
-            shared_pool=config.shared_pool, cpu_manager_policy=lambda: reporter.cpu_manager_policy,
-            interval=config.cpuset_interval, observe_pinned=metrics.pin_latency.observe)
-        devices.enforced = enforcement.enforced
-        log.info("enforcing topology cpusets through the CRI socket %s%s", socket,
+        return nri
+
+    def make_cri(counters: EnforcementCounters | None = None) -> CpusetEnforcement:
+        cri = CpusetEnforcement(
+            CriClient(cri_socket), devices, groups, config.allocation.annotation_domain, online=latest.online,
+            reserved=config.grouping.reserved_cpus, shared_pool=config.shared_pool,
+            cpu_manager_policy=lambda: reporter.cpu_manager_policy, interval=config.cpuset_interval,
+            observe_pinned=metrics.pin_latency.observe, notify=reporter.warn, counters=counters)
+        log.info("enforcing topology cpusets through the CRI socket %s%s", cri_socket,
                  " with a shared pool for every other container" if config.shared_pool else "")
+        return cri
+
+    if config.cpuset_enforcement == "auto" and devices.tables:
+        from agent.nri.probe import socket_answers
+
+        enforcement = AutoEnforcement(mode, make_nri=make_nri, make_cri=make_cri, nri_socket=config.nri_socket,
+                                      cri_socket=cri_socket, nri_answers=socket_answers)
+    elif mode == "nri":
+        enforcement = make_nri()
+    elif mode == "cri":
+        enforcement = make_cri()
+    if enforcement is not None:
+        devices.enforced = enforcement.enforced
+        if dra is not None:
+            dra.on_claims_changed(enforcement.changed)
     return Agent(topology=topology, config=config, grouping=grouping, devices=devices, manager=manager,
                  pod_resources=pod_resources, reporter=reporter, metrics=metrics, http=http, loader=loader,
                  fingerprint=fingerprint, first_fingerprint=first_fingerprint, latest=latest,

@@ -23,7 +23,7 @@ from agent.cri.client import ContainerInfo, CriClient
 from agent.devices.table import NodeDevices
 from agent.errors import AgentError, CriError
 from agent.plugin.servicer import Wire
-from agent.policy.cpuset import CpusetPlan, RunningContainer, plan_cpusets
+from agent.policy.cpuset import CpusetPlan, Identity, RunningContainer, plan_cpusets
 from agent.policy.grouping import Group
 from agent.policy.health import DeviceKey
 from agent.topology.cpulist import format_cpulist, parse_cpulist
@@ -32,6 +32,8 @@ log = logging.getLogger("topology-agent.cpuset")
 
 RECHECK = 60.0  # seconds after which a container's cpuset is read from the runtime again
 IDLE_INTERVAL = 30.0  # seconds between looks while no device is held and nothing needed updating
+VERBS = {"topology": "pinned", "shrink": "confined", "widen": "widened",
+         "offline": "confined (its groups' CPUs are offline)"}  # an update's kind, said in the log
 RUNTIME_DOWN = frozenset({"UNAVAILABLE", "CANCELLED", "NO_SOCKET", "NO_ACCESS"})  # codes that fail the whole step
 
 
@@ -46,14 +48,57 @@ class EnforcementCounters:
     refused: str | None = None  # why enforcement is refused (kubelet's static CPU manager), or None
     container_refusals: int = 0  # calls the runtime refused for one container (the step went on)
     refusing: int = 0  # containers whose last call the runtime refused
+    offline: int = 0  # holders whose groups' CPUs are all offline (on the shared pool), at the last plan
+    stranded: int = 0  # of those, the ones no CPU is left for (kept as they are; NRI refuses their creation)
+    creations_refused: int = 0  # NRI: creations refused (an ordinary container on an empty pool, a stranded holder)
+    overridden: int = 0  # NRI: containers found by the re-check on a cpuset other than the one the agent knew
+
+
+Notify = Callable[[str, str], None]  # (event reason, message): a Warning Event on the Node, sent off this thread
+
+
+class OfflineNotices:
+    """Says once per holder (log, Event) that its groups' CPUs are all offline, and again when it is back; keeps
+    the counts of the last plan."""
+
+    def __init__(self, notify: Notify | None) -> None:
+        self.notify = notify
+        self._said: dict[Identity, bool] = {}  # holder -> stranded when said
+
+    def report(self, plan: CpusetPlan, counters: EnforcementCounters) -> None:
+        counters.offline, counters.stranded = len(plan.offline), len(plan.stranded)
+        stranded = set(plan.stranded)
+        for identity in plan.offline:
+            now = identity in stranded
+            if self._said.get(identity) == now:
+                continue
+            self._said[identity] = now
+            who = "/".join(identity)
+            if now:
+                message = (f"{who} holds groups whose CPUs are all offline and no CPU is left outside other holders' "
+                           "groups: it keeps its cpuset (a new container of it is refused) until a CPU comes back "
+                           "or a group is freed")
+            else:
+                message = (f"{who} holds groups whose CPUs are all offline: it runs on the shared pool "
+                           f"({format_cpulist(plan.free)}), never on CPUs other pods hold, until they are back")
+            log.warning("%s", message, extra={"reason": "offline"})
+            if self.notify is not None:
+                self.notify("TopologyHolderOffline", message)
+        for identity in set(self._said) - set(plan.offline):
+            del self._said[identity]
+            log.info("%s: its groups' CPUs are online again; pinned to them", "/".join(identity),
+                     extra={"reason": "offline"})
 
 
 class CpusetEnforcement:
+    mode = "cri"
+
     def __init__(self, client: CriClient, devices: NodeDevices[Wire], groups: Mapping[DeviceKey, Group],
                  annotation_domain: str, *, online: Callable[[], frozenset[int]], reserved: frozenset[int],
                  shared_pool: bool, cpu_manager_policy: Callable[[], str | None], interval: float = 2.0,
                  fast_interval: float = 0.1, fast_window: float = 15.0,
-                 observe_pinned: Callable[[float], None] | None = None) -> None:
+                 observe_pinned: Callable[[float], None] | None = None, notify: Notify | None = None,
+                 counters: EnforcementCounters | None = None) -> None:
         self.client = client
         self.devices = devices
         self.groups = groups
@@ -66,7 +111,8 @@ class CpusetEnforcement:
         self.fast_interval = fast_interval
         self.fast_window = fast_window
         self.observe_pinned = observe_pinned
-        self.counters = EnforcementCounters(updates={})
+        self.counters = counters if counters is not None else EnforcementCounters(updates={})
+        self.offline = OfflineNotices(notify)
         self._cache: dict[str, tuple[frozenset[int], str, float]] = {}  # id -> (cpus, mems, read at)
         self._first_pinned: set[str] = set()
         self._enforced: dict[DeviceKey, list[str]] = {}
@@ -177,6 +223,7 @@ class CpusetEnforcement:
                         "keep their CPUs until a group is freed")
         self.counters.pool_empty = plan.pool_empty
         self.counters.pool_cpus = len(plan.pool)
+        self.offline.report(plan, self.counters)
         pinned = plan.pinned
         for update in plan.updates:
             try:
@@ -197,8 +244,7 @@ class CpusetEnforcement:
             cpus = frozenset(parse_cpulist(update.cpus))
             old = self._cache.get(update.container)
             self._cache[update.container] = (cpus, update.mems or (old[1] if old else ""), time.monotonic())
-            log.info("%s %s/%s/%s: cpuset %s%s", {"topology": "pinned", "shrink": "confined",
-                                                   "widen": "widened"}[update.kind], *update.identity, update.cpus,
+            log.info("%s %s/%s/%s: cpuset %s%s", VERBS[update.kind], *update.identity, update.cpus,
                      f", memory nodes {update.mems}" if update.mems else "",
                      extra={"cpus": update.cpus, "reason": update.kind})
             if update.kind == "topology" and update.container not in self._first_pinned:

@@ -5,7 +5,9 @@ containers the runtime told about), never from I/O inside a handler.
 
 * CreateContainer: the new container's cpuset and memory nodes (its groups'; with
   ``--shared-pool`` the pool for every other container), and the running containers the new
-  holder pushes out of its CPUs, all in the reply.
+  holder pushes out of its CPUs, all in the reply. A container the pool cannot take (an ordinary one
+  while the shared pool is empty, a holder whose groups are all offline with no pool left) is refused:
+  the runtime fails its creation and kubelet retries it, rather than it running on every CPU.
 * Synchronize (at registration, and after every reconnect): every existing container reconciled
   as the CRI loop does, which repairs containers created while the plugin was away.
 * UpdateContainer: a topology container keeps its groups' CPUs whatever kubelet updates; Stop and
@@ -16,28 +18,36 @@ from the ``TOPOLOGY_DRA_CLAIM`` variable its CDI device put into its environment
 agent prepared and a pod of the claim's namespace (:mod:`agent.policy.claims`; anything else is logged at
 debug and the container is treated as any other), and every prepared claim's devices count as held.
 
-Refused, like the CRI loop, while kubelet runs the static CPU manager policy (it answers nothing).
-When devices change hands outside any event (pod-resources notices a pod has gone, its group is
-free), the others are widened back with an unsolicited ``UpdateContainers`` from a thread of its
-own, only on runtimes whose NRI is v0.12.1 or later (containerd 2.4+: before, it can deadlock
-containerd); on older runtimes the pool widens at the next event's reply.
+Annotations of the agent's domain that the pod itself carries are not believed: with containerd's
+``pod_annotations`` pass-through a pod's own annotations reach its containers' (containerd
+``internal/cri/server/container_create.go`` adds them to the OCI spec; ``internal/cri/nri/nri_api_linux.go``
+``criContainer.GetAnnotations`` merges the spec's with kubelet's, kubelet's winning), while Allocate's never
+are the pod's (kubelet puts them into the CRI container config only).
+
+What the runtime applied is remembered from what it says (Synchronize, the events) and from the updates in the
+replies (it applies them; containerd logs a failure). Updates sent outside any event (:mod:`agent.app.nri_upkeep`)
+are remembered only once the runtime confirms them; until then the container is in doubt and every reply plans it
+again. Refused, like the CRI loop, while kubelet runs the static CPU manager policy (it answers nothing).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
-from agent.app.enforcement import EnforcementCounters
+from agent.app.enforcement import EnforcementCounters, Notify, OfflineNotices
+from agent.app.nri_upkeep import RECHECK, Upkeep, container_update
+from agent.cri.client import CriClient
 from agent.devices.table import NodeDevices
-from agent.nri.plugin import DEFAULT_SOCKET, NriPlugin
+from agent.nri.plugin import DEFAULT_SOCKET, NriPlugin, Refused
 from agent.plugin.servicer import Wire
 from agent.policy.claims import PreparedRequest, claimed_devices, match_claim, prepared_keys, with_claims
-from agent.policy.cpuset import Identity, RunningContainer, Update, plan_cpusets
+from agent.policy.cpuset import CpusetPlan, Identity, RunningContainer, Update, desired_topology, plan_cpusets
 from agent.policy.creation import plan_creation
 from agent.policy.grouping import Group
 from agent.policy.health import DeviceKey
@@ -50,9 +60,16 @@ LIVE_STATES = frozenset({nri.CONTAINER_CREATED, nri.CONTAINER_RUNNING, nri.CONTA
 
 
 def running_container(pod: nri.PodSandbox, container: nri.Container, domain: str) -> RunningContainer:
-    """An NRI container as the planner sees it."""
+    """An NRI container as the planner sees it. Its groups and resource annotations do not count when the pod
+    carries each with the same value itself (pass-through: they may be the pod's own; Allocate sets both, and a
+    value kubelet set wins over the pod's, so one that differs says kubelet set them)."""
     cpu = container.linux.resources.cpu
     annotations = dict(container.annotations)
+    keys = [key for key in (f"{domain}/groups", f"{domain}/resource") if key in annotations]
+    if keys and all(pod.annotations.get(key) == annotations[key] for key in keys):
+        log.debug("ignoring the %s annotations of %s/%s/%s: the pod carries them itself", domain, pod.namespace,
+                  pod.name, container.name)
+        annotations = {k: v for k, v in annotations.items() if not k.startswith(f"{domain}/")}
     groups = annotations.get(f"{domain}/groups", "")
     return RunningContainer(
         id=container.id, identity=(pod.namespace, pod.name, container.name),
@@ -60,13 +77,6 @@ def running_container(pod: nri.PodSandbox, container: nri.Container, domain: str
         annotated_groups=tuple(g for g in groups.split(",") if g),
         annotated_resource=annotations.get(f"{domain}/resource", ""),
         created_at=container.created_at / 1e9 if container.created_at else 0.0)
-
-
-def container_update(update: Update) -> nri.ContainerUpdate:
-    return nri.ContainerUpdate(
-        container_id=update.container, ignore_failure=True,
-        linux=nri.LinuxContainerUpdate(resources=nri.LinuxResources(cpu=nri.LinuxCPU(cpus=update.cpus,
-                                                                                     mems=update.mems))))
 
 
 class NriEnforcement:
@@ -78,7 +88,9 @@ class NriEnforcement:
                  online: Callable[[], frozenset[int]], reserved: frozenset[int], shared_pool: bool,
                  cpu_manager_policy: Callable[[], str | None], socket_path: Path = Path(DEFAULT_SOCKET),
                  plugin_index: str = "10", observe_pinned: Callable[[float], None] | None = None,
-                 claims: Callable[[], Mapping[str, PreparedRequest]] | None = None) -> None:
+                 claims: Callable[[], Mapping[str, PreparedRequest]] | None = None, notify: Notify | None = None,
+                 verifier: CriClient | None = None, recheck: float | None = None,
+                 counters: EnforcementCounters | None = None) -> None:
         self.devices = devices
         self.groups = groups
         self.domain = annotation_domain
@@ -88,49 +100,29 @@ class NriEnforcement:
         self.cpu_manager_policy = cpu_manager_policy
         self.observe_pinned = observe_pinned
         self.claims = claims
-        self.counters = EnforcementCounters(updates={})
+        self.counters = counters if counters is not None else EnforcementCounters(updates={})
+        self.offline = OfflineNotices(notify)
         self.plugin = NriPlugin(self, socket_path, index=plugin_index)
-        self._containers: dict[str, RunningContainer] = {}
+        self.upkeep = Upkeep(self, verifier, RECHECK if recheck is None else recheck)
+        self._containers: dict[str, RunningContainer] = {}  # what the runtime has, as far as it said
+        self._doubt: dict[str, RunningContainer] = {}  # id -> what an unconfirmed update may have made it
         self._claimed: dict[str, tuple[Identity, str]] = {}  # container id -> (identity, its TOPOLOGY_DRA_CLAIM)
+        self._refusing: set[Identity] = set()  # creations refused (said once each)
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # --- lifecycle (as the CRI loop's) ----------------------------------------------------------
     def start(self) -> None:
         self.plugin.start()
-        if self.shared_pool:
-            self.devices.add_listener(self.changed)
-            self._thread = threading.Thread(target=self._run, name="nri-pool", daemon=True)
-            self._thread.start()
+        self.devices.add_listener(self.changed)
+        self.upkeep.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self.upkeep.stop()
         self.plugin.stop()
 
     def changed(self) -> None:
         """Devices changed hands (never blocks: the publishing thread calls it)."""
-        self._wake.set()
-
-    def _run(self) -> None:
-        """Widen (or confine) the known containers when the pool changed outside any event."""
-        while not self._stop.is_set():
-            self._wake.wait()
-            self._wake.clear()
-            if self._stop.is_set() or not self.plugin.state.registered or not self.plugin.unsolicited_safe:
-                continue
-            try:
-                updates = self._others_now()
-                if updates:
-                    failed = self.plugin.update_containers(updates)
-                    log.info("updated %d containers to the shared pool outside an event%s", len(updates),
-                             f" ({len(failed)} failed)" if failed else "", extra={"reason": "pool"})
-            except Exception as exc:  # the next event's reply carries them anyway
-                log.warning("could not update containers to the shared pool now (%s); the next event will", exc)
+        self.upkeep.wake()
 
     # --- what it reports ----------------------------------------------------------------------------
     @property
@@ -178,18 +170,17 @@ class NriEnforcement:
         claimed = {c.id: claim for c, claim in ((c, self._claim_of(p, c)) for p, c in live) if claim is not None}
         with self._lock:
             self._containers = {c.id: c for c in known}
+            self._doubt.clear()  # the runtime's own word on every container
             self._claimed = claimed
         if self._refused():
             return []
-        plan = plan_cpusets(known, self._holders(), self._held(), self.groups, self.online(), self.reserved,
-                            self.shared_pool)
+        updates = self._reply(known)
         now = time.time()
-        for update in plan.updates:
-            self._applied(update)
+        for update in updates:
             if update.kind == "topology" and self.observe_pinned is not None and update.created_at:
                 self.observe_pinned(max(0.0, now - update.created_at))  # created while the plugin was away
         self._account()
-        return [container_update(u) for u in plan.updates]
+        return [container_update(u) for u in updates]
 
     def create_container(self, pod: nri.PodSandbox, container: nri.Container) -> nri.CreateContainerResponse:
         new = running_container(pod, container, self.domain)
@@ -202,6 +193,18 @@ class NriEnforcement:
             return nri.CreateContainerResponse()
         plan = plan_creation(new, running, self._holders(), self._held(), self.groups, self.online(), self.reserved,
                              self.shared_pool)
+        plan = dataclasses.replace(plan, others=plan.others + self._doubted(running, {u.container for u in plan.others}
+                                                                            | {new.id}))
+        if plan.refused:
+            self._forget(new.id)
+            self.counters.creations_refused += 1
+            if new.identity not in self._refusing:
+                self._refusing.add(new.identity)
+                log.warning("refusing to create %s/%s/%s: %s", *new.identity, plan.refused,
+                            extra={"reason": plan.refused})
+            self._account()
+            raise Refused(plan.refused)
+        self._refusing.discard(new.identity)
         answer = nri.CreateContainerResponse(update=[container_update(u) for u in plan.others])
         for update in plan.others:
             self._applied(update)
@@ -224,35 +227,106 @@ class NriEnforcement:
                          resources: nri.LinuxResources) -> list[nri.ContainerUpdate]:
         asked = running_container(pod, container, self.domain)
         if resources.cpu.cpus:
-            asked = RunningContainer(asked.id, asked.identity, frozenset(parse_cpulist(resources.cpu.cpus)),
-                                     resources.cpu.mems or asked.mems, asked.annotated_groups,
-                                     asked.annotated_resource, asked.created_at)
+            asked = dataclasses.replace(asked, cpus=frozenset(parse_cpulist(resources.cpu.cpus)),
+                                        mems=resources.cpu.mems or asked.mems)
         claim = self._claim_of(pod, container)
         with self._lock:
             self._containers[asked.id] = asked
+            self._doubt.pop(asked.id, None)  # the runtime's word on it
             self._remember_claim(asked.id, claim)
+            running = list(self._containers.values())
         if self._refused():
             return []
-        plan = plan_cpusets([asked], self._holders(), self._held(), self.groups, self.online(), self.reserved,
-                            self.shared_pool)
-        for update in plan.updates:
+        plan = self._plan(running)
+        updates = [u for u in plan.updates if u.container == asked.id]
+        for update in updates:
             self._applied(update)
         self._account()
-        return [container_update(u) for u in plan.updates]  # for itself: replaces what kubelet asked
+        return [container_update(u) for u in updates]  # for itself: replaces what kubelet asked
 
     def stop_container(self, pod: nri.PodSandbox, container: nri.Container) -> list[nri.ContainerUpdate]:
+        self._forget(container.id)
         with self._lock:
-            self._containers.pop(container.id, None)
-            self._claimed.pop(container.id, None)
-        return self._others_now()
+            running = list(self._containers.values())
+        if self._refused():
+            return []
+        updates = self._reply(running)
+        self._account()
+        return [container_update(u) for u in updates]
 
     def remove_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
-        with self._lock:
-            self._containers.pop(container.id, None)
-            self._claimed.pop(container.id, None)
+        self._forget(container.id)
         self._account()
 
+    # --- what the upkeep thread uses (agent/app/nri_upkeep.py) ----------------------------------------
+    def wanted(self) -> list[Update]:
+        """What the known containers need now, doubtful ones included; nothing is remembered."""
+        if self._refused():
+            return []
+        with self._lock:
+            running = list(self._containers.values())
+        return list(self._plan(running).updates)
+
+    def confirmed(self, update: Update) -> None:
+        """The runtime applied ``update`` (it said so)."""
+        self._applied(update)
+        self._account()
+
+    def unconfirmed(self, update: Update, failed: bool) -> None:
+        """``update`` may be lost (``failed``: the runtime said it failed) or still be applied later (a timeout):
+        the container is in doubt until the runtime says what it has, and every reply sends it again."""
+        self._count(update.kind, "error")
+        with self._lock:
+            old = self._containers.get(update.container)
+            if old is not None and not failed:
+                self._doubt[update.container] = self._moved(old, update)
+
+    def known(self) -> list[RunningContainer]:
+        with self._lock:
+            return list(self._containers.values())
+
+    def seen(self, expected: RunningContainer, cpus: frozenset[int]) -> bool:
+        """The runtime says the container runs on ``cpus`` (empty: none of its own). Remembered unless an event
+        changed the container since ``expected`` was read. True when that differs from what the agent knew, for a
+        container whose cpuset the agent decides (a holder; with --shared-pool, every one), and no update of the
+        agent's own was in doubt."""
+        online = self.online()
+        with self._lock:
+            now = self._containers.get(expected.id)
+            if now is None or now != expected:
+                return False  # gone, or an event told more since
+            doubted = self._doubt.pop(expected.id, None) is not None
+            self._containers[expected.id] = dataclasses.replace(now, cpus=cpus)
+        if doubted or (now.cpus or online) == (cpus or online):
+            return False
+        return self.shared_pool or bool(desired_topology(now, self._holders(), self.groups))
+
     # --- helpers --------------------------------------------------------------------------------------
+    def _plan(self, running: list[RunningContainer]) -> CpusetPlan:
+        """The plan for ``running``, with every container in doubt sent again whichever cpuset it has."""
+        plan = plan_cpusets(running, self._holders(), self._held(), self.groups, self.online(), self.reserved,
+                            self.shared_pool)
+        return dataclasses.replace(plan, updates=plan.updates + self._doubted(running,
+                                                                              {u.container for u in plan.updates}))
+
+    def _doubted(self, running: list[RunningContainer], have: set[str]) -> tuple[Update, ...]:
+        """The updates the containers in doubt need if the unconfirmed update did reach them (those not in
+        ``have``): planned from what they may have now, so each gets the right kind."""
+        with self._lock:
+            doubt = {i: c for i, c in self._doubt.items() if i in self._containers and i not in have}
+        if not doubt:
+            return ()
+        other = plan_cpusets([doubt.get(c.id, c) for c in running], self._holders(), self._held(), self.groups,
+                             self.online(), self.reserved, self.shared_pool)
+        return tuple(u for u in other.updates if u.container in doubt)
+
+    def _reply(self, running: list[RunningContainer]) -> list[Update]:
+        """The updates for a reply (the runtime applies them, a failure goes to its log): remembered as applied."""
+        updates = list(self._plan(running).updates)
+        for update in updates:
+            self._applied(update)
+        return updates
+
     def _claim_of(self, pod: nri.PodSandbox, container: nri.Container) -> tuple[Identity, str] | None:
         """The DRA claim request a container's environment names (believed or not: :meth:`_holders` asks the
         prepared claims each time); a refusal is logged at debug."""
@@ -272,6 +346,12 @@ class NriEnforcement:
         else:
             self._claimed[container_id] = claim
 
+    def _forget(self, container_id: str) -> None:
+        with self._lock:
+            self._containers.pop(container_id, None)
+            self._doubt.pop(container_id, None)
+            self._claimed.pop(container_id, None)
+
     def _holders(self) -> dict[Identity, tuple[DeviceKey, ...]]:
         """pod-resources' holders, and the containers whose believed claim names their devices."""
         with self._lock:
@@ -284,29 +364,22 @@ class NriEnforcement:
         held = self.devices.held_keys()
         return held | prepared_keys(self.claims()) if self.claims is not None else held
 
-    def _others_now(self) -> list[nri.ContainerUpdate]:
-        """What the known containers need now (the pool may have grown back)."""
-        with self._lock:
-            running = list(self._containers.values())
-        if self._refused():
-            return []
-        plan = plan_cpusets(running, self._holders(), self._held(), self.groups, self.online(), self.reserved,
-                            self.shared_pool)
-        for update in plan.updates:
-            self._applied(update)
-        self._account()
-        return [container_update(u) for u in plan.updates]
+    @staticmethod
+    def _moved(old: RunningContainer, update: Update) -> RunningContainer:
+        return dataclasses.replace(old, cpus=frozenset(parse_cpulist(update.cpus)), mems=update.mems or old.mems)
 
     def _applied(self, update: Update) -> None:
-        """An update handed to the runtime in a reply: it applies it (containerd logs a failure)."""
-        key = (update.kind, "ok")
-        self.counters.updates[key] = self.counters.updates.get(key, 0) + 1
+        """An update the runtime applies (in a reply) or applied (confirmed): remembered."""
+        self._count(update.kind, "ok")
         with self._lock:
             old = self._containers.get(update.container)
+            self._doubt.pop(update.container, None)
             if old is not None:
-                self._containers[update.container] = RunningContainer(
-                    old.id, old.identity, frozenset(parse_cpulist(update.cpus)), update.mems or old.mems,
-                    old.annotated_groups, old.annotated_resource, old.created_at)
+                self._containers[update.container] = self._moved(old, update)
+
+    def _count(self, kind: str, result: str) -> None:
+        key = (kind, result)
+        self.counters.updates[key] = self.counters.updates.get(key, 0) + 1
 
     def _account(self) -> None:
         with self._lock:
@@ -318,7 +391,4 @@ class NriEnforcement:
         self.counters.pinned = plan.pinned
         self.counters.pool_cpus = len(plan.pool)
         self.counters.pool_empty = plan.pool_empty
-
-    def known(self) -> Iterable[RunningContainer]:
-        with self._lock:
-            return list(self._containers.values())
+        self.offline.report(plan, self.counters)

@@ -98,14 +98,20 @@ def not_advertised(topology: Topology, grouping: Grouping) -> tuple[str, str] | 
 
 def node_event(node_name: str, code: str, message: str, now: str, reporter: str = "s390x-topology-agent",
                ) -> dict[str, Any]:
+    """The Warning Event of a node that advertises nothing (``code`` from :func:`not_advertised`)."""
+    return warning_event(node_name, "TopologyNotAdvertised", f"nothing advertised ({code}): {message}", now, reporter)
+
+
+def warning_event(node_name: str, reason: str, message: str, now: str, reporter: str = "s390x-topology-agent",
+                  ) -> dict[str, Any]:
     """A core/v1 Warning Event on the Node (namespace default, uid the node name, as kubelet's own node
     events, so ``kubectl describe node`` lists it). ``now`` is an RFC 3339 time."""
     return {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"generateName": f"{node_name}.topology-", "namespace": "default"},
         "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_name},
-        "type": "Warning", "reason": "TopologyNotAdvertised",
-        "message": f"nothing advertised ({code}): {message}"[:1024],
+        "type": "Warning", "reason": reason,
+        "message": message[:1024],
         "source": {"component": reporter, "host": node_name},
         "firstTimestamp": now, "lastTimestamp": now, "count": 1,
     }

@@ -5,13 +5,15 @@ never waits for any of this: it runs in its own loop, and failures are warnings.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.errors import CpuManagerStateError, KubeletConfigError
 from agent.node.cpu_manager import cpu_manager_findings, read_cpu_manager_state, read_reserved_system_cpus
-from agent.node.labels import node_annotations, node_event, node_labels, not_advertised
+from agent.node.labels import node_annotations, node_event, node_labels, not_advertised, warning_event
 from agent.policy.grouping import Grouping
 from agent.topology.model import Topology
 
@@ -22,6 +24,7 @@ log = logging.getLogger("topology-agent.node")
 
 LabelerFactory = Callable[[str], "NodeLabeler"]
 RELOOK_EVERY = 120  # label syncs between reads of the Node (one hour at the default 30 s)
+EVENTS_KEPT = 20  # Warning Events waiting to be posted (the oldest go first when more come)
 
 
 def _file_identity(path: Path | None) -> object:
@@ -62,6 +65,9 @@ class NodeReporter:
         self._syncs = 0
         self.failed_syncs = 0  # label syncs failed in a row (the loop backs off on them)
         self._event_posted = False  # the "nothing advertised" Event, once per start
+        self._events: deque[tuple[str, str]] = deque(maxlen=EVENTS_KEPT)  # (reason, message) to post
+        self._events_lock = threading.Lock()
+        self.on_event: Callable[[], None] | None = None  # wakes the label loop (set by the agent)
         self._read_identity: tuple[object, object] | None = None  # the files as last read
 
     # --- kubelet's CPU manager ---------------------------------------------------------
@@ -124,7 +130,27 @@ class NodeReporter:
             now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             self._labeler.post_event(node_event(self.node_name, *nothing, now))
             self._event_posted = True  # once: a refusal (RBAC) would only repeat; a failure is one warning
+        if synced:
+            self._post_events()
         return synced
+
+    def warn(self, reason: str, message: str) -> None:
+        """A Warning Event on the Node, posted by the label loop (never blocks: any thread may call it; without
+        node labels, hence no API access, it is only logged by the caller)."""
+        with self._events_lock:
+            self._events.append((reason, message))
+        if self.on_event is not None:
+            self.on_event()
+
+    def _post_events(self) -> None:
+        from datetime import UTC, datetime
+
+        with self._events_lock:
+            waiting, self._events = list(self._events), deque(maxlen=EVENTS_KEPT)
+        if waiting and self._labeler is not None and self.node_name:
+            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            for reason, message in waiting:
+                self._labeler.post_event(warning_event(self.node_name, reason, message, now))
 
     @property
     def patches(self) -> int:

@@ -12,7 +12,11 @@ where it can deadlock containerd, and must never be called from inside an event 
 holds its NRI lock for the whole event).
 
 Every answer comes from :class:`Handlers`, whose methods decide from memory; a handler that raises
-gets an empty answer (the container is created unadjusted, never failed by our bug). The runtime
+gets an empty answer (the container is created unadjusted, never failed by our bug), except for
+:class:`Refused`, a decision not to let a container be created: the runtime gets that text with a
+non-OK status, which fails the creation without closing the plugin (NRI ``pkg/adaptation/plugin.go``
+``createContainer`` returns a non-fatal error to the runtime; ``isFatalError`` is true only for a
+closed connection, a protocol error or a deadline), and kubelet retries it with backoff. The runtime
 closes a plugin that answers past its request timeout (2 s by default); the plugin then dials
 again with backoff and the next ``Synchronize`` repairs what was created meanwhile.
 """
@@ -31,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
 from agent.nri.probe import socket_answers as socket_answers  # re-exported
 from agent.nri.ttrpc import CallTimeout, Trunk, TrunkClosed
-from agent.nri.wire import INVALID_ARGUMENT, OK, UNIMPLEMENTED, Request, Response
+from agent.nri.wire import INVALID_ARGUMENT, OK, RESOURCE_EXHAUSTED, UNIMPLEMENTED, Request, Response
 
 log = logging.getLogger("topology-agent.nri")
 
@@ -52,6 +56,16 @@ def event_mask(*events: int) -> int:
 # CreateContainer, UpdateContainer, StopContainer, RemoveContainer: 0x0688, inside what every
 # runtime since NRI v0.3 accepts (0x07FF).
 EVENTS = event_mask(nri.CREATE_CONTAINER, nri.UPDATE_CONTAINER, nri.STOP_CONTAINER, nri.REMOVE_CONTAINER)
+
+
+class Refused(Exception):
+    """A handler's refusal of a CreateContainer: the runtime fails the creation with this text."""
+
+
+class UpdatesFailed(RuntimeError):
+    """The runtime answered UpdateContainers with an error: some of the updates were not applied. containerd says
+    which only through its log: its ``domainTable.updateContainers`` (``internal/nri/domain.go``) returns the failed
+    updates *and* an error, and a ttrpc server marshals no payload with an error (``services.go`` ``unaryCall``)."""
 
 
 class Handlers(Protocol):
@@ -86,6 +100,7 @@ class PluginState:
     nri_version: str = ""  # the runtime's NRI module version, from Configure (NRI v0.12+)
     events: dict[str, int] = field(default_factory=dict)  # method -> count
     slowest: float = 0.0  # seconds: the slowest answer so far
+    refusals: int = 0  # CreateContainer requests refused (Refused)
 
 
 class NriPlugin:
@@ -195,7 +210,8 @@ class NriPlugin:
 
     def update_containers(self, updates: list[nri.ContainerUpdate], timeout: float = 2.0) -> list[str]:
         """Unsolicited updates (never from inside an event handler: containerd holds its NRI lock for the
-        whole event); the ids the runtime failed. Raises TrunkClosed, CallTimeout or RuntimeError."""
+        whole event); the ids the runtime failed. Raises TrunkClosed, CallTimeout (the runtime may still apply
+        them later), UpdatesFailed (some were not applied) or RuntimeError (none may be sent)."""
         trunk = self._trunk
         if trunk is None or not self.state.registered:
             raise TrunkClosed("not registered")
@@ -205,7 +221,7 @@ class NriPlugin:
         answer = trunk.call(RUNTIME_SERVICE, "UpdateContainers",
                             nri.UpdateContainersRequest(update=updates).SerializeToString(), timeout)
         if answer.code != OK:
-            raise RuntimeError(f"UpdateContainers refused: {answer.message} (code {answer.code})")
+            raise UpdatesFailed(f"UpdateContainers failed: {answer.message} (code {answer.code})")
         return [u.container_id for u in nri.UpdateContainersResponse.FromString(answer.payload).failed]
 
     def _failed(self, reason: str) -> None:
@@ -226,6 +242,9 @@ class NriPlugin:
             return Response(UNIMPLEMENTED, f"{PLUGIN_SERVICE}/{method} not implemented")
         except _BadRequest as exc:
             return Response(INVALID_ARGUMENT, str(exc))
+        except Refused as exc:
+            self.state.refusals += 1
+            return Response(RESOURCE_EXHAUSTED, f"{self.name}: {exc}")
         elapsed = self.clock() - started
         self.state.events[method] = self.state.events.get(method, 0) + 1
         self.state.slowest = max(self.state.slowest, elapsed)
@@ -279,6 +298,11 @@ class NriPlugin:
     def _guarded(self, method: str, answer: Callable[[], T], empty: T) -> T:
         try:
             return answer()
+        except Refused:
+            if method != "CreateContainer":
+                log.error("NRI %s: a refusal is only for CreateContainer; answering nothing", method)
+                return empty
+            raise
         except Exception:
             log.exception("NRI %s: the decision failed; answering nothing (the runtime goes on unadjusted)", method)
             return empty

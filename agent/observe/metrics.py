@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from agent import __version__
 from agent.observe.status import AgentStatus
+from agent.policy.cpuset import KINDS
 
 PREFIX = "topology_agent"
 DEVICE_STATES: tuple[str, ...] = ("healthy", "allocated", "held-elsewhere", "blocked-by-overlap", "unhealthy-offline")
@@ -207,7 +208,7 @@ def _enforcement(s: AgentStatus) -> Iterator[Metric]:
                                 "Topology containers running on their groups' CPUs", value=e.pinned)
         updates = CounterMetricFamily(f"{PREFIX}_cpuset_updates", "cpuset updates sent to the runtime",
                                       labels=["kind", "result"])
-        for kind in ("topology", "shrink", "widen"):
+        for kind in KINDS:
             for result in ("ok", "error"):
                 updates.add_metric([kind, result], e.updates.get((kind, result), 0))
         yield updates
@@ -218,8 +219,20 @@ def _enforcement(s: AgentStatus) -> Iterator[Metric]:
                                 "Containers whose last cpuset call the runtime refused", value=e.refusing)
         yield GaugeMetricFamily(f"{PREFIX}_cpuset_shared_pool_cpus", "CPUs of the shared pool", value=e.pool_cpus)
         yield GaugeMetricFamily(f"{PREFIX}_cpuset_shared_pool_empty",
-                                "1 when the shared pool would be empty (nobody is shrunk)",
-                                value=1 if e.pool_empty else 0)
+                                "1 when the shared pool would be empty (nobody is shrunk; NRI refuses new containers "
+                                "of it)", value=1 if e.pool_empty else 0)
+        yield GaugeMetricFamily(f"{PREFIX}_cpuset_holders_offline",
+                                "Topology containers whose groups' CPUs are all offline (run on the shared pool)",
+                                value=e.offline)
+        yield GaugeMetricFamily(f"{PREFIX}_cpuset_holders_stranded",
+                                "Of those, the ones no CPU outside other holders' groups is left for",
+                                value=e.stranded)
+        yield CounterMetricFamily(f"{PREFIX}_cpuset_creations_refused",
+                                  "Container creations NRI refused rather than create them on every CPU",
+                                  value=e.creations_refused)
+        yield CounterMetricFamily(f"{PREFIX}_cpuset_overridden",
+                                  "Containers found on another cpuset than the agent set (another NRI plugin, a "
+                                  "manual update, a lost update)", value=e.overridden)
 
 
 def _process(s: AgentStatus) -> Iterator[Metric]:

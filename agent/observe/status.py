@@ -22,12 +22,16 @@ class EnforcementStatus:
     failing: bool  # the runtime does not answer or refuses updates
     topology_containers: int  # running containers holding topology devices
     pinned: int  # of those, on their groups' CPUs
-    updates: Mapping[tuple[str, str], int]  # (topology|shrink|widen, ok|error) -> count
+    updates: Mapping[tuple[str, str], int]  # (topology|shrink|widen|offline, ok|error) -> count
     pool_cpus: int  # CPUs of the shared pool (every online CPU without --shared-pool)
     pool_empty: bool  # the pool would be empty: nobody is shrunk
     steps: int = 0  # looks at the runtime so far
     container_refusals: int = 0  # calls the runtime refused for one container (the others went on)
     refusing: int = 0  # containers whose last call the runtime refused
+    offline: int = 0  # holders whose groups' CPUs are all offline (on the shared pool)
+    stranded: int = 0  # of those, the ones no CPU is left for
+    creations_refused: int = 0  # NRI: creations refused (empty pool, stranded holder)
+    overridden: int = 0  # NRI: containers the re-check found on another cpuset than the agent knew
 
 
 @dataclass(frozen=True, slots=True)

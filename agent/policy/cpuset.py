@@ -64,6 +64,8 @@ class CpusetPlan:
     pool_empty: bool  # the pool would be empty: nobody was shrunk
     offline: tuple[Identity, ...] = ()  # holders whose groups' CPUs are all offline (run on the pool)
     stranded: tuple[Identity, ...] = ()  # of those, the ones no CPU is left for (the pool is empty)
+    free: tuple[int, ...] = ()  # the online CPUs of no held or pinned group, reserved ones included (with or
+    # without --shared-pool: where an offline holder goes)
 
 
 def desired_topology(container: RunningContainer, holders: Mapping[Identity, Iterable[DeviceKey]],
@@ -122,4 +124,4 @@ def plan_cpusets(containers: Iterable[RunningContainer], holders: Mapping[Identi
             updates.append(Update(container.id, container.identity, format_cpulist(sorted(pool)), "", kind,
                                   container.created_at))
     return CpusetPlan(tuple(updates), tuple(sorted(pool if shared_pool else online_set)), topology, pinned,
-                      pool_empty, tuple(offline), tuple(stranded))
+                      pool_empty, tuple(offline), tuple(stranded), tuple(sorted(pool)))

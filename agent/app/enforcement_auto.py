@@ -1,0 +1,169 @@
+"""``--cpuset-enforcement auto`` for as long as the agent runs, not only at its start: NRI while the runtime's NRI
+socket answers, else CRI while a CRI socket exists, else none; the choice is looked at again when the runtime
+changes under the agent (containerd restarted with NRI turned off or on).
+
+* **NRI gone.** A runtime restarted with NRI off leaves the plugin dialing a socket nobody answers, and every
+  container created meanwhile unpinned. After ``patience`` seconds (30) without a registration the agent switches to
+  the CRI loop (if a CRI socket exists), which pins from pod-resources and annotations shortly after the start, and
+  says so (a warning, ``/readyz``, ``topology_agent_cpuset_enforcement_mode``).
+* **NRI back.** While on CRI (or none), the NRI socket is dialed again whenever its file changed (a new inode or
+  time: the runtime made it anew, which it does at every start with NRI on) and every ``reprobe`` seconds (300); when
+  it answers, the agent switches to NRI, whose ``Synchronize`` repairs every container.
+
+Each switch stops one engine before the next starts (never two writing cpusets), and both share one set of
+counters, so the metrics stay monotonic.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from agent.app.enforcement import CpusetEnforcement, EnforcementCounters
+from agent.app.nri_enforcement import NriEnforcement
+from agent.policy.health import DeviceKey
+
+log = logging.getLogger("topology-agent.cpuset")
+
+PATIENCE = 30.0  # seconds without an NRI registration before falling back to CRI
+REPROBE = 300.0  # seconds between dials of an unchanged NRI socket while on CRI or none
+LOOK = 2.0  # seconds between looks at the sockets' files
+
+Engine = CpusetEnforcement | NriEnforcement
+
+
+class AutoEnforcement:
+    def __init__(self, first: str, *, make_nri: Callable[[EnforcementCounters], NriEnforcement],
+                 make_cri: Callable[[EnforcementCounters], CpusetEnforcement], nri_socket: Path, cri_socket: Path,
+                 nri_answers: Callable[[Path], bool], patience: float = PATIENCE, reprobe: float = REPROBE,
+                 look: float = LOOK) -> None:
+        self.counters = EnforcementCounters(updates={})
+        self.make_nri = make_nri
+        self.make_cri = make_cri
+        self.nri_socket = nri_socket
+        self.cri_socket = cri_socket
+        self.nri_answers = nri_answers
+        self.patience = patience
+        self.reprobe = reprobe
+        self.look = look
+        self.switches = 0
+        self.why = ""  # why the current mode, when a switch chose it
+        self._engine: Engine | None = self._make(first)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._unregistered_since: float | None = None
+        self._nri_file: object = self._identity(nri_socket)
+        self._probed_at = time.monotonic()
+
+    def _make(self, mode: str) -> Engine | None:
+        if mode == "nri":
+            return self.make_nri(self.counters)
+        if mode == "cri":
+            return self.make_cri(self.counters)
+        return None
+
+    # --- what the agent sees ----------------------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        engine = self._engine
+        return engine.mode if engine is not None else "none"
+
+    @property
+    def failing(self) -> bool:
+        engine = self._engine
+        return engine.failing if engine is not None else False
+
+    def readiness_note(self) -> str | None:
+        engine = self._engine
+        note = engine.readiness_note() if engine is not None else None
+        if self.why:
+            note = f"{note or f'cpuset enforcement: {self.mode}'} (auto: {self.why})"
+        return note
+
+    def enforced(self) -> dict[DeviceKey, list[str]]:
+        engine = self._engine
+        return engine.enforced() if engine is not None else {}
+
+    def changed(self) -> None:
+        engine = self._engine
+        if engine is not None:
+            engine.changed()
+
+    # --- lifecycle ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._engine is not None:
+            self._engine.start()
+        self._thread = threading.Thread(target=self._run, name="cpuset-auto", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with self._lock:
+            if self._engine is not None:
+                self._engine.stop()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.look):
+            try:
+                self.step(time.monotonic())
+            except Exception:  # the watch goes on whatever one look does
+                log.exception("cpuset enforcement (auto): the look at the runtime's sockets failed")
+
+    def step(self, now: float) -> str | None:
+        """One look; the mode switched to, or None."""
+        engine = self._engine
+        if isinstance(engine, NriEnforcement):
+            if engine.plugin.state.registered:
+                self._unregistered_since = None
+                return None
+            if self._unregistered_since is None:
+                self._unregistered_since = now
+                return None
+            if now - self._unregistered_since < self.patience:
+                return None
+            if not self.cri_socket.exists():
+                return None  # nothing better to switch to: the plugin keeps dialing
+            return self._switch("cri", f"the NRI socket {self.nri_socket} has not registered the agent for "
+                                       f"{self.patience:.0f} s ({engine.plugin.state.last_error or 'no answer'}): "
+                                       "the runtime restarted without NRI?")
+        identity = self._identity(self.nri_socket)
+        renewed = identity is not None and identity != self._nri_file
+        self._nri_file = identity
+        if identity is not None and (renewed or now - self._probed_at >= self.reprobe):
+            self._probed_at = now
+            if self.nri_answers(self.nri_socket):
+                return self._switch("nri", f"the NRI socket {self.nri_socket} answers again")
+        if engine is None and self.cri_socket.exists():
+            return self._switch("cri", f"a CRI socket exists now ({self.cri_socket})")
+        return None
+
+    def _switch(self, mode: str, why: str) -> str:
+        with self._lock:
+            if self._stop.is_set():
+                return mode
+            old = self._engine
+            log.warning("cpuset enforcement (auto): switching from %s to %s: %s", self.mode, mode, why,
+                        extra={"reason": why})
+            if old is not None:
+                old.stop()
+            self._engine = self._make(mode)
+            self.why = why
+            self.switches += 1
+            self._unregistered_since = None
+            if self._engine is not None:
+                self._engine.start()
+        return mode
+
+    @staticmethod
+    def _identity(path: Path) -> object:
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns)

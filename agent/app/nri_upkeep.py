@@ -1,0 +1,221 @@
+"""What the NRI enforcement (:mod:`agent.app.nri_enforcement`) does outside any event, on a thread of its own.
+
+* **Push.** When devices change hands outside any event (pod-resources notices a pod has gone, an Allocate, a DRA
+  prepare or unprepare), the known containers' updates go out at once with an unsolicited ``UpdateContainers``,
+  only on runtimes whose NRI is v0.12.1 or later (containerd 2.4+: before, it can deadlock containerd). They are
+  sent without ``ignore_failure``, so that a failure comes back: containerd's ``domainTable.updateContainers``
+  (``internal/nri/domain.go``) then returns an error, though not which container failed (ttrpc's ``unaryCall``
+  marshals no payload with an error), so a failed batch is sent again one container at a time to learn it. Only
+  what the runtime confirms is remembered. A failed update leaves the container as it was (the next reply and the
+  next push send it again, with backoff from 1 s to 30 s); a call that timed out (containerd's
+  ``updateFromPlugin`` waits on the lock every NRI event holds, and may apply it later) leaves the container in
+  doubt: every reply sends it again whichever cpuset it has, until the runtime says which.
+* **Re-check.** Every ``recheck`` seconds (60 by default), when the runtime's CRI socket is at hand, each known
+  container's cpuset is read back (``ContainerStatus``): a pre-create update that failed (containerd only logs
+  those) is otherwise never tried again, and NRI tells a plugin nothing of other plugins' updates. A container the
+  agent decides (a holder; with ``--shared-pool`` every one) found on another cpuset than the one it knew is
+  counted (``topology_agent_cpuset_overridden_total``), said once per container, and set again. NRI gives each
+  field of a container to one plugin per event only (``pkg/api/owners.go``: two plugins setting ``cpuset.cpus`` in
+  one CreateContainer fail the creation); updates from different events or sent unsolicited are not owned, and the
+  last one wins, so two plugins that manage cpusets on one runtime fight: run one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Protocol
+
+from agent._proto.nri.v1alpha1 import api_pb2 as nri
+from agent.app.enforcement import RUNTIME_DOWN, EnforcementCounters
+from agent.cri.client import CriClient
+from agent.errors import CriError
+from agent.nri.plugin import NriPlugin, UpdatesFailed
+from agent.nri.ttrpc import CallTimeout, TrunkClosed
+from agent.policy.cpuset import RunningContainer, Update
+from agent.topology.cpulist import format_cpulist, parse_cpulist
+
+log = logging.getLogger("topology-agent.cpuset")
+
+RECHECK = 60.0  # seconds between re-reads of what the runtime applied
+BACKOFF = (1.0, 30.0)  # seconds before a failed push is tried again, doubling
+
+
+class Kept(Protocol):
+    """What the upkeep needs of the NRI enforcement (agent.app.nri_enforcement.NriEnforcement)."""
+
+    counters: EnforcementCounters
+    plugin: NriPlugin
+
+    def wanted(self) -> list[Update]: ...
+
+    def confirmed(self, update: Update) -> None: ...
+
+    def unconfirmed(self, update: Update, failed: bool) -> None: ...
+
+    def known(self) -> list[RunningContainer]: ...
+
+    def seen(self, expected: RunningContainer, cpus: frozenset[int]) -> bool: ...
+
+
+class Upkeep:
+    def __init__(self, enforcement: Kept, verifier: CriClient | None, recheck: float) -> None:
+        self.enforcement = enforcement
+        self.verifier = verifier
+        self.recheck_interval = recheck
+        self._said: set[str] = set()  # containers said to be overridden (once each)
+        self._failing = ""  # the last push failure said
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.verifier is None:
+            log.info("NRI: no CRI socket at hand, so what the runtime applied is not read back (a lost update is "
+                     "sent again at the next event only)")
+        self._thread = threading.Thread(target=self._run, name="nri-upkeep", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.verifier is not None:
+            self.verifier.close()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        backoff = BACKOFF[0]
+        retry_at = float("inf")
+        check_at = time.monotonic() + self.recheck_interval
+        while not self._stop.is_set():
+            until = min(retry_at, check_at if self.verifier is not None else retry_at)
+            self._wake.wait(None if until == float("inf") else max(0.0, until - time.monotonic()))
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            plugin = self.enforcement.plugin
+            if not plugin.state.registered:
+                continue  # the next Synchronize says what the runtime has
+            try:
+                if self.verifier is not None and time.monotonic() >= check_at:
+                    check_at = time.monotonic() + self.recheck_interval
+                    self.recheck()
+                if not plugin.unsolicited_safe:
+                    retry_at = float("inf")  # the next event's reply carries them
+                    continue
+                if self.push():
+                    backoff, retry_at = BACKOFF[0], float("inf")
+                else:
+                    retry_at, backoff = time.monotonic() + backoff, min(backoff * 2, BACKOFF[1])
+            except Exception:  # the thread goes on whatever one look does
+                log.exception("NRI upkeep failed; the next event's reply carries the updates")
+                retry_at = time.monotonic() + backoff
+
+    # --- push -------------------------------------------------------------------------------------------
+    def push(self) -> bool:
+        """Send what the known containers need now; True when the runtime confirmed all of it."""
+        updates = self.enforcement.wanted()
+        if not updates:
+            return True
+        plugin = self.enforcement.plugin
+        try:
+            failed = set(plugin.update_containers([container_update(u, ignore_failure=False) for u in updates]))
+        except UpdatesFailed:
+            return self._one_by_one(updates)
+        except (TrunkClosed, CallTimeout, RuntimeError) as exc:
+            self._lost(updates, str(exc))
+            return False
+        return self._settle(updates, failed)
+
+    def _one_by_one(self, updates: list[Update]) -> bool:
+        failed: set[str] = set()
+        for i, update in enumerate(updates):
+            try:
+                failed.update(self.enforcement.plugin.update_containers([container_update(update,
+                                                                                          ignore_failure=False)]))
+            except UpdatesFailed:
+                failed.add(update.container)
+            except (TrunkClosed, CallTimeout, RuntimeError) as exc:
+                self._settle(updates[:i], failed)
+                self._lost(updates[i:], str(exc))
+                return False
+        return self._settle(updates, failed)
+
+    def _settle(self, updates: list[Update], failed: set[str]) -> bool:
+        for update in updates:
+            if update.container in failed:
+                self.enforcement.unconfirmed(update, failed=True)
+            else:
+                self.enforcement.confirmed(update)
+        done = len(updates) - len([u for u in updates if u.container in failed])
+        if done:
+            log.info("updated %d containers outside an event (the runtime confirmed)", done, extra={"reason": "pool"})
+        if failed:
+            why = f"the runtime failed the cpuset update of {len(failed)} container(s)"
+            if why != self._failing:
+                log.warning("%s (its log says why); they stay as they are, tried again with backoff and sent with "
+                            "every reply meanwhile", why, extra={"reason": why})
+            self._failing = why
+            return False
+        self._failing = ""
+        return True
+
+    def _lost(self, updates: list[Update], why: str) -> None:
+        for update in updates:
+            self.enforcement.unconfirmed(update, failed=False)
+        if why != self._failing:
+            log.warning("could not update %d containers outside an event (%s): they are in doubt, sent again with "
+                        "backoff and with every reply until the runtime confirms", len(updates), why,
+                        extra={"reason": why})
+        self._failing = why
+
+    # --- re-check ---------------------------------------------------------------------------------------
+    def recheck(self) -> int:
+        """Read back every known container's cpuset; the number found overridden."""
+        assert self.verifier is not None
+        found = 0
+        known = self.enforcement.known()
+        try:
+            for container in known:
+                try:
+                    status = self.verifier.container_status(container.id)
+                except CriError as exc:
+                    if exc.code in RUNTIME_DOWN:
+                        raise
+                    continue  # ended meanwhile, or this one cannot be read: the next look
+                cpus = frozenset(parse_cpulist(status.cpuset_cpus)) if status.cpuset_cpus else frozenset()
+                if self.enforcement.seen(container, cpus):
+                    found += 1
+                    self.enforcement.counters.overridden += 1
+                    if container.id not in self._said:
+                        self._said.add(container.id)
+                        log.warning("%s (container %s) runs on cpuset %s, not the %s the agent set: another NRI "
+                                    "plugin, a manual update (crictl update) or a lost update changed it; setting "
+                                    "it again (two plugins that manage cpusets fight: run one)",
+                                    "/".join(container.identity), container.id[:13], status.cpuset_cpus or "(all)",
+                                    _cpus(container.cpus), extra={"reason": "overridden"})
+        except CriError as exc:
+            log.info("NRI: cannot read back cpusets now (%s); the next look tries again", exc)
+        finally:
+            self.verifier.close()  # no connection kept open between looks
+        alive = {c.id for c in known}
+        self._said &= alive
+        return found
+
+
+def container_update(update: Update, ignore_failure: bool = True) -> nri.ContainerUpdate:
+    """An update as NRI sends it: in a reply with ``ignore_failure`` (containerd logs a failure), unsolicited
+    without (a failure comes back)."""
+    return nri.ContainerUpdate(
+        container_id=update.container, ignore_failure=ignore_failure,
+        linux=nri.LinuxContainerUpdate(resources=nri.LinuxResources(cpu=nri.LinuxCPU(cpus=update.cpus,
+                                                                                     mems=update.mems))))
+
+
+def _cpus(cpus: frozenset[int]) -> str:
+    return format_cpulist(sorted(cpus)) if cpus else "(all)"
