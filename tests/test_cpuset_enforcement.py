@@ -258,3 +258,38 @@ def test_a_container_the_runtime_refuses_costs_that_container_only(caplog: pytes
     text = generate_latest(metrics.registry).decode()
     assert "topology_agent_cpuset_container_refusals_total 3.0" in text
     assert "topology_agent_cpuset_containers_refusing 1.0" in text
+
+
+class OfflineHolderRuntime(EndingRuntime):
+    """A holder of book 0 (annotated by Allocate) and a holder of book 1; book 0's CPUs went offline."""
+
+    def list_containers(self, running_only: bool = True) -> list[ContainerInfo]:
+        return [ContainerInfo(id=c, pod_sandbox_id=f"s-{c}", name=c, attempt=0, state="CONTAINER_RUNNING",
+                              created_at=0, labels={"io.kubernetes.pod.name": c, "io.kubernetes.pod.namespace": "ns",
+                                                    "io.kubernetes.container.name": c},
+                              annotations={"topology.s390x.ibm.com/groups": book,
+                                           "topology.s390x.ibm.com/resource": BOOK})
+                for c, book in (("llm", "drawer0-book0"), ("other", "drawer0-book1"))]
+
+    def container_status(self, container: str) -> ContainerStatusInfo:  # as the kernel left them: every CPU
+        return ContainerStatusInfo(id=container, pod_sandbox_id=f"s-{container}", name=container, attempt=0,
+                                   state="CONTAINER_RUNNING", created_at=0, cpuset_cpus="")
+
+
+def test_the_cri_loop_confines_a_holder_whose_book_is_offline_and_says_so_once() -> None:
+    """Item 6 in CRI mode: its groups' CPUs all offline, the holder goes to the CPUs no other holder has (without
+    --shared-pool too), counted, and said once as a Node event."""
+    settings = GroupingSettings(levels=("book",))
+    grouping = group_topology(load_embedded("z16-lpar"), settings)
+    devices = NodeDevices(grouping, settings, AllocationSettings(), render)
+    runtime = OfflineHolderRuntime()
+    notices: list[tuple[str, str]] = []
+    loop = CpusetEnforcement(cast(CriClient, runtime), devices, {(g.resource, g.id): g for g in grouping.groups},
+                             "topology.s390x.ibm.com", online=lambda: frozenset(range(12, 82)), reserved=frozenset(),
+                             shared_pool=False, cpu_manager_policy=lambda: None, interval=2.0,
+                             notify=lambda reason, message: notices.append((reason, message)))
+    for _ in range(2):
+        loop.step()
+    assert runtime.updates[:2] == [("llm", "22-81"), ("other", "12-21")]  # never book 1, which other holds
+    assert loop.counters.offline == 1 and loop.counters.updates[("offline", "ok")] >= 1
+    assert [r for r, _ in notices] == ["TopologyHolderOffline"] and "ns/llm/llm" in notices[0][1]

@@ -75,6 +75,22 @@ def test_a_node_that_advertises_posts_no_event() -> None:
     assert api.labels[LABEL_ADVERTISED] == "true" and api.events == []
 
 
+def test_a_warning_the_enforcement_gives_is_posted_by_the_label_loop() -> None:
+    """Item 6: an offline holder's notice (agent.app.enforcement.OfflineNotices) becomes a Warning Event on the
+    Node at the next label sync, posted off the thread that gave it, which it wakes."""
+    api = FakeApi()
+    r = reporter(load_embedded("z16-lpar"), api)
+    woken: list[bool] = []
+    r.on_event = lambda: woken.append(True)
+    r.warn("TopologyHolderOffline", "ns/llm/c holds groups whose CPUs are all offline")
+    assert woken == [True] and api.events == []  # nothing posted from the caller's thread
+    assert r.sync_labels()
+    ((namespace, event),) = api.events
+    assert (namespace, event["reason"], event["type"]) == ("default", "TopologyHolderOffline", "Warning")
+    assert event["message"] == "ns/llm/c holds groups whose CPUs are all offline"
+    assert r.sync_labels() and len(api.events) == 1  # posted once
+
+
 def test_an_event_refused_by_rbac_is_one_warning(caplog: pytest.LogCaptureFixture) -> None:
     api = FakeApi(refuse_events=True)
     r = reporter(load_embedded("z16-guest-no-topology"), api)

@@ -498,3 +498,89 @@ def test_annotations_the_pod_itself_carries_are_not_believed() -> None:
     holder.annotations.update(annotated(grouping, 1))  # the pod says book 1, kubelet's Allocate said book 2
     real = enforcement.create_container(holder, container("c-llm", "llm", annotated(grouping, 2)))
     assert real.adjust.linux.resources.cpu.cpus == "2"
+
+
+def test_auto_switches_to_cri_when_nri_stops_answering_and_back_when_it_answers_again() -> None:
+    """Also: auto is decided while the agent runs. A runtime restarted with NRI off leaves the plugin dialing
+    nobody: after the patience the CRI loop takes over; a new NRI socket that answers brings NRI back."""
+    from agent.app.enforcement import CpusetEnforcement, EnforcementCounters
+    from agent.app.enforcement_auto import AutoEnforcement
+    from agent.cri.client import CriClient
+
+    root = short_tmpdir_path()
+    nri_socket, cri_socket = root / "nri.sock", root / "cri.sock"
+    settings = GroupingSettings(levels=("book",))
+    grouping = group_topology(two_books(), settings)
+    devices = NodeDevices(grouping, settings, AllocationSettings(), render_wire)
+    groups = {(g.resource, g.id): g for g in grouping.groups}
+
+    def make_nri(counters: EnforcementCounters) -> NriEnforcement:
+        return NriEnforcement(devices, groups, DOMAIN, online=lambda: frozenset({0, 1}), reserved=frozenset(),
+                              shared_pool=False, cpu_manager_policy=lambda: None, socket_path=nri_socket,
+                              counters=counters)
+
+    def make_cri(counters: EnforcementCounters) -> CpusetEnforcement:
+        return CpusetEnforcement(CriClient(cri_socket), devices, groups, DOMAIN, online=lambda: frozenset({0, 1}),
+                                 reserved=frozenset(), shared_pool=False, cpu_manager_policy=lambda: None,
+                                 counters=counters)
+
+    answers = {"nri": False}
+    auto = AutoEnforcement("nri", make_nri=make_nri, make_cri=make_cri, nri_socket=nri_socket, cri_socket=cri_socket,
+                           nri_answers=lambda _: answers["nri"], patience=30, look=3600)
+    auto.start()
+    try:
+        assert auto.mode == "nri" and auto.step(100.0) is None  # not registered: the patience starts
+        assert auto.step(125.0) is None
+        assert auto.step(131.0) is None  # no CRI socket: nothing better, the plugin keeps dialing
+        cri_socket.touch()
+        assert auto.step(132.0) == "cri" and auto.mode == "cri"
+        assert "auto: the NRI socket" in (auto.readiness_note() or "")
+        assert auto.step(133.0) is None  # no NRI socket file: nothing to dial
+        nri_socket.touch()  # the runtime made its socket anew (it does at every start with NRI on)
+        assert auto.step(134.0) is None  # made, but nothing answers on it
+        answers["nri"] = True
+        assert auto.step(135.0) is None  # an unchanged file is dialed again only every reprobe seconds
+        assert auto.step(134.0 + 300) == "nri" and auto.mode == "nri" and auto.switches == 2
+        assert auto.counters is auto._engine.counters  # type: ignore[union-attr]  # one set of counters
+    finally:
+        auto.stop()
+
+
+class FakeVerifier:
+    """The runtime's CRI side as the re-check reads it: each container's cpuset."""
+
+    def __init__(self, cpusets: dict[str, str]) -> None:
+        self.cpusets = cpusets
+
+    def container_status(self, container_id: str) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(cpuset_cpus=self.cpusets[container_id])
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_recheck_finds_a_holder_moved_by_someone_else_counts_it_and_sets_it_again(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Also: another NRI plugin on the same runtime moves the agent's holder (an unsolicited update of its own:
+    not owned, the last one wins). The periodic read-back sees it, counts it, says so once and pins it again."""
+    verifier = FakeVerifier({})
+    enforcement, grouping, _ = setup3(shared_pool=False, verifier=verifier)  # type: ignore[arg-type]
+    runtime = FakeUnsolicited(enforcement)
+    llm = enforcement.create_container(pod("llm"), container("c-llm", "llm", annotated(grouping, 0)))
+    assert llm.adjust.linux.resources.cpu.cpus == "0"
+    enforcement.create_container(pod("web"), container("c-web", "web"))
+    verifier.cpusets.update({"c-llm": "0", "c-web": "0-2"})
+    assert enforcement.upkeep.recheck() == 0 and enforcement.upkeep.push() and runtime.calls == []
+    verifier.cpusets["c-llm"] = "0-2"  # the other plugin's doing
+    verifier.cpusets["c-web"] = "2"  # not the agent's to decide without the shared pool: not counted
+    with caplog.at_level(logging.WARNING, logger="topology-agent.cpuset"):
+        assert enforcement.upkeep.recheck() == 1
+        assert enforcement.upkeep.recheck() == 0  # remembered as the runtime has it: counted once
+    assert enforcement.counters.overridden == 1
+    said = [r.getMessage() for r in caplog.records if "not the 0 the agent set" in r.getMessage()]
+    assert len(said) == 1 and "default/llm/c" in said[0] and "another NRI plugin" in said[0]
+    assert enforcement.upkeep.push()
+    ((update,),) = runtime.calls
+    assert (update.container_id, update.linux.resources.cpu.cpus) == ("c-llm", "0")

@@ -46,3 +46,20 @@ def test_explain_ends_with_the_causes() -> None:
                           capture_output=True, text=True, cwd=REPO, timeout=60, check=True)
     tail = done.stdout.split("why a topology pod would stay Pending or be rejected here")[1]
     assert "topology/socket is not advertised here" in tail
+
+
+def test_explain_says_where_a_holder_of_offline_cpus_runs() -> None:
+    """Item 6: a CPU left out because it is offline comes with what happens to a pod that still holds its group."""
+    import dataclasses
+
+    from agent.observe.report import explain
+    from agent.policy.allocation import AllocationSettings
+
+    topology = load_embedded("z16-lpar")
+    topology = dataclasses.replace(topology, cpus=tuple(dataclasses.replace(c, online=c.cpu not in range(12))
+                                                        for c in topology.cpus))
+    text = explain(topology, group_topology(topology, GroupingSettings(levels=("book",))), AllocationSettings())
+    left_out = text.split("left out:")[1]
+    assert "cpus 0-11: offline" in left_out
+    assert "run on the CPUs no other pod holds" in left_out and "topology_agent_cpuset_holders_offline" in left_out
+    assert "TopologyHolderOffline" in left_out

@@ -107,6 +107,13 @@ def table(topology: Topology, grouping: Grouping) -> str:
     return "\n".join(lines) + "\n"
 
 
+GONE = ("offline", "standby (deconfigured)")  # grouping's reasons for CPUs that cannot run anything now
+OFFLINE_HOLDERS = ("a pod still holding a group these CPUs were in (advertised before they went away) keeps it, "
+                   "Unhealthy; with cpuset enforcement its containers run on the CPUs no other pod holds, never on "
+                   "another pod's (or their creation is refused when none is left): metric "
+                   "topology_agent_cpuset_holders_offline, Warning Event TopologyHolderOffline on the Node")
+
+
 def explain(topology: Topology, grouping: Grouping, settings: AllocationSettings) -> str:
     """Per group: why each CPU is in it and what it does there, then the exact environment
     Allocate returns for that group alone; then every CPU left out, with the reason."""
@@ -144,6 +151,8 @@ def explain(topology: Topology, grouping: Grouping, settings: AllocationSettings
         lines += ["", "left out:"]
         for s in grouping.skipped:
             lines.append(f"  cpus {format_cpulist(s.cpus)}: {s.reason}")
+            if s.reason in GONE:
+                lines.append(f"    {OFFLINE_HOLDERS}")
     if grouping.warnings:
         lines += ["", "warnings:"] + [f"  {w}" for w in grouping.warnings]
     return "\n".join(lines) + "\n"

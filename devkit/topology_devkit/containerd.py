@@ -114,6 +114,7 @@ class PodContainer:
     seccomp: str = ""  # "": Unconfined (kubelet's default); "runtime/default"; else a Localhost profile's path
     cdi_devices: tuple[str, ...] = ()  # qualified CDI device names (kubelet's ContainerConfig.CDI_devices under DRA)
     envs: tuple[tuple[str, str], ...] = ()  # the container's own environment (a pod spec's env)
+    pod_annotations: tuple[tuple[str, str], ...] = ()  # the pod's own (kubelet passes all of them to the sandbox)
 
     @property
     def labels(self) -> dict[str, str]:
@@ -239,6 +240,8 @@ class Containerd:
         self.nri_socket = self.workdir / "nri.sock"  # with bin_dir only
         self.cdi_dir = self.workdir / "cdi"  # with bin_dir only: the CDI spec directory (not /etc/cdi, /var/run/cdi)
         self.nri_request_timeout = "2s"  # containerd's default plugin_request_timeout
+        self.nri_enabled = True  # with bin_dir: NRI on (containerd 2.x's default); see reconfigure()
+        self.pod_annotations: tuple[str, ...] = ()  # with bin_dir: the runtimes' pod_annotations pass-through
         self._holder: subprocess.Popen[bytes] | None = None  # keeps the private mount namespace
         self._process: subprocess.Popen[bytes] | None = None
         self._channel: grpc.Channel | None = None
@@ -359,6 +362,7 @@ class Containerd:
             lines += [
                 f"[{runtime}.containerd.runtimes.{handler}]",
                 '  runtime_type = "io.containerd.runc.v2"',
+                f"  pod_annotations = [{', '.join(_toml(a) for a in self.pod_annotations)}]",
                 f"[{runtime}.containerd.runtimes.{handler}.options]",
                 f"  BinaryName = {_toml(binary)}",
                 f"  Root = {_toml(w / handler)}",
@@ -369,7 +373,7 @@ class Containerd:
             '  stream_server_address = "127.0.0.1"',
             '  stream_server_port = "0"',
             f"[{nri}]",
-            "  disable = false",
+            f"  disable = {'false' if self.nri_enabled else 'true'}",
             "  disable_connections = false",
             f"  socket_path = {_toml(self.nri_socket)}",
             f"  plugin_path = {_toml(w / 'nri-plugins')}",
@@ -391,6 +395,13 @@ class Containerd:
             self._holder.wait(timeout=5)
             err = self._holder.stderr.read().decode(errors="replace").strip() if self._holder.stderr else ""
             raise ContainerdUnavailable(f"cannot make a private mount namespace: {err or 'unshare failed'}")
+
+    def reconfigure(self) -> None:
+        """Restart containerd with the configuration as the attributes say now (``nri_enabled``,
+        ``pod_annotations``); the containers keep running in their shims."""
+        self.stop_containerd()
+        self.config_path.write_text(self._config())
+        self.start_containerd()
 
     @property
     def running(self) -> bool:
@@ -513,14 +524,16 @@ class Containerd:
                 cpuset_cpus: str = "", cpuset_mems: str = "", memory_limit: int = 64 << 20,
                 command: tuple[str, ...] = (), annotations: dict[str, str] | None = None,
                 mounts: tuple[tuple[str, str], ...] = (), seccomp: str = "", cdi_devices: tuple[str, ...] = (),
-                envs: tuple[tuple[str, str], ...] = ()) -> PodContainer:
+                envs: tuple[tuple[str, str], ...] = (), pod_annotations: dict[str, str] | None = None,
+                ) -> PodContainer:
         """A pod sandbox (host network, no hostname) and one running container with kubelet's labels.
 
         The container's resources are what kubelet would send for a Burstable pod (shares, period,
         a memory limit) with the given cpuset; :meth:`restart_container` reuses them.
         """
         uid = str(uuid.uuid4())
-        sandbox_config = self._sandbox_config(pod_name, namespace, uid)
+        own = tuple(sorted((pod_annotations or {}).items()))
+        sandbox_config = self._sandbox_config(pod_name, namespace, uid, own)
         answer = self._call("RunPodSandbox", cri.RunPodSandboxRequest(config=sandbox_config, runtime_handler=handler))
         self._ids.add(answer.pod_sandbox_id)
         resources = cri.LinuxContainerResources(cpu_period=100_000, cpu_shares=256, memory_limit_in_bytes=memory_limit,
@@ -528,11 +541,12 @@ class Containerd:
         pod = PodContainer(sandbox_id=answer.pod_sandbox_id, container_id="", handler=handler, pod_name=pod_name,
                            namespace=namespace, pod_uid=uid, container_name=container, resources=resources,
                            annotations=tuple(sorted((annotations or {}).items())), mounts=mounts, seccomp=seccomp,
-                           cdi_devices=cdi_devices, envs=envs)
+                           cdi_devices=cdi_devices, envs=envs, pod_annotations=own)
         self._sandboxes[pod.sandbox_id] = pod
         return self._create_and_start(pod, sandbox_config, command)
 
-    def _sandbox_config(self, pod_name: str, namespace: str, uid: str) -> cri.PodSandboxConfig:
+    def _sandbox_config(self, pod_name: str, namespace: str, uid: str,
+                        pod_annotations: tuple[tuple[str, str], ...] = ()) -> cri.PodSandboxConfig:
         logs = self.workdir / "logs" / uid
         logs.mkdir(parents=True, exist_ok=True)
         host = cri.NamespaceOption(network=cri.NODE, pid=cri.CONTAINER, ipc=cri.POD)
@@ -541,7 +555,7 @@ class Containerd:
             hostname="",  # host network: runc cannot set a hostname without a private UTS namespace
             log_directory=str(logs),
             labels={POD_NAME: pod_name, POD_NAMESPACE: namespace, POD_UID: uid},
-            annotations={"kubernetes.io/config.source": "topology-devkit"},
+            annotations={"kubernetes.io/config.source": "topology-devkit", **dict(pod_annotations)},
             linux=cri.LinuxPodSandboxConfig(
                 cgroup_parent=self.pod_cgroup(uid),
                 security_context=cri.LinuxSandboxSecurityContext(namespace_options=host)),
@@ -591,7 +605,7 @@ class Containerd:
             self.remove_container(pod.container_id)
         again = replace(pod, attempt=pod.attempt + 1, container_id="")
         first = self._sandboxes[pod.sandbox_id]
-        config = self._sandbox_config(first.pod_name, first.namespace, first.pod_uid)
+        config = self._sandbox_config(first.pod_name, first.namespace, first.pod_uid, first.pod_annotations)
         return self._create_and_start(again, config)
 
     def remove_pod(self, pod: PodContainer) -> None:
