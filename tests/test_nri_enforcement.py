@@ -137,7 +137,7 @@ def test_plan_creation_counts_the_new_holder_as_held_before_pod_resources_lists_
     assert plan.pool == (1,)
 
 
-def test_the_chart_mounts_the_nri_socket_for_nri_and_auto_only(render: Render) -> None:  # noqa: F811
+def test_the_chart_mounts_the_nri_socket_for_nri_and_auto_and_the_cri_socket_with_it(render: Render) -> None:  # noqa: F811
     assert "nri-socket" not in mounts_of(render("--set", "cpusetEnforcement=cri"))
     docs = render("--set", "cpusetEnforcement=nri", "--set", "nriSocket=/run/nri/nri.sock")
     mounts = mounts_of(docs)
@@ -145,8 +145,9 @@ def test_the_chart_mounts_the_nri_socket_for_nri_and_auto_only(render: Render) -
     assert volume["hostPath"] == {"path": "/run/nri", "type": "DirectoryOrCreate"}
     env = env_of(agent_container(docs))
     assert env["TOPOLOGY_AGENT_NRI_SOCKET"] == f"{mount['mountPath']}/nri.sock"
-    assert env["TOPOLOGY_AGENT_CPUSET_ENFORCEMENT"] == "nri" and "cri-socket" not in mounts
-    assert "TOPOLOGY_AGENT_CRI_SOCKET" not in env and mounts["kubelet-root"][0]["readOnly"] is True
+    assert env["TOPOLOGY_AGENT_CPUSET_ENFORCEMENT"] == "nri" and mounts["kubelet-root"][0]["readOnly"] is True
+    # nri reads back over CRI what the runtime applied (a lost update, another plugin's override)
+    assert env["TOPOLOGY_AGENT_CRI_SOCKET"] == f"{mounts['cri-socket'][0]['mountPath']}/containerd.sock"
     auto = mounts_of(render("--set", "cpusetEnforcement=auto"))
     assert {"nri-socket", "cri-socket", "kubelet-root"} <= auto.keys()
     assert auto["nri-socket"][1]["hostPath"]["path"] == "/var/run/nri"
