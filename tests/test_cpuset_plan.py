@@ -189,3 +189,10 @@ def test_annotations_that_clash_with_a_listed_holder_are_not_believed() -> None:
 
 def _cpus(text: str) -> list[int]:
     return [c for part in text.split(",") for c in _expand(part)]
+
+
+def test_an_offline_holder_without_a_cpuset_of_its_own_gets_the_pool_explicitly() -> None:
+    """Its parent's CPUs include its groups' ones, which may come back (or, on a fake topology, never left)."""
+    online = ONLINE - set(range(12))
+    alone = plan_cpusets([container("llm")], {("ns", "llm", "c"): {BOOK0}}, {BOOK0}, GROUPS, online)
+    assert [(u.cpus, u.kind) for u in alone.updates] == [("12-81", "offline")]  # the pool is every online CPU

@@ -567,7 +567,7 @@ def test_the_recheck_finds_a_holder_moved_by_someone_else_counts_it_and_sets_it_
     """Also: another NRI plugin on the same runtime moves the agent's holder (an unsolicited update of its own:
     not owned, the last one wins). The periodic read-back sees it, counts it, says so once and pins it again."""
     verifier = FakeVerifier({})
-    enforcement, grouping, _ = setup3(shared_pool=False, verifier=verifier)  # type: ignore[arg-type]
+    enforcement, grouping, _ = setup3(shared_pool=False, verifier=verifier)
     runtime = FakeUnsolicited(enforcement)
     llm = enforcement.create_container(pod("llm"), container("c-llm", "llm", annotated(grouping, 0)))
     assert llm.adjust.linux.resources.cpu.cpus == "0"

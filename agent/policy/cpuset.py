@@ -17,7 +17,8 @@ container runtime (``--cpuset-enforcement cri`` or ``nri``). Pure: containers, h
 * A holder whose groups' CPUs are all offline runs on the pool too (kind ``offline``), with or without
   ``--shared-pool``, and is reported: it must never run on CPUs other pods hold. With no pool left it is
   ``stranded`` (left as it is, reported).
-* Only what differs is changed; a container with no cpuset of its own runs on every online CPU.
+* Only what differs is changed; a container with no cpuset of its own runs on every CPU, its groups' offline
+  ones included (they may come back).
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def plan_cpusets(containers: Iterable[RunningContainer], holders: Mapping[Identi
                  reserved: Iterable[int] = (), shared_pool: bool = False) -> CpusetPlan:
     """The cpuset updates that bring every running container where it belongs."""
     online_set = frozenset(online)
+    # "None of its own" is every CPU its parent allows: the groups' offline CPUs too, once back (or, on a fake
+    # topology, never gone), so a container without one is moved whenever its target lacks any of them.
+    everything = online_set | {c for g in groups.values() for c in g.cpus}
     running = [(c, desired_topology(c, holders, groups)) for c in containers]
     taken = {c for key in held if key in groups for c in groups[key].cpus}
     taken |= {c for _, mine in running for g in mine for c in g.cpus}
@@ -101,7 +105,7 @@ def plan_cpusets(containers: Iterable[RunningContainer], holders: Mapping[Identi
     stranded: list[Identity] = []
     topology = pinned = 0
     for container, mine in running:
-        current = container.cpus or online_set
+        current = container.cpus or everything
         if mine:
             topology += 1
             cpus = frozenset(c for g in mine for c in g.cpus) & online_set

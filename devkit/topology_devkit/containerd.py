@@ -57,6 +57,7 @@ import grpc
 
 from agent._proto.runtime.v1 import api_pb2 as cri
 from agent._proto.runtime.v1 import api_pb2_grpc as cri_grpc
+from agent.topology.cpulist import parse_cpulist
 from topology_devkit import oci
 
 # handler -> runtime binary: where Debian and Ubuntu put them, else wherever PATH has them
@@ -614,6 +615,21 @@ class Containerd:
         self._call("RemovePodSandbox", cri.RemovePodSandboxRequest(pod_sandbox_id=pod.sandbox_id))
         self._sandboxes.pop(pod.sandbox_id, None)
         self._remove_cgroup_dirs(self.pod_cgroup(pod.pod_uid))
+
+    def restrict_pod_cpus(self, pod: PodContainer, cpus: str) -> bool:
+        """Write ``cpus`` into the pod-level cgroup's cpuset (this harness's own cgroup, removed with the pod):
+        on cgroup v1 a container of the pod can then not be given a CPU outside it (the kernel's EINVAL, a real
+        runtime failure). False on cgroup v2, where a child's cpuset may name CPUs its parent lacks."""
+        if cgroup_v2():
+            return False
+        pod_dir = CGROUP_ROOT / "cpuset" / self.pod_cgroup(pod.pod_uid).strip("/")
+        children = [d for d in pod_dir.iterdir() if d.is_dir()]
+        wanted = set(parse_cpulist(cpus))
+        if wanted < set(parse_cpulist((pod_dir / "cpuset.cpus").read_text())):  # narrower: children first
+            for child in children:
+                (child / "cpuset.cpus").write_text(cpus)
+        (pod_dir / "cpuset.cpus").write_text(cpus)
+        return True
 
     def container_pid(self, container_id: str) -> int:
         """The host PID of a running container (verbose ContainerStatus ``info["info"]["pid"]``)."""
