@@ -585,3 +585,43 @@ def test_the_recheck_finds_a_holder_moved_by_someone_else_counts_it_and_sets_it_
     assert enforcement.upkeep.push()
     ((update,),) = runtime.calls
     assert (update.container_id, update.linux.resources.cpu.cpus) == ("c-llm", "0")
+
+
+def test_a_rescan_that_finds_a_held_book_offline_moves_its_running_holder_to_the_pool_at_once() -> None:
+    """Item 6 for a running holder under NRI: its book's CPUs went offline (the device stays allocated, so no device
+    state changes); the rescan wakes the enforcement, whose unsolicited update moves it to the CPUs no one holds."""
+    import dataclasses
+    import shutil
+
+    from agent.topology.cpulist import parse_cpulist
+    from agent.topology.embedded import load_embedded
+    from agent.topology.sysfs import read_sysfs
+    from tests.plugin_harness import running_node
+    from topology_devkit.agent_process import wait_until
+    from topology_devkit.kubelet_emulator import Container
+    from topology_devkit.sysfs_writer import write_sysfs_tree
+
+    base = load_embedded("z16-lpar")
+    root = short_tmpdir_path() / "host"
+    write_sysfs_tree(base, root)
+    with running_node(topology=read_sysfs(root), loader=lambda: read_sysfs(root), levels=("book",),
+                      cpuset_enforcement="nri", nri_socket=root / "no-nri.sock") as node:
+        enforcement = node.agent.enforcement
+        assert isinstance(enforcement, NriEnforcement)
+        runtime = FakeUnsolicited(enforcement)
+        k = node.kubelet
+        admitted = k.admit_pod("default", "llm", [Container("c", {"topology/book": 1})])
+        wait_until(lambda: ("default", "llm", "c") in node.agent.devices.holder_identities(), 10, "llm listed")
+        llm = container("c-llm", "llm", admitted.annotations("c"))
+        cpus = llm.annotations[f"{DOMAIN}/cpus"]
+        assert enforcement.create_container(pod("llm"), llm).adjust.linux.resources.cpu.cpus == cpus
+        shutil.rmtree(root)
+        gone = set(parse_cpulist(cpus))
+        write_sysfs_tree(dataclasses.replace(base, cpus=tuple(
+            dataclasses.replace(c, online=c.cpu not in gone) for c in base.cpus)), root)
+        node.agent.rescan()
+        wait_until(lambda: bool(runtime.calls), 10, "the holder moved outside any event")
+        ((update,),) = runtime.calls
+        assert update.container_id == "c-llm"
+        assert set(parse_cpulist(update.linux.resources.cpu.cpus)) == set(range(82)) - gone
+        assert enforcement.counters.offline == 1

@@ -169,9 +169,12 @@ class Agent:
             return
         self._quick_rescans = 0
         current = self.loader()
+        online = self.latest.online()
         self.latest.topology = current
         self.devices.apply_topology(current)
         self._last_fingerprint = fingerprint
+        if self.enforcement is not None and self.latest.online() != online:
+            self.enforcement.changed()  # a held group's CPUs may have gone: its holder goes to the pool now
 
     # --- what it reports ---------------------------------------------------------------------
     def ready(self) -> bool:
