@@ -50,7 +50,8 @@ def exported() -> dict[str, set[str]]:
                          groups=(("topology/book", "drawer0-book0", 12),),
                          resources=(ResourceStatus(resource="topology/book", registrations=1, streams=1,
                                                    seconds_since_registration=1.0, states={"healthy": 1}),),
-                         ready=True, enforcement=enforcement, enforcement_mode="cri")
+                         ready=True, enforcement=enforcement, enforcement_mode="cri",
+                         uniform=(("topology/book", 12, 0),))
     metrics.read_status(lambda: status)
     samples: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
@@ -91,6 +92,14 @@ def test_every_metric_the_rules_name_is_exported(render: Render) -> None:
         used = set(METRIC.findall(rule["expr"]))
         assert used, rule
         assert used <= names.keys(), f"{rule['alert']}: not exported: {sorted(used - names.keys())}"
+
+
+def test_every_metric_the_readme_names_is_exported() -> None:
+    """Docs match the code: a topology_agent_* name in the README is a family or sample the agent exports."""
+    names = exported()
+    named = set(METRIC.findall((REPO / "README.md").read_text()))
+    unknown = {n for n in named if n not in names and not any(s.startswith(f"{n}_") for s in names)}
+    assert not unknown, f"named in the README, not exported: {sorted(unknown)}"
 
 
 def test_the_dashboard_configmap_holds_the_dashboard_file(render: Render) -> None:
