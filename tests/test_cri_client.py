@@ -115,13 +115,13 @@ def test_container_status_reports_labels_state_and_cpuset(
     assert status.labels == pinned.labels
     assert (status.pod_name, status.pod_namespace, status.pod_uid, status.container_name) == (
         "pinned", "llm", pinned.pod_uid, "main")
-    assert (status.cpuset_cpus, status.cpuset_mems) == (cpu, "0")
+    assert (status.cpuset_cpus, status.cpuset_mems, status.applied_cpus) == (cpu, "0", cpu)
     assert status.pid == ctd.container_pid(pinned.container_id)
     assert status.created_at <= status.started_at and abs(status.started_at - time.time_ns()) < 120 * 10**9
     assert ctd.cpus_allowed_list(pinned.container_id) == cpu  # what the status says is what runs
 
     unpinned = client.container_status(free.container_id)
-    assert (unpinned.cpuset_cpus, unpinned.cpuset_mems) == ("", "")  # no cpuset of its own
+    assert (unpinned.cpuset_cpus, unpinned.cpuset_mems, unpinned.applied_cpus) == ("", "", "")  # none of its own
 
 
 def test_update_cpuset_changes_the_live_process(
@@ -354,7 +354,7 @@ def test_a_runtime_without_resources_in_the_status_is_read_from_the_verbose_spec
     crc = CriClient(path, timeout=5.0)
     try:
         status = crc.container_status("c-1")
-        assert (status.cpuset_cpus, status.cpuset_mems, status.pid) == ("2-3", "1", 4242)
+        assert (status.cpuset_cpus, status.cpuset_mems, status.pid, status.applied_cpus) == ("2-3", "1", 4242, "2-3")
         assert (status.pod_sandbox_id, status.attempt, status.pod_name) == ("sandbox-7", 2, "p")
         with pytest.raises(CriError) as unimplemented:  # what this runtime does not serve
             crc.version()

@@ -210,6 +210,9 @@ def test_another_nri_plugin_moving_a_holder_is_noticed_counted_and_undone_and_tw
         llm = ctd.run_pod("llm", container="c", annotations=node.hold(0), command=FIRST_LINE)
         made.append(llm)
         assert first_line(ctd, llm) == str(a)
+        done = node.nri.upkeep.rechecks
+        wait_until(lambda: node.nri.upkeep.rechecks >= done + 2, 10, "two read-backs")
+        assert node.nri.counters.overridden == 0  # what containerd reports is what the agent set at creation
         other = Other(ctd)
         other.move(llm.container_id, every)
         wait_until(lambda: node.nri.counters.overridden >= 1, 10, "the agent noticing the other plugin's move")

@@ -11,13 +11,15 @@
   ``updateFromPlugin`` waits on the lock every NRI event holds, and may apply it later) leaves the container in
   doubt: every reply sends it again whichever cpuset it has, until the runtime says which.
 * **Re-check.** Every ``recheck`` seconds (60 by default), when the runtime's CRI socket is at hand, each known
-  container's cpuset is read back (``ContainerStatus``): a pre-create update that failed (containerd only logs
-  those) is otherwise never tried again, and NRI tells a plugin nothing of other plugins' updates. A container the
-  agent decides (a holder; with ``--shared-pool`` every one) found on another cpuset than the one it knew is
-  counted (``topology_agent_cpuset_overridden_total``), said once per container, and set again. NRI gives each
-  field of a container to one plugin per event only (``pkg/api/owners.go``: two plugins setting ``cpuset.cpus`` in
-  one CreateContainer fail the creation); updates from different events or sent unsolicited are not owned, and the
-  last one wins, so two plugins that manage cpusets on one runtime fight: run one.
+  container's cpuset is read back (``ContainerStatus``, from the OCI spec the runtime keeps: its status's
+  resources miss NRI adjustments made at creation, :class:`agent.cri.client.ContainerStatusInfo`): a pre-create
+  update that failed (containerd only logs those) is otherwise never tried again, and NRI tells a plugin nothing
+  of other plugins' updates. A container the agent decides (a holder; with ``--shared-pool`` every one) found on
+  another cpuset than the one it knew is counted (``topology_agent_cpuset_overridden_total``), said once per
+  container, and set again. NRI gives each field of a container to one plugin per event only
+  (``pkg/api/owners.go``: two plugins setting ``cpuset.cpus`` in one CreateContainer fail the creation); updates
+  from different events or sent unsolicited are not owned, and the last one wins, so two plugins that manage
+  cpusets on one runtime fight: run one.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class Upkeep:
         self.verifier = verifier
         self.recheck_interval = recheck
         self._said: set[str] = set()  # containers said to be overridden (once each)
+        self.rechecks = 0  # read-backs done
         self._failing = ""  # the last push failure said
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -99,8 +102,9 @@ class Upkeep:
             if self._stop.is_set():
                 break
             plugin = self.enforcement.plugin
-            if not plugin.state.registered:
-                continue  # the next Synchronize says what the runtime has
+            if not plugin.state.registered:  # the next Synchronize says what the runtime has
+                retry_at, check_at = float("inf"), time.monotonic() + self.recheck_interval
+                continue
             try:
                 if self.verifier is not None and time.monotonic() >= check_at:
                     check_at = time.monotonic() + self.recheck_interval
@@ -188,7 +192,8 @@ class Upkeep:
                     if exc.code in RUNTIME_DOWN:
                         raise
                     continue  # ended meanwhile, or this one cannot be read: the next look
-                cpus = frozenset(parse_cpulist(status.cpuset_cpus)) if status.cpuset_cpus else frozenset()
+                text = status.applied_cpus if status.applied_cpus is not None else status.cpuset_cpus
+                cpus = frozenset(parse_cpulist(text)) if text else frozenset()
                 if self.enforcement.seen(container, cpus):
                     found += 1
                     self.enforcement.counters.overridden += 1
@@ -197,12 +202,13 @@ class Upkeep:
                         log.warning("%s (container %s) runs on cpuset %s, not the %s the agent set: another NRI "
                                     "plugin, a manual update (crictl update) or a lost update changed it; setting "
                                     "it again (two plugins that manage cpusets fight: run one)",
-                                    "/".join(container.identity), container.id[:13], status.cpuset_cpus or "(all)",
+                                    "/".join(container.identity), container.id[:13], text or "(all)",
                                     _cpus(container.cpus), extra={"reason": "overridden"})
         except CriError as exc:
             log.info("NRI: cannot read back cpusets now (%s); the next look tries again", exc)
         finally:
             self.verifier.close()  # no connection kept open between looks
+            self.rechecks += 1
         alive = {c.id for c in known}
         self._said &= alive
         return found

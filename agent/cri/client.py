@@ -77,13 +77,18 @@ class ContainerStatusInfo(ContainerInfo):
 
     ``cpuset_cpus`` / ``cpuset_mems`` are empty when the container has none of its own (it may then
     run on every CPU its parent cgroup allows). ``pid`` is None when the runtime does not say (CRI-O
-    and containerd do, in the verbose info) or the container has no process.
+    and containerd do, in the verbose info) or the container has no process. ``applied_cpus`` is the
+    cpuset of the OCI spec the runtime keeps for the container (verbose info's ``runtimeSpec``): unlike
+    the status's resources it includes NRI plugins' adjustments at creation (containerd 2.4's
+    ``createContainer`` fills the status from the spec before ``WithContainerAdjustment`` runs, in
+    ``internal/cri/server/container_create.go``; updates change both).
     """
 
     started_at: int = 0
     cpuset_cpus: str = ""
     cpuset_mems: str = ""
     pid: int | None = None
+    applied_cpus: str | None = None  # the cpus of the OCI spec the runtime keeps (verbose info); None: not said
 
 
 class CriClient:
@@ -122,10 +127,11 @@ class CriClient:
         answer = self._call("ContainerStatus", api_pb2.ContainerStatusRequest(container_id=container_id, verbose=True))
         status = answer.status
         info = _verbose_info(answer.info.get("info", ""))
+        cpu = _dig(info, "runtimeSpec", "linux", "resources", "cpu")
+        applied = str(cpu.get("cpus", "")) if isinstance(info.get("runtimeSpec"), dict) else None
         if status.HasField("resources") and status.resources.HasField("linux"):
             cpus, mems = status.resources.linux.cpuset_cpus, status.resources.linux.cpuset_mems
         else:  # a runtime that does not report resources in the status: the OCI spec it applied
-            cpu = _dig(info, "runtimeSpec", "linux", "resources", "cpu")
             cpus, mems = str(cpu.get("cpus", "")), str(cpu.get("mems", ""))
         sandbox = info.get("sandboxID") or info.get("sandboxId") or ""
         if not isinstance(sandbox, str) or not sandbox:
@@ -135,7 +141,7 @@ class CriClient:
             id=status.id, pod_sandbox_id=sandbox, name=status.metadata.name, attempt=status.metadata.attempt,
             state=_state_name(status.state), created_at=status.created_at, labels=dict(status.labels),
             annotations=dict(status.annotations), started_at=status.started_at, cpuset_cpus=cpus, cpuset_mems=mems,
-            pid=pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None)
+            pid=pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None, applied_cpus=applied)
 
     def update_cpuset(self, container_id: str, cpus: str, mems: str) -> None:
         """Set a container's cpuset (``cpus`` and ``mems`` in the kernel's list format; empty ``mems``
