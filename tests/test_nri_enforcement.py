@@ -556,7 +556,7 @@ class FakeVerifier:
     def container_status(self, container_id: str) -> Any:
         from types import SimpleNamespace
 
-        return SimpleNamespace(cpuset_cpus=self.cpusets[container_id])
+        return SimpleNamespace(cpuset_cpus="", applied_cpus=self.cpusets[container_id])  # status misses NRI's
 
     def close(self) -> None:
         pass
