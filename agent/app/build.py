@@ -249,8 +249,8 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
         enforcement = make_cri()
     if enforcement is not None:
         devices.enforced = enforcement.enforced
-        if dra is not None:
-            dra.on_claims_changed(enforcement.changed)
+        if dra is not None and not isinstance(enforcement, CpusetEnforcement):
+            dra.on_claims_changed(enforcement.changed)  # NRI (or auto, which may be NRI): a prepare is a hold
     return Agent(topology=topology, config=config, grouping=grouping, devices=devices, manager=manager,
                  pod_resources=pod_resources, reporter=reporter, metrics=metrics, http=http, loader=loader,
                  fingerprint=fingerprint, first_fingerprint=first_fingerprint, latest=latest,
