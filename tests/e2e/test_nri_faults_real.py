@@ -75,8 +75,9 @@ def start(core: Any, namespace: str, env: E2EEnv, node: str, made: list[str], bo
             node_selector={"kubernetes.io/hostname": node},
             containers=[client.V1Container(
                 name="main", image=env.workload_image, image_pull_policy="Never", command=["/bin/sh", "-c", SCRIPT],
-                resources=client.V1ResourceRequirements(requests={"cpu": "1" if books else "50m", "memory": "16Mi"},
-                                                        limits=limits))])))
+                # A plain pod requests no CPU: the two one-CPU books take the node's whole allocatable cpu.
+                resources=client.V1ResourceRequirements(
+                    requests={"cpu": "1", "memory": "16Mi"} if books else {"memory": "16Mi"}, limits=limits))])))
     made.append(name)
     return name
 
