@@ -321,6 +321,13 @@ def test_a_plain_container_is_refused_on_an_empty_pool_and_an_offline_holder_run
         web = ctd.run_pod("web", container="c", command=FIRST_LINE)
         made.append(web)
         assert first_line(ctd, web) == str(b)
+        # A new holder of book b leaves llm no CPU that no other pod holds. Nothing can take it anywhere that is
+        # not another pod's (NRI's adaptation drops a plugin's evictions): it is said, stranded, not hidden.
+        late = ctd.run_pod("late", container="c", annotations=node.hold(1), command=FIRST_LINE)
+        made.append(late)
+        assert first_line(ctd, late) == str(b)
+        assert node.nri.counters.stranded == 1
+        assert "keeps its cpuset" in node.notices[-1][1] and "default/llm/c" in node.notices[-1][1]
     finally:
         node.close()
 

@@ -16,7 +16,9 @@ container runtime (``--cpuset-enforcement cri`` or ``nri``). Pure: containers, h
   manager keeps its shared pool apart from exclusive CPUs. A pool that would be empty shrinks nobody.
 * A holder whose groups' CPUs are all offline runs on the pool too (kind ``offline``), with or without
   ``--shared-pool``, and is reported: it must never run on CPUs other pods hold. With no pool left it is
-  ``stranded`` (left as it is, reported).
+  ``stranded``: left as it is and reported, since nothing can move it anywhere that is not another pod's (NRI
+  defines evictions, but its adaptation drops a plugin's: ``pkg/adaptation/result.go`` ``apply`` takes the
+  adjustment and the updates of a reply only), and a new container of it is refused.
 * Only what differs is changed; a container with no cpuset of its own runs on every CPU, its groups' offline
   ones included (they may come back).
 """
