@@ -164,10 +164,11 @@ def test_a_holder_whose_book_goes_offline_runs_on_the_pool_and_its_restart_too(
         assert any(f"{pod_namespace}/{holder}/main" in e["message"] for e in events), events
         nri.kubectl("-n", pod_namespace, "exec", holder, "--", "touch", "/tmp/stop")  # its container ends
         assert set(parse_cpulist(first_line(core, pod_namespace, holder, restarts=1))) == rest
-    finally:
+    finally:  # the next test needs the book online again in the agent's view
         set_offline(nri, set())
-    wait_for("the holder back on its book", lambda: set(parse_cpulist(
-        proc_status(nri, pod_namespace, holder, "Cpus_allowed_list") or "-1")) == book, timeout=150, interval=0.5)
+        wait_for("the holder back on its book", lambda: set(parse_cpulist(
+            proc_status(nri, pod_namespace, holder, "Cpus_allowed_list") or "-1")) == book, timeout=150,
+            interval=0.5)
 
 
 def test_a_plain_pod_is_refused_while_every_cpu_is_held_and_created_once_a_book_is_freed(
