@@ -15,7 +15,9 @@ Environment: TOPOLOGY_E2E_KUBECONFIG (a kubeconfig: use that cluster; else the k
 default topology-e2e), TOPOLOGY_E2E_CONTEXT, TOPOLOGY_E2E_LANE (local, kind or remote; local when a kubeconfig
 is given), TOPOLOGY_E2E_NAMESPACE (topology-system), TOPOLOGY_E2E_RELEASE (topology-agent), TOPOLOGY_E2E_IMAGE
 (the agent's image, s390x-topology-agent:e2e), TOPOLOGY_E2E_WORKLOAD_IMAGE (the test pods' image, default the
-agent's), TOPOLOGY_E2E_SNAPSHOTS (the snapshot dir the lane installed; regenerated for kind when unset).
+agent's), TOPOLOGY_E2E_SNAPSHOTS (the snapshot dir the lane installed; regenerated for kind when unset),
+TOPOLOGY_E2E_VALUES (the values file the kind lane installed the release with: the suite may then upgrade it as
+on the local lane).
 REQUIRE_E2E=1 (or REQUIRE_KIND=1) turns every skip reason into a failure: a lane that provisions a cluster
 must not pass by skipping.
 """
@@ -114,9 +116,13 @@ class E2EEnv:
         where += ["--context", self.context] if self.context else []
         return subprocess.run([binary, *where, *args], capture_output=True, text=True, timeout=timeout, check=True)
 
+    def owns_install(self) -> bool:
+        """The lane installed the release and says how (the local lane; the kind lane with TOPOLOGY_E2E_VALUES)."""
+        return self.lane == "local" or (self.lane == "kind" and bool(os.environ.get("TOPOLOGY_E2E_VALUES")))
+
     def helm(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-        """helm against the lane's cluster, in the release's namespace (the local lane only)."""
-        if self.lane != "local":
+        """helm against the lane's cluster, in the release's namespace (a lane whose install this suite owns)."""
+        if not self.owns_install():
             pytest.skip(f"the {self.lane} lane's install is not this suite's to change")
         return subprocess.run([os.environ.get("TOPOLOGY_E2E_HELM") or "helm", *args, "--namespace", self.namespace,
                                "--kubeconfig", str(self.kubeconfig)], check=True, timeout=timeout,
@@ -124,16 +130,20 @@ class E2EEnv:
 
     def helm_upgrade(self, *extra: str, install: bool = False) -> None:
         """``helm upgrade`` (``--install``: also when the release is gone) the release with the lane's own values
-        plus ``extra`` (the local lane only)."""
-        if self.lane != "local":
+        plus ``extra`` (the local lane; the kind lane: the values file it installed with, TOPOLOGY_E2E_VALUES)."""
+        if not self.owns_install():
             pytest.skip(f"the {self.lane} lane's install is not this suite's to change")
-        snapshot = self.snapshots / "default.json"
+        values = os.environ.get("TOPOLOGY_E2E_VALUES")
+        if values:
+            lane_values = ["-f", values]
+        else:
+            snapshot = self.snapshots / "default.json"
+            lane_values = ["-f", str(REPO / "devkit" / "cluster" / "e2e-values.yaml"),
+                           "--set-file", f"fakeTopology.snapshots.default\\.json={snapshot}"]
         subprocess.run([os.environ.get("TOPOLOGY_E2E_HELM") or "helm", "upgrade", *(["--install"] if install else []),
                         self.release,
                         str(REPO / "deploy" / "helm" / "s390x-topology-agent"), "--namespace", self.namespace,
-                        "--kubeconfig", str(self.kubeconfig),
-                        "-f", str(REPO / "devkit" / "cluster" / "e2e-values.yaml"),
-                        "--set-file", f"fakeTopology.snapshots.default\\.json={snapshot}", *extra,
+                        "--kubeconfig", str(self.kubeconfig), *lane_values, *extra,
                         "--wait", "--timeout", "180s"], check=True, timeout=240, capture_output=True, text=True)
 
     def restart_kubelet(self, node: str, cpu_manager_policy: str | None = None) -> None:
