@@ -1,0 +1,303 @@
+"""What N agents cost one real API server and scheduler (issue 33, "a scale figure beyond this machine").
+
+One real etcd, kube-apiserver (audit log on) and kube-scheduler of the real-cluster lane (devkit/cluster/build.sh; no
+kubelet, no containerd), and N fake nodes: Node objects with a status (64 CPUs, 110 pods) and no kubelet behind them.
+On each, one ``topology-agent serve --mode dra`` process on this host with the z16 snapshot (8 books, 16 sockets:
+``agent.levels`` book,socket) and scratch kubelet directories, authenticated as a ServiceAccount of its own, so the
+audit log tells each agent's requests apart. The curve grows N in steps (``--agents 1,10,50,100``); at each step:
+
+* **requests per agent at start**: every request of the step's new agents from their spawn until their node's pool is
+  complete and 10 s more (the first label sync and the informers' lists and watches included), per agent;
+* **requests per agent per hour at steady state**: every request of every agent over a quiet window (``--window``),
+  scaled to an hour (watches count once, when opened);
+* **slices and bytes per node**: the node's ResourceSlices as the API server returns them (compact JSON);
+* **scheduler: 100 claims placed**: 100 ResourceClaims (one book each, no selector) and 100 pods using them, created
+  at once; the time from the first create to every pod bound with its claim allocated, with the step's N nodes'
+  slices present. The pods never run (no kubelet); they are deleted before the next step.
+
+Needs root, the cluster binaries (make cluster-build) and the machine lock (it uses the real-cluster lane's ports):
+``flock /tmp/realcluster.lock .venv/bin/python bench/bench_scale.py``; the lane must be down. Leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "devkit"))
+
+ROOT = Path(__file__).resolve().parent.parent
+NAMESPACE = "topology-system"  # audited by the lane's audit policy (configs.AUDITED_GROUP)
+DRIVER = "topology.s390x.ibm.com"
+SNAPSHOT = ROOT / "agent" / "data" / "z16-lpar.json"
+PLANE = ("etcd", "kube-apiserver", "kube-scheduler")
+
+
+class ScaleError(RuntimeError):
+    pass
+
+
+def kubectl(bins: Path, kubeconfig: Path, *args: str, doc: Any = None, timeout: float = 120) -> str:
+    done = subprocess.run([str(bins / "kubectl"), "--kubeconfig", str(kubeconfig), *args], text=True,
+                          capture_output=True, timeout=timeout, check=False,
+                          input=None if doc is None else json.dumps(doc))
+    if done.returncode != 0:
+        raise ScaleError(f"kubectl {' '.join(args[:3])}: {done.stderr.strip()[-400:]}")
+    return done.stdout
+
+
+def wait(what: str, check: Any, timeout: float, every: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(every)
+    raise ScaleError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def audit_counts(log: Path, since: float, until: float) -> Counter[str]:
+    """ResponseComplete events of the bench's agents received in [since, until): user -> requests."""
+    counts: Counter[str] = Counter()
+    for path in sorted(log.parent.glob(log.name + "*")):
+        with path.open(errors="replace") as f:
+            for line in f:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                user = str(event.get("user", {}).get("username", ""))
+                if event.get("stage") not in ("ResponseComplete", "ResponseStarted") or ":bench-agent-" not in user:
+                    continue
+                if event.get("stage") == "ResponseStarted" and event.get("verb") != "watch":
+                    continue
+                if event.get("stage") == "ResponseComplete" and event.get("verb") == "watch":
+                    continue  # a watch counts once, when it starts
+                when = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+                if since <= when < until:
+                    counts[user.rsplit(":", 1)[1]] += 1
+    return counts
+
+
+def node_doc(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {
+        "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "bench-scale": "true"}}}
+
+
+def node_status(name: str) -> dict[str, Any]:
+    capacity = {"cpu": "64", "memory": "256Gi", "pods": "110"}
+    return {"status": {"capacity": capacity, "allocatable": capacity, "conditions": [
+        {"type": "Ready", "status": "True", "reason": "BenchScale", "message": "a fake node (bench_scale)",
+         "lastHeartbeatTime": datetime.now().astimezone().isoformat(timespec="seconds"),
+         "lastTransitionTime": datetime.now().astimezone().isoformat(timespec="seconds")}]}}
+
+
+class Bench:
+    def __init__(self, work: Path, window: float) -> None:
+        from topology_devkit.realcluster import cluster
+        from topology_devkit.realcluster.layout import Layout
+
+        self.cluster = cluster
+        self.work = work
+        self.window = window
+        self.layout = Layout(work / "cluster")
+        self.bins = cluster.bin_dir()
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self.kubeconfig = self.layout.kubeconfig
+
+    def k(self, *args: str, doc: Any = None, timeout: float = 120) -> str:
+        return kubectl(self.bins, self.kubeconfig, *args, doc=doc, timeout=timeout)
+
+    def up(self) -> None:
+        cluster = self.cluster
+        cluster._probe_host()
+        cluster._write_configs(self.layout, self.bins, "none")
+        for component in PLANE:
+            cluster.start_component(self.layout, component, self.bins)
+        self.k("create", "namespace", NAMESPACE)
+        self.k("create", "clusterrolebinding", "bench-scale-agents", "--clusterrole", "cluster-admin",
+               f"--group=system:serviceaccounts:{NAMESPACE}")
+        helm = os.environ.get("HELM") or str(ROOT / ".tools" / "bin" / "helm")
+        rendered = subprocess.run([helm, "template", "bench", str(ROOT / "deploy" / "helm" / "s390x-topology-agent"),
+                                   "--set", "mode=dra", "--show-only", "templates/deviceclasses.yaml"],
+                                  capture_output=True, text=True, check=True, timeout=120).stdout
+        subprocess.run([str(self.bins / "kubectl"), "--kubeconfig", str(self.kubeconfig), "apply", "-f", "-"],
+                       input=rendered, text=True, capture_output=True, check=True, timeout=120)
+
+    def down(self) -> None:
+        for proc in self.agents.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.agents.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        from topology_devkit.realcluster.procs import stop
+
+        for component in reversed(PLANE):
+            stop(self.layout, component)
+
+    def start_agent(self, index: int) -> str:
+        node = f"bench-node-{index:03d}"
+        account = f"bench-agent-{index:03d}"
+        self.k("create", "-f", "-", doc=node_doc(node))
+        self.k("patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(node_status(node)))
+        self.k("-n", NAMESPACE, "create", "serviceaccount", account)
+        token = self.k("-n", NAMESPACE, "create", "token", account, "--duration", "4h").strip()
+        server = json.loads(self.kubeconfig.read_text())["clusters"][0]["cluster"]
+        home = self.work / "agents" / node
+        for d in ("kubelet", "registry", "plugin", "cdi"):
+            (home / d).mkdir(parents=True, exist_ok=True)
+        config = home / "kubeconfig"
+        config.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "a",
+            "clusters": [{"name": "c", "cluster": server}],
+            "contexts": [{"name": "a", "context": {"cluster": "c", "user": "a"}}],
+            "users": [{"name": "a", "user": {"token": token}}]}))
+        args = ["serve", "--mode", "dra", "--topology-file", str(SNAPSHOT), "--levels", "book,socket",
+                "--kubelet-dir", str(home / "kubelet"), "--dra-registry-dir", str(home / "registry"),
+                "--dra-plugin-dir", str(home / "plugin"), "--cdi-dir", str(home / "cdi"),
+                "--pod-resources-interval", "0", "--metrics-port", "0", "--cpuset-enforcement", "none",
+                "--log-format", "text"]
+        with (home / "agent.log").open("ab") as out:
+            self.agents[node] = subprocess.Popen(
+                [str(ROOT / ".venv" / "bin" / "topology-agent"), *args], stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env={**os.environ, "NODE_NAME": node, "KUBECONFIG": str(config)})
+        return node
+
+    def slices(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = json.loads(self.k("get", "resourceslices", "--field-selector",
+                                                        f"spec.driver={DRIVER}", "-o", "json"))["items"]
+        return items
+
+    def complete_nodes(self) -> dict[str, list[dict[str, Any]]]:
+        by_node: dict[str, list[dict[str, Any]]] = {}
+        for s in self.slices():
+            by_node.setdefault(s["spec"]["nodeName"], []).append(s)
+        done = {}
+        for node, items in by_node.items():
+            generation = max(s["spec"]["pool"]["generation"] for s in items)
+            newest = [s for s in items if s["spec"]["pool"]["generation"] == generation]
+            if len(newest) == newest[0]["spec"]["pool"]["resourceSliceCount"]:
+                done[node] = newest
+        return done
+
+    def place(self, count: int = 100) -> dict[str, float]:
+        tag = uuid.uuid4().hex[:5]
+        docs: list[dict[str, Any]] = []
+        for i in range(count):
+            name = f"scale-{tag}-{i:03d}"
+            docs.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                         "metadata": {"name": name, "namespace": "default"},
+                         "spec": {"devices": {"requests": [{"name": "book", "exactly": {
+                             "deviceClassName": f"book.{DRIVER}", "allocationMode": "ExactCount", "count": 1}}]}}})
+            docs.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+                         "spec": {"nodeSelector": {"bench-scale": "true"},
+                                  "resourceClaims": [{"name": "c", "resourceClaimName": name}],
+                                  "containers": [{"name": "main", "image": "localhost/none:never",
+                                                  "resources": {"claims": [{"name": "c"}]}}]}})
+        t0 = time.monotonic()
+        self.k("create", "-f", "-", doc={"apiVersion": "v1", "kind": "List", "items": docs}, timeout=300)
+        created = time.monotonic() - t0
+
+        def bound() -> bool:
+            pods = json.loads(self.k("get", "pods", "-n", "default", "-o", "json"))["items"]
+            return sum(1 for p in pods if p["spec"].get("nodeName")) >= count
+
+        wait(f"{count} pods bound", bound, timeout=600, every=0.25)
+        placed = time.monotonic() - t0
+        claims = json.loads(self.k("get", "resourceclaims", "-n", "default", "-o", "json"))["items"]
+        allocated = sum(1 for c in claims if (c.get("status") or {}).get("allocation"))
+        pods = json.loads(self.k("get", "pods", "-n", "default", "-o", "json"))["items"]
+        spread = len({p["spec"]["nodeName"] for p in pods})
+        self.k("delete", "pods,resourceclaims", "--all", "-n", "default", "--wait=true", "--grace-period=0",
+               "--force", timeout=600)
+        return {"create_s": created, "placed_s": placed, "allocated": allocated, "nodes_used": spread}
+
+    def step(self, first: int, last: int) -> dict[str, Any]:
+        t_start = time.time()
+        new = [self.start_agent(i) for i in range(first, last)]
+        wait(f"{len(new)} new nodes' pools complete", lambda: set(new) <= set(self.complete_nodes()),
+             timeout=120 + 6 * len(new), every=1.0)
+        up_s = time.time() - t_start
+        time.sleep(10.0)
+        start_counts = audit_counts(self.layout.log("audit"), t_start, time.time())
+        starts = [start_counts.get(n.replace("node", "agent"), 0) for n in new]
+        t0 = time.time()
+        time.sleep(self.window)
+        t1 = time.time()
+        time.sleep(2.0)
+        steady = audit_counts(self.layout.log("audit"), t0, t1)
+        agents = len(self.agents)
+        per_hour = sum(steady.values()) * 3600.0 / self.window / agents
+        complete = self.complete_nodes()
+        some = complete[new[-1]]
+        nbytes = sum(len(json.dumps(s, separators=(",", ":"))) for s in some)
+        dead = [n for n, p in self.agents.items() if p.poll() is not None]
+        if dead:
+            raise ScaleError(f"agents exited: {dead[:5]}")
+        placement = self.place(100)
+        return {"agents": agents, "new": len(new), "pools_complete_s": up_s,
+                "start_requests_per_agent": sum(starts) / len(starts), "start_requests_max": max(starts),
+                "steady_requests_per_agent_hour": per_hour, "window_s": self.window,
+                "slices_per_node": len(some), "bytes_per_node": nbytes,
+                "devices_per_node": sum(len(s["spec"].get("devices", [])) for s in some),
+                "slices_total": len(self.slices()), **{f"sched_{k}": v for k, v in placement.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", default="1,10,50,100", help="the curve's steps (cumulative agent counts)")
+    parser.add_argument("--window", type=float, default=120.0, help="the steady-state window per step, seconds")
+    parser.add_argument("--json-out", type=Path)
+    args = parser.parse_args(argv)
+    steps = [int(n) for n in args.agents.split(",")]
+    if os.geteuid() != 0:
+        print("bench_scale: needs root (the real cluster's components)", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    bench = Bench(work, args.window)
+    rows: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    try:
+        bench.up()
+        have = 0
+        for n in steps:
+            row = bench.step(have, n)
+            have = n
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    except (ScaleError, subprocess.CalledProcessError) as exc:
+        print(f"bench_scale: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        bench.down()
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\n== bench_scale: {time.monotonic() - t0:.0f} s")
+    print(f"{'N':>4} {'start req/agent':>16} {'steady req/agent/h':>19} {'slices/node':>11} {'bytes/node':>10} "
+          f"{'100 claims placed':>17} {'pools up':>8}")
+    for r in rows:
+        print(f"{r['agents']:>4} {r['start_requests_per_agent']:>16.1f} {r['steady_requests_per_agent_hour']:>19.1f} "
+              f"{r['slices_per_node']:>11} {r['bytes_per_node']:>10} {r['sched_placed_s']:>15.1f} s "
+              f"{r['pools_complete_s']:>6.1f} s")
+    if args.json_out:
+        args.json_out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
