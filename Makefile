@@ -54,8 +54,9 @@ chart-check: $(STAMP)
 	@test -n "$$HELM" || [ -x .tools/bin/helm ] || command -v helm >/dev/null || tools/get-helm.sh >/dev/null
 	tools/check-chart.sh
 
-## kind e2e (needs Docker, kind, kubectl): 2 workers, amd64 image, chart in fake-topology mode.
-kind-test: $(STAMP)
+## The kind lane (as root): dockerd from Debian's docker.io, kind and a node image built here (devkit/kind/), 1 control
+## plane + 2 workers (z16- and z13-shaped fake topologies), the multi-node tests and tests/e2e; host restored after.
+kind-test: $(STAMP) cluster-build
 	PYTHON=$(CURDIR)/$(BIN)/python tests/e2e/run.sh
 
 ## A real single-node cluster on this machine (README "A real cluster on one machine"; as root). Binaries built from
