@@ -333,31 +333,36 @@ def debian_mirror(sources: Iterable[Path] | None = None) -> tuple[str, str]:
     return main[0], (security[0] if security else DEBIAN_SECURITY)
 
 
-def standin_ref(cache: Path | None = None) -> tuple[str, str]:
-    """(the stand-in's keyed reference, the cache key) for this machine's mirror and the package list."""
+def standin_ref(cache: Path | None = None, arch: str | None = None) -> tuple[str, str]:
+    """(the stand-in's keyed reference, the cache key) for this machine's mirror, the package list and ``arch`` (a
+    Debian architecture other than this machine's: debootstrap --arch, its second stage under qemu-user-static)."""
     mirror, security = debian_mirror()
-    recipe = json.dumps({"packages": STANDIN_PACKAGES, "suite": SUITE, "mirror": mirror, "security": security,
-                         "recipe": STANDIN_RECIPE, "env": STANDIN_ENV}, sort_keys=True)
-    key = hashlib.sha256(recipe.encode()).hexdigest()[:12]
+    facts: dict[str, object] = {"packages": STANDIN_PACKAGES, "suite": SUITE, "mirror": mirror, "security": security,
+                                "recipe": STANDIN_RECIPE, "env": STANDIN_ENV}
+    if arch is not None and arch != oci.goarch():
+        facts["arch"] = arch  # the host's own key is unchanged (its cached archive stays valid)
+    key = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
     return f"{STANDIN_REPO}:{STANDIN_TAG}-{key}", key
 
 
-def build_standin(cache: Path, timings: dict[str, float] | None = None) -> str:
+def build_standin(cache: Path, timings: dict[str, float] | None = None, arch: str | None = None) -> str:
     """The stand-in base in buildah's storage (made once, then loaded from its cached archive); its reference.
 
-    Also tagged ``localhost/python-standin:3.11-slim-bookworm``.
+    Also tagged ``localhost/python-standin:3.11-slim-bookworm`` (with ``-<arch>`` for another architecture).
     """
-    ref, key = standin_ref()
-    plain = f"{STANDIN_REPO}:{STANDIN_TAG}"
+    foreign = arch is not None and arch != oci.goarch()
+    infix = f"{arch}-" if foreign else ""
+    ref, key = standin_ref(arch=arch)
+    plain = f"{STANDIN_REPO}:{STANDIN_TAG}" + (f"-{arch}" if foreign else "")
     if _image_exists(cache, ref):
         _run([*buildah(cache), "tag", ref, plain], "buildah tag")
         return ref
-    archive = cache / f"python-standin-{key}.oci.tar"
+    archive = cache / f"python-standin-{infix}{key}.oci.tar"
     if not archive.is_file():
         with timed("stand-in base: debootstrap + apt (first build only)", timings):
-            _write_atomically(archive, lambda tmp: _make_standin_archive(cache, tmp, ref))
-        for stale in cache.glob("python-standin-*.oci.tar"):  # of an older package list or recipe
-            if stale != archive:
+            _write_atomically(archive, lambda tmp: _make_standin_archive(cache, tmp, ref, arch))
+        for stale in cache.glob(f"python-standin-{infix}*.oci.tar"):  # an older recipe's
+            if stale != archive and (foreign or stale.name.count("-") == 2):
                 stale.unlink(missing_ok=True)
     with timed("stand-in base: load into buildah", timings):
         out = _run([*buildah(cache), "pull", "--quiet", f"oci-archive:{archive}"], "buildah pull of the stand-in")
@@ -366,13 +371,18 @@ def build_standin(cache: Path, timings: dict[str, float] | None = None) -> str:
     return ref
 
 
-def _make_standin_archive(cache: Path, archive: Path, ref: str) -> None:
+def _make_standin_archive(cache: Path, archive: Path, ref: str, arch: str | None = None) -> None:
     mirror, security = debian_mirror()
+    arch = arch or oci.goarch()
+    if arch != oci.goarch() and not Path(f"/proc/sys/fs/binfmt_misc/qemu-{arch}").exists():
+        raise ImageError(f"a {arch} stand-in needs qemu-user-static registered for {arch} "
+                         f"(apt-get install qemu-user-static binfmt-support)")
     work = Path(tempfile.mkdtemp(prefix="standin-", dir=cache))
     root = work / "rootfs"
     try:
-        say(f"debootstrap --variant=minbase {SUITE} from {mirror}")
-        _run(["debootstrap", "--variant=minbase", SUITE, root, mirror], "debootstrap", timeout=1800)
+        say(f"debootstrap --arch={arch} --variant=minbase {SUITE} from {mirror}")
+        _run(["debootstrap", f"--arch={arch}", "--variant=minbase", SUITE, root, mirror], "debootstrap",
+             timeout=3600)
         (root / "etc/dpkg/dpkg.cfg.d/slim-excludes").write_text(DPKG_EXCLUDES)
         (root / "etc/apt/sources.list").write_text(
             f"deb {mirror} {SUITE} main\ndeb {mirror} {SUITE}-updates main\ndeb {security} {SUITE}-security main\n")
@@ -394,7 +404,7 @@ def _make_standin_archive(cache: Path, archive: Path, ref: str) -> None:
                   "Labels": {"org.opencontainers.image.description":
                              "stand-in for python:3.11-slim-bookworm from Debian packages (topology_devkit)",
                              "topology-devkit.standin.packages": " ".join(STANDIN_PACKAGES)}}
-        oci.write_archive(archive, ref, [layer], config, history=[
+        oci.write_archive(archive, ref, [layer], config, architecture=arch, history=[
             f"debootstrap --variant=minbase {SUITE}; apt-get install {' '.join(STANDIN_PACKAGES)}; "
             "apt-get dist-upgrade; slim trimming (topology_devkit.realcluster.images)"])
     finally:
@@ -463,8 +473,32 @@ def _git(*args: str) -> str:
     return _run(["git", "-C", REPO, *args], f"git {args[0]}").strip()
 
 
-def build_agent(cache: Path, timings: dict[str, float] | None = None, context: Path = REPO) -> Path:
+def agent_ref(arch: str | None = None) -> str:
+    """The agent image's name: :data:`AGENT` for this machine's architecture, ``...:e2e-<arch>`` for another."""
+    return AGENT if arch is None or arch == oci.goarch() else f"{AGENT}-{arch}"
+
+
+def _standin_list(cache: Path, host: str, target: str, arch: str) -> str:
+    """A local manifest list of the host's and ``arch``'s stand-ins: the Dockerfile's ``FROM --platform=$BUILDPLATFORM
+    ${PYTHON_IMAGE}`` stages take the host's, the others ``arch``'s, from one PYTHON_IMAGE (as a registry's
+    multi-platform python:3.11-slim-bookworm serves both)."""
+    name = f"{STANDIN_REPO}:{STANDIN_TAG}-{oci.goarch()}-{arch}"
+    subprocess.run([*buildah(cache), "manifest", "rm", name], capture_output=True, check=False, timeout=120)
+    subprocess.run([*buildah(cache), "rmi", name], capture_output=True, check=False, timeout=120)
+    _run([*buildah(cache), "manifest", "create", name], "buildah manifest create")
+    for ref, goarch in ((host, oci.goarch()), (target, arch)):
+        _run([*buildah(cache), "manifest", "add", "--arch", goarch, "--os", "linux", name,
+              f"containers-storage:{ref}"], f"buildah manifest add {ref}")
+    return name
+
+
+def build_agent(cache: Path, timings: dict[str, float] | None = None, context: Path = REPO,
+                arch: str | None = None) -> Path:
     """``localhost/s390x-topology-agent:e2e`` from Dockerfile.s390x with buildah; its OCI archive.
+
+    ``arch``: another architecture (``s390x``): the image ``...:e2e-s390x`` for linux/s390x, its RUN steps under
+    qemu-user-static but grpcio's compiler, the host's cross gcc (the Dockerfile's ``cross-gcc`` stage); its base
+    a manifest list of the host's and a debootstrapped s390x stand-in.
 
     ``context``: the build context (default the repository; its Dockerfile.s390x too). The build args are
     ``make image``'s: VERSION, REVISION (the environment's, else HEAD), CREATED (RFC 3339) and SOURCE_DATE_EPOCH:
@@ -472,7 +506,11 @@ def build_agent(cache: Path, timings: dict[str, float] | None = None, context: P
     :data:`DEPENDENCY_INPUTS` (``make image`` takes the last commit's; see the comment below). CREATED is the
     last commit's time (in the runtime stage only, where it re-runs just the two cheap RUN steps)."""
     prune_layer_cache(cache)
+    target = arch or oci.goarch()
+    image = agent_ref(arch)
     base = build_standin(cache, timings)
+    if target != oci.goarch():
+        base = _standin_list(cache, base, build_standin(cache, timings, arch=target), target)
     # the last commit of the dependency layers' inputs, not of agent/: the Dockerfile declares SOURCE_DATE_EPOCH in
     # every stage, so a new value re-runs every RUN (the locked pip installs too) and a commit to agent/ alone
     # would cost a cold build (19 s instead of 8 s here)
@@ -484,11 +522,12 @@ def build_agent(cache: Path, timings: dict[str, float] | None = None, context: P
     created = datetime.fromtimestamp(int(last_commit), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE)
     revision = os.environ.get("REVISION", "").strip() or _git("rev-parse", "HEAD")
-    build_args = {"PYTHON_IMAGE": base, "TARGETARCH": oci.goarch(), "SOURCE_DATE_EPOCH": epoch, "CREATED": created,
+    build_args = {"PYTHON_IMAGE": base, "TARGETARCH": target, "BUILDARCH": oci.goarch(),
+                  "SOURCE_DATE_EPOCH": epoch, "CREATED": created,
                   "REVISION": revision, "VERSION": version.group(1) if version else "0.0.0"}
     argv: list[str] = [*buildah(cache), "bud", "--format", "docker", "--isolation", "chroot", "--layers",
-                       "--pull=never", "--platform", f"linux/{oci.goarch()}", "-f", str(context / DOCKERFILE),
-                       "-t", AGENT]
+                       "--pull=never", "--platform", f"linux/{target}", "-f", str(context / DOCKERFILE),
+                       "-t", image]
     if HOST_CA_BUNDLE.is_file():  # the machine's trust (a TLS proxy's CA) for pip, in RUN steps only
         argv += ["-v", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"]
     for key, value in build_args.items():
@@ -497,14 +536,14 @@ def build_agent(cache: Path, timings: dict[str, float] | None = None, context: P
     with timed("agent image: buildah bud", timings):
         _run(argv, "buildah bud of the agent image", quiet=os.environ.get("IMAGES_VERBOSE", "") == "",
              timeout=5400)
-    archive = cache / _archive_file(AGENT)
+    archive = cache / _archive_file(image)
     with timed("agent image: push to an OCI archive", timings):
         def push(tmp: Path) -> None:
             raw = tmp.with_name(tmp.name + ".raw")
             try:
-                _run([*buildah(cache), "push", "--quiet", "--disable-compression", AGENT,
-                      f"oci-archive:{raw}:{AGENT}"], "buildah push of the agent image", timeout=900)
-                name_archive(raw, tmp, AGENT)
+                _run([*buildah(cache), "push", "--quiet", "--disable-compression", image,
+                      f"oci-archive:{raw}:{image}"], "buildah push of the agent image", timeout=900)
+                name_archive(raw, tmp, image)
             finally:
                 raw.unlink(missing_ok=True)
 
@@ -596,6 +635,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m topology_devkit.realcluster.images",
                                      description="Build the real cluster's images (and import them into containerd).")
     sub = parser.add_subparsers(dest="command", required=True)
+    agent = sub.add_parser("build-agent", help="build the agent image alone, for an architecture (linux/ARCH)")
+    agent.add_argument("--arch", default=oci.goarch(), help=f"s390x, or this machine's {oci.goarch()} (default)")
+    agent.add_argument("--cache", type=Path, default=None, help=f"cache folder (default {default_cache()})")
     for name, text in (("build", "build the three images as OCI archives in the cache folder"),
                        ("import", "build them (cached) and import them into containerd's k8s.io namespace")):
         command = sub.add_parser(name, help=text)
@@ -607,6 +649,16 @@ def main(argv: list[str] | None = None) -> int:
     timings: dict[str, float] = {}
     started = time.monotonic()
     try:
+        if args.command == "build-agent":
+            reason = unavailable_reason()
+            if reason is not None:
+                raise ImageError(reason)
+            cache = Path(args.cache) if args.cache is not None else default_cache()
+            with _locked(cache):
+                path = build_agent(cache, timings, arch=args.arch)
+            print(f"{agent_ref(args.arch)}\t{path}\t{path.stat().st_size / 1e6:.1f} MB")
+            say(f"total: {time.monotonic() - started:.1f} s")
+            return 0
         archives = build_all(args.cache, timings)
         for name, path in archives.items():
             print(f"{name}\t{path}\t{path.stat().st_size / 1e6:.1f} MB")
