@@ -288,9 +288,11 @@ def build_busybox(cache: Path, busybox: Path = Path("/bin/busybox")) -> Path:
 
 
 def buildah(cache: Path) -> list[str]:
-    """The buildah command with this cache's own storage."""
-    return ["buildah", "--root", str(cache / "buildah"), "--runroot", str(BUILDAH_RUNROOT),
-            "--storage-driver", "overlay"]
+    """The buildah command with this cache's own storage (and run root: two storages never share one)."""
+    runroot = BUILDAH_RUNROOT
+    if Path(cache).resolve() != default_cache().resolve():
+        runroot = Path(f"{BUILDAH_RUNROOT}-{hashlib.sha256(str(Path(cache).resolve()).encode()).hexdigest()[:8]}")
+    return ["buildah", "--root", str(cache / "buildah"), "--runroot", str(runroot), "--storage-driver", "overlay"]
 
 
 def _image_exists(cache: Path, ref: str) -> bool:
