@@ -66,6 +66,8 @@ up() {
   sysctls > "$STATE/sysctl.before"
   links > "$STATE/links.before"
   [ -d /run/containerd ] && : > "$STATE/had-run-containerd"
+  # kind mounts /lib/modules into every node; dockerd makes a missing bind source (this VM has none): removed again
+  [ -e /lib/modules ] && : > "$STATE/had-lib-modules"
   # Forwarding on before dockerd starts: it then leaves the FORWARD policy alone (moby libnetwork#1526).
   sysctl -qw net.ipv4.ip_forward=1
   # kind's known issues: too few inotify instances fail kubelets of several nodes.
@@ -140,6 +142,8 @@ down() {
     [ "$(sysctl -n "$name" 2>/dev/null)" = "$value" ] || sysctl -qw "$name=$value" || problems="$problems sysctl:$name"
   done < "$STATE/sysctl.before"
   [ -f "$STATE/had-run-containerd" ] || rmdir /run/containerd 2>/dev/null || true
+  [ -f "$STATE/had-lib-modules" ] || rmdir /lib/modules 2>/dev/null || true
+  [ -f "$STATE/had-lib-modules" ] || [ ! -e /lib/modules ] || problems="$problems /lib/modules-left"
   local after
   after=$(saves)
   if [ "$after" != "$(cat "$STATE/iptables.before")" ]; then
