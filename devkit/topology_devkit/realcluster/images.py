@@ -480,27 +480,13 @@ def agent_ref(arch: str | None = None) -> str:
     return AGENT if arch is None or arch == oci.goarch() else f"{AGENT}-{arch}"
 
 
-def _standin_list(cache: Path, host: str, target: str, arch: str) -> str:
-    """A local manifest list of the host's and ``arch``'s stand-ins: the Dockerfile's ``FROM --platform=$BUILDPLATFORM
-    ${PYTHON_IMAGE}`` stages take the host's, the others ``arch``'s, from one PYTHON_IMAGE (as a registry's
-    multi-platform python:3.11-slim-bookworm serves both)."""
-    name = f"{STANDIN_REPO}:{STANDIN_TAG}-{oci.goarch()}-{arch}"
-    subprocess.run([*buildah(cache), "manifest", "rm", name], capture_output=True, check=False, timeout=120)
-    subprocess.run([*buildah(cache), "rmi", name], capture_output=True, check=False, timeout=120)
-    _run([*buildah(cache), "manifest", "create", name], "buildah manifest create")
-    for ref, goarch in ((host, oci.goarch()), (target, arch)):
-        _run([*buildah(cache), "manifest", "add", "--arch", goarch, "--os", "linux", name,
-              f"containers-storage:{ref}"], f"buildah manifest add {ref}")
-    return name
-
-
 def build_agent(cache: Path, timings: dict[str, float] | None = None, context: Path = REPO,
                 arch: str | None = None) -> Path:
     """``localhost/s390x-topology-agent:e2e`` from Dockerfile.s390x with buildah; its OCI archive.
 
     ``arch``: another architecture (``s390x``): the image ``...:e2e-s390x`` for linux/s390x, its RUN steps under
-    qemu-user-static but grpcio's compiler, the host's cross gcc (the Dockerfile's ``cross-gcc`` stage); its base
-    a manifest list of the host's and a debootstrapped s390x stand-in.
+    qemu-user-static but grpcio's compiler, the host's cross gcc (the Dockerfile's ``cross-gcc`` stage); its base a
+    debootstrapped s390x stand-in (PYTHON_IMAGE), the build machine's stages on the host's (BUILD_PYTHON_IMAGE).
 
     ``context``: the build context (default the repository; its Dockerfile.s390x too). The build args are
     ``make image``'s: VERSION, REVISION (the environment's, else HEAD), CREATED (RFC 3339) and SOURCE_DATE_EPOCH:
@@ -510,9 +496,9 @@ def build_agent(cache: Path, timings: dict[str, float] | None = None, context: P
     prune_layer_cache(cache)
     target = arch or oci.goarch()
     image = agent_ref(arch)
-    base = build_standin(cache, timings)
+    base = build_host = build_standin(cache, timings)
     if target != oci.goarch():
-        base = _standin_list(cache, base, build_standin(cache, timings, arch=target), target)
+        base = build_standin(cache, timings, arch=target)
     # the last commit of the dependency layers' inputs, not of agent/: the Dockerfile declares SOURCE_DATE_EPOCH in
     # every stage, so a new value re-runs every RUN (the locked pip installs too) and a commit to agent/ alone
     # would cost a cold build (19 s instead of 8 s here)
@@ -524,7 +510,8 @@ def build_agent(cache: Path, timings: dict[str, float] | None = None, context: P
     created = datetime.fromtimestamp(int(last_commit), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE)
     revision = os.environ.get("REVISION", "").strip() or _git("rev-parse", "HEAD")
-    build_args = {"PYTHON_IMAGE": base, "TARGETARCH": target, "BUILDARCH": oci.goarch(),
+    build_args = {"PYTHON_IMAGE": base, "BUILD_PYTHON_IMAGE": build_host, "TARGETARCH": target,
+                  "BUILDARCH": oci.goarch(),
                   "SOURCE_DATE_EPOCH": epoch, "CREATED": created,
                   "REVISION": revision, "VERSION": version.group(1) if version else "0.0.0"}
     argv: list[str] = [*buildah(cache), "bud", "--format", "docker", "--isolation", "chroot", "--layers",
