@@ -515,8 +515,12 @@ def build_agent(cache: Path, timings: dict[str, float] | None = None, context: P
                   "SOURCE_DATE_EPOCH": epoch, "CREATED": created,
                   "REVISION": revision, "VERSION": version.group(1) if version else "0.0.0"}
     argv: list[str] = [*buildah(cache), "bud", "--format", "docker", "--isolation", "chroot", "--layers",
-                       "--pull=never", "--platform", f"linux/{target}", "-f", str(context / DOCKERFILE),
-                       "-t", image]
+                       "--pull=never", "-f", str(context / DOCKERFILE), "-t", image]
+    if target == oci.goarch():
+        argv[-4:-4] = ["--platform", f"linux/{target}"]
+    # else no --platform: buildah 1.28 then looks every local FROM up for that platform, the build machine's stages'
+    # base too (FROM --platform=$BUILDPLATFORM is not honoured for local images). Without it each stage takes the
+    # image it names (a warning for the s390x one), and the image is s390x as its base is; TARGETARCH is passed.
     if HOST_CA_BUNDLE.is_file():  # the machine's trust (a TLS proxy's CA) for pip, in RUN steps only
         argv += ["-v", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"]
     for key, value in build_args.items():
