@@ -10,10 +10,10 @@
 #   3. node:  the base + kubeadm (devkit/kind/build.sh), kubelet and kubectl in /usr/bin, /kind/version, and the
 #             control-plane, etcd and pause images (topology_devkit.kindnode) in /kind/images, imported at boot
 #             by topology-preload.service: localhost/topology-kind-node:v<kubernetes>-<key>.
-#   4. docker load of the node image into the lane's engine (skipped when it has that tag already).
+#   4. podman load of the node image into the lane's engine (skipped when it has that tag already).
 #
 # Prints the node image's name on the last line (NODE_IMAGE_LOAD=0: build only, load nothing). Needs root, buildah, debootstrap, python3 (PYTHON), and the
-# engine at DOCKER_HOST (devkit/kind/engine.sh). Caches: $CLUSTER_CACHE/kind (root tarball, archives) and the
+# engine's environment (devkit/kind/engine.sh env). Caches: $CLUSTER_CACHE/kind (root tarball, archives) and the
 # buildah storage of the real-cluster lane's images.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -154,10 +154,10 @@ if [ ! -f "$node_tar" ]; then
 fi
 
 # --- 4. into the engine ------------------------------------------------------------------------------------
-if [ "${NODE_IMAGE_LOAD:-1}" = 1 ] && ! docker image inspect "$NODE" >/dev/null 2>&1; then
+if [ "${NODE_IMAGE_LOAD:-1}" = 1 ] && ! podman image exists "$NODE"; then
   t=$SECONDS
-  docker load -q -i "$node_tar" >&2
-  say "docker load in $((SECONDS - t)) s"
+  podman load -q -i "$node_tar" >&2
+  say "podman load in $((SECONDS - t)) s"
 fi
 say "ready in $((SECONDS - T0)) s"
 echo "$NODE"

@@ -17,7 +17,7 @@ is given), TOPOLOGY_E2E_NAMESPACE (topology-system), TOPOLOGY_E2E_RELEASE (topol
 (the agent's image, s390x-topology-agent:e2e), TOPOLOGY_E2E_WORKLOAD_IMAGE (the test pods' image, default the
 agent's), TOPOLOGY_E2E_SNAPSHOTS (the snapshot dir the lane installed; regenerated for kind when unset),
 TOPOLOGY_E2E_VALUES (the values file the kind lane installed the release with: the suite may then upgrade it as
-on the local lane).
+on the local lane), TOPOLOGY_E2E_ENGINE (the kind nodes' engine, docker or podman; docker by default).
 REQUIRE_E2E=1 (or REQUIRE_KIND=1) turns every skip reason into a failure: a lane that provisions a cluster
 must not pass by skipping.
 """
@@ -104,7 +104,7 @@ class E2EEnv:
         if self.lane == "local":
             argv = ["sh", "-c", script]
         elif self.lane == "kind":
-            argv = ["docker", "exec", node, "sh", "-c", script]
+            argv = [os.environ.get("TOPOLOGY_E2E_ENGINE") or "docker", "exec", node, "sh", "-c", script]
         else:
             pytest.skip(f"the {self.lane} lane has no access to the node's shell")
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True).stdout
@@ -155,7 +155,8 @@ class E2EEnv:
         elif cpu_manager_policy is not None:
             pytest.skip(f"the {self.lane} lane cannot change the kubelet's CPU manager policy")
         elif self.lane == "kind":
-            subprocess.run(["docker", "exec", node, "systemctl", "restart", "kubelet"], check=True, timeout=120)
+            subprocess.run([os.environ.get("TOPOLOGY_E2E_ENGINE") or "docker", "exec", node, "systemctl", "restart",
+                            "kubelet"], check=True, timeout=120)
         else:
             pytest.skip(f"the {self.lane} lane cannot restart a kubelet")
 

@@ -4,18 +4,19 @@
 #   1. builds (cached by pin, outside the clone): the real-cluster lane's binaries (devkit/cluster/build.sh), kind
 #      and kubeadm (devkit/kind/build.sh), the agent's linux/amd64 image from Dockerfile.s390x with buildah and the
 #      test workload's (topology_devkit.realcluster.images), the kind node image (devkit/kind/node-image.sh)
-#   2. under the machine lock (flock /tmp/realcluster.lock; taken here when not held): dockerd from Debian's
-#      docker.io (devkit/kind/engine.sh up, which saves the host's iptables and sysctls first)
+#   2. under the machine lock (flock /tmp/realcluster.lock; taken here after the builds) and in a mount namespace of
+#      its own (unshare: the nodes' mounts never reach the host's table): rootful Podman from Debian, kind's other
+#      provider (devkit/kind/engine.sh up, which saves the host's iptables, sysctls and links first; it says why not
+#      Docker)
 #   3. kind create cluster (tests/e2e/kind.yaml: 1 control plane + 2 workers), each node's bridge CNI config and
 #      routes to the others' pod CIDRs (what kindnetd does), every node Ready
 #   4. kind load image-archive: the agent and the workload image
 #   5. helm upgrade --install in fake-topology mode: <cluster>-worker advertises a z16-shaped snapshot,
 #      <cluster>-worker2 a z13-shaped one (tests/e2e/snapshots.py)
 #   6. REQUIRE_E2E=1 pytest -m e2e on the kind lane (a skip is a failure; KIND_TESTS picks the files)
-#   7. kind delete cluster, engine down: the host's iptables, sysctls, links and cgroups back and checked
+#   7. kind delete cluster, engine down: the host's iptables, sysctls, links, cgroups and mounts back and checked
 #
-# Environment: KIND_CLUSTER_NAME (topology-e2e), KEEP_CLUSTER=1 (leave the cluster and dockerd running; then
-# `devkit/kind/engine.sh down` under the lock), KIND_TESTS (the test files; default the multi-node tests and the
+# Environment: KIND_CLUSTER_NAME (topology-e2e), KIND_TESTS (the test files; default the multi-node tests and the
 # shared suite), PYTEST_ARGS, HELM.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -32,7 +33,7 @@ KIND_TESTS=${KIND_TESTS:-tests/e2e/test_multinode.py tests/e2e/test_e2e.py}
 T0=$SECONDS
 die() { echo "kind-test: $*" >&2; exit 1; }
 stamp() { echo "==> [$((SECONDS - T0)) s] $*"; }
-[ "$(id -u)" = 0 ] || die "the kind lane runs as root (dockerd, buildah)"
+[ "$(id -u)" = 0 ] || die "the kind lane runs as root (rootful podman, buildah)"
 if [ -z "${HELM:-}" ]; then
   if [ -x .tools/bin/helm ]; then HELM=$REPO/.tools/bin/helm
   elif command -v helm >/dev/null; then HELM=$(command -v helm)
@@ -49,10 +50,10 @@ workload_archive=$(awk -v i="$WORKLOAD" '$1 == i {print $2}' <<<"$archives")
 [ -f "$agent_archive" ] && [ -f "$workload_archive" ] || die "the image build printed no archives: $archives"
 NODE_IMAGE_LOAD=0 PYTHON=$PYTHON devkit/kind/node-image.sh >/dev/null
 if [ "${TOPOLOGY_REALCLUSTER_LOCKED:-}" != 1 ]; then
-  # The rest starts dockerd and a cluster: under the machine lock, held until the host is back as it was. (Run
-  # again under it; the builds above are cached, a few seconds.)
+  # The rest starts a cluster: under the machine lock, held until the host is back as it was, and in a mount
+  # namespace of its own. (Run again there; the builds above are cached, a few seconds.)
   stamp "waiting for the machine lock ($LOCK)"
-  TOPOLOGY_REALCLUSTER_LOCKED=1 exec flock "$LOCK" "$0" "$@"
+  TOPOLOGY_REALCLUSTER_LOCKED=1 exec flock "$LOCK" unshare --mount --propagation private "$0" "$@"
 fi
 
 WORK=$(mktemp -d)
@@ -68,16 +69,13 @@ cleanup() {
       kubectl get pods -A -o wide || true
       kubectl -n "$NAMESPACE" logs -l "app.kubernetes.io/instance=$RELEASE" --tail=60 --prefix || true
     fi
-    for n in $(docker ps -a --format '{{.Names}}' 2>/dev/null); do
-      echo "--- $n: docker logs (tail), kubelet and containerd journal (tail)"
-      docker logs --tail 15 "$n" 2>&1 || true
-      docker exec "$n" journalctl -u kubelet -u containerd -u topology-preload --no-pager -n 25 2>&1 || true
+    for n in $(podman ps -a --format '{{.Names}}' 2>/dev/null); do
+      echo "--- $n: podman logs (tail), kubelet and containerd journal (tail)"
+      podman logs --tail 15 "$n" 2>&1 || true
+      podman exec "$n" journalctl -u kubelet -u containerd -u topology-preload --no-pager -n 25 2>&1 || true
     done
   fi
-  if [ "${KEEP_CLUSTER:-0}" = 1 ]; then
-    echo "kind-test: KEEP_CLUSTER=1: cluster $CLUSTER and dockerd left running (KUBECONFIG=$KUBECONFIG," \
-         "$(devkit/kind/engine.sh env)); stop them with: flock $LOCK devkit/kind/engine.sh down"
-  elif [ "$engine_started" = 1 ]; then
+  if [ "$engine_started" = 1 ]; then
     "$KIND" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
     devkit/kind/engine.sh down || rc=1
     rm -rf "$WORK"
@@ -86,10 +84,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-stamp "dockerd (devkit/kind/engine.sh up)"
+stamp "podman (devkit/kind/engine.sh up)"
 engine_started=1
 devkit/kind/engine.sh up
-export "$(devkit/kind/engine.sh env)"
+eval "export $(devkit/kind/engine.sh env | tr '\n' ' ')"
 NODE_IMAGE=$(PYTHON=$PYTHON devkit/kind/node-image.sh)
 
 stamp "kind create cluster $CLUSTER ($NODE_IMAGE)"
@@ -98,7 +96,7 @@ stamp "kind create cluster $CLUSTER ($NODE_IMAGE)"
   --retain
 NODES=$("$KIND" get nodes --name "$CLUSTER" | sort)
 CONTROL_PLANE=$CLUSTER-control-plane
-node_ip() { docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$1"; }
+node_ip() { podman inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$1"; }
 
 stamp "pod network: a bridge per node on its pod CIDR, routes to the others' (what kindnetd does)"
 for n in $NODES; do
@@ -117,11 +115,11 @@ for n in $NODES; do
     {"type": "bridge", "bridge": "kindbr0", "isGateway": True, "ipMasq": True, "hairpinMode": True,
      "ipam": {"type": "host-local", "ranges": [[{"subnet": sys.argv[1]}]], "routes": [{"dst": "0.0.0.0/0"}]}},
     {"type": "portmap", "capabilities": {"portMappings": True}}, {"type": "loopback"}]}, indent=1))' "${!var}")
-  docker exec -i "$n" sh -c 'mkdir -p /etc/cni/net.d && cat > /etc/cni/net.d/10-topology-kind.conflist' <<<"$conf"
+  podman exec -i "$n" sh -c 'mkdir -p /etc/cni/net.d && cat > /etc/cni/net.d/10-topology-kind.conflist' <<<"$conf"
   for other in $NODES; do
     [ "$other" = "$n" ] && continue
     ovar=CIDR_${other//-/_}
-    docker exec "$n" ip route replace "${!ovar}" via "$(node_ip "$other")"
+    podman exec "$n" ip route replace "${!ovar}" via "$(node_ip "$other")"
   done
 done
 kubectl wait --for=condition=Ready node --all --timeout=180s
@@ -157,7 +155,7 @@ kubectl label namespace "$NAMESPACE" pod-security.kubernetes.io/enforce=privileg
   --wait --timeout 180s
 
 stamp "pytest -m e2e (kind lane, REQUIRE_E2E=1): $KIND_TESTS"
-export TOPOLOGY_E2E_KUBECONFIG=$KUBECONFIG TOPOLOGY_E2E_LANE=kind KIND_CLUSTER_NAME=$CLUSTER \
+export TOPOLOGY_E2E_KUBECONFIG=$KUBECONFIG TOPOLOGY_E2E_LANE=kind TOPOLOGY_E2E_ENGINE=podman KIND_CLUSTER_NAME=$CLUSTER \
        TOPOLOGY_E2E_NAMESPACE=$NAMESPACE TOPOLOGY_E2E_RELEASE=$RELEASE TOPOLOGY_E2E_IMAGE=$IMAGE \
        TOPOLOGY_E2E_WORKLOAD_IMAGE=$WORKLOAD TOPOLOGY_E2E_SNAPSHOTS=$SNAPSHOTS TOPOLOGY_E2E_HELM=$HELM \
        TOPOLOGY_E2E_VALUES=$VALUES REQUIRE_E2E=1 REQUIRE_MULTINODE=1
