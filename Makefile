@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test lint proto bench venv clean kind-test s390x-smoke chart-check image image-lock image-base-pin \
+.PHONY: demo test lint proto bench venv clean kind-test s390x-smoke chart-check image image-s390x image-lock image-base-pin \
 	cluster-build cluster-up cluster-down cluster-restart-kubelet cluster-status e2e
 
 $(STAMP): pyproject.toml devkit/pyproject.toml deploy/image/requirements.txt
@@ -92,6 +92,11 @@ IMAGE_USAGE := make image: REGISTRY is required, e.g. make image REGISTRY=regist
 image:
 	$(if $(strip $(REGISTRY)),,$(error $(IMAGE_USAGE)))
 	@REGISTRY="$(REGISTRY)" TAG="$(TAG)" DRY_RUN="$(DRY_RUN)" $(PYTHON) deploy/image/build.py image
+
+## The linux/s390x image built here to the end, without a registry (buildah; grpcio by the host's cross gcc), then
+## run under qemu-user: discover on the real dumps and the gRPC tests (as root; ~40 min cold, minutes warm).
+image-s390x: $(STAMP)
+	PYTHON=$(CURDIR)/$(BIN)/python tools/s390x-image.sh
 
 ## Pin Dockerfile.s390x's base image by manifest-list digest (docker buildx imagetools inspect; needs a registry).
 image-base-pin:
