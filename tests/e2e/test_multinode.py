@@ -175,9 +175,11 @@ def books(e2e_env: E2EEnv, nodes: dict[str, str], pod_namespace: str) -> Iterato
             for n in nodes.values()), timeout=240)
         yield e2e_env
     finally:
-        delete_all(e2e_env)
-        e2e_env.helm_upgrade()
-        wait_for("the release back on its lane values", lambda: rolled_out(e2e_env, nodes), timeout=240)
+        try:
+            delete_all(e2e_env)
+        finally:
+            e2e_env.helm_upgrade()
+            wait_for("the release back on its lane values", lambda: rolled_out(e2e_env, nodes), timeout=240)
 
 
 @pytest.mark.usefixtures("books")
@@ -310,9 +312,11 @@ def dra(e2e_env: E2EEnv, nodes: dict[str, str], pod_namespace: str) -> Iterator[
             complete_pool(slices(e2e_env, n)) for n in nodes.values()), timeout=240)
         yield e2e_env
     finally:
-        delete_all(e2e_env)
-        e2e_env.helm_upgrade(install=True)
-        wait_for("the release back in device-plugin mode", lambda: rolled_out(e2e_env, nodes), timeout=240)
+        try:
+            delete_all(e2e_env)
+        finally:
+            e2e_env.helm_upgrade(install=True)
+            wait_for("the release back in device-plugin mode", lambda: rolled_out(e2e_env, nodes), timeout=240)
 
 
 def claim(name: str, selector: str) -> dict[str, Any]:
@@ -369,6 +373,7 @@ class TestDraAcrossNodes:
         delete_all(env)
 
     def test_uninstall_removes_every_nodes_slices(self, e2e_env: E2EEnv, nodes: dict[str, str]) -> None:
+        delete_all(e2e_env)  # no claim left prepared: its pod could not be torn down without the agent
         assert {s["spec"]["nodeName"] for s in slices(e2e_env)} == set(nodes.values())
         e2e_env.helm("uninstall", e2e_env.release, "--wait", "--timeout", "180s")
         wait_for("every node's slices gone", lambda: not slices(e2e_env), timeout=30, every=0.25)
