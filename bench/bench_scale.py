@@ -167,6 +167,9 @@ class Bench:
         account = f"bench-agent-{index:03d}"
         self.k("create", "-f", "-", doc=node_doc(node))
         self.k("patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(node_status(node)))
+        # the API server's TaintNodesByCondition admission taints a new Node not-ready; the node lifecycle controller,
+        # which would lift it once the node reports Ready, is off here (it would mark kubelet-less nodes unreachable)
+        self.k("taint", "node", node, "node.kubernetes.io/not-ready:NoSchedule-")
         self.k("-n", NAMESPACE, "create", "serviceaccount", account)
         token = self.k("-n", NAMESPACE, "create", "token", account, "--duration", "4h").strip()
         server = json.loads(self.kubeconfig.read_text())["clusters"][0]["cluster"]
