@@ -81,6 +81,9 @@ run -v "$REPO/tests:/src/tests:ro" -v "$REPO/devkit:/src/devkit:ro" -v "$REPO/py
 grep -qE '^[0-9]+ passed' "$work/tests.log" && ! grep -qE '[0-9]+ failed' "$work/tests.log" \
   || die "the gRPC tests did not pass on s390x (above)"
 total=$((SECONDS - T0))
-printf 'pins %s\nbuilt %s, %d min (image %d min), %s\n' "$pins" "$(date -u +%F)" $((total / 60)) $((built / 60)) \
-  "$(nproc) cores $(uname -m)" > "$RECORD"
+cold=$( [ -f "$RECORD" ] && grep -q "^pins $pins\$" "$RECORD" && grep '^cold' "$RECORD" || true)
+{ printf 'pins %s\nbuilt %s, %d min (image %d min), %s\n' "$pins" "$(date -u +%F)" $((total / 60)) $((built / 60)) \
+    "$(nproc) cores $(uname -m)"
+  [ -z "$cold" ] || echo "$cold"; } > "$RECORD.tmp"
+mv "$RECORD.tmp" "$RECORD"
 say "done: $IMAGE, $((total / 60)) min; recorded in $RECORD"
