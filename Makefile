@@ -30,7 +30,7 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/topology-agent demo
 
-## Lint, type-check (strict on the core), then the whole test suite (kind tests skip without Docker and kind).
+## Lint, type-check (strict on the core), then the whole test suite (the cluster tests skip without a cluster).
 test: $(STAMP)
 	@test -n "$$HELM" || [ -x .tools/bin/helm ] || command -v helm >/dev/null || tools/get-helm.sh >/dev/null || echo "make test: no helm (tools/get-helm.sh failed above): the chart tests skip" >&2
 	$(BIN)/ruff check .
