@@ -136,3 +136,30 @@ def test_a_tree_with_a_bind_mount_inside_is_removed_without_touching_what_is_mou
         subprocess.run(["umount", "-l", str(root / "dev")], capture_output=True, check=False)
     assert not root.exists() and mounts_under([root]) == []
     assert (host_dev / "null").read_text() == "the host's", "unmounted first, so nothing below the mount went"
+
+
+def test_a_mount_reached_through_a_symbolic_link_is_found_and_unmounted(tmp_path: Path) -> None:
+    """/var/run is a link to /run on Debian: mountinfo names /run/netns/cni-…, cluster-down asks for /var/run/netns.
+
+    Before, the netns file stayed mounted and its unlink failed with EBUSY (a traceback ended `make e2e` in CI).
+    """
+    from tests.conftest import missing
+    from topology_devkit.realcluster.mounts import mounts_under, unmount
+
+    if os.geteuid() != 0:
+        missing("root (mount --bind)", "run the tests as root, as .ci/run does")
+    real = tmp_path / "run" / "netns"
+    real.mkdir(parents=True)
+    (tmp_path / "var").mkdir()
+    (tmp_path / "var" / "run").symlink_to(tmp_path / "run")
+    handle = real / "cni-test"
+    handle.touch()
+    subprocess.run(["mount", "--bind", str(handle), str(handle)], check=True)
+    try:
+        through_link = tmp_path / "var" / "run" / "netns"
+        assert mounts_under([through_link]) == [str(handle)]
+        unmount([through_link])
+        assert mounts_under([through_link]) == []
+        handle.unlink()
+    finally:
+        subprocess.run(["umount", "-l", str(handle)], capture_output=True, check=False)

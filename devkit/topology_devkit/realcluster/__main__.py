@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     except ClusterError as err:
         print(f"{args.command}: {err}", file=sys.stderr)
         return 1
+    except OSError as err:  # a host state the lane did not expect: one line, never a traceback
+        print(f"{args.command}: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

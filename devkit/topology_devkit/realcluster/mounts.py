@@ -8,17 +8,23 @@ that is still mounted.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 
 def mounts_under(prefixes: list[Path]) -> list[str]:
-    """Mount points at or below any of ``prefixes`` (this process's mount namespace), deepest first."""
+    """Mount points at or below any of ``prefixes`` (this process's mount namespace), deepest first.
+
+    mountinfo names real paths: a prefix through a symbolic link (``/var/run`` is ``/run`` on Debian) is matched
+    by its real path as well as by its own.
+    """
+    wanted = {str(p) for p in prefixes} | {os.path.realpath(p) for p in prefixes}
     found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         point = line.split()[4].replace("\\040", " ")
-        if any(point == str(p) or point.startswith(f"{p}/") for p in prefixes):
+        if any(point == p or point.startswith(f"{p}/") for p in wanted):
             found.append(point)
     return sorted(set(found), key=len, reverse=True)
 
