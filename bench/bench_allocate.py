@@ -14,7 +14,7 @@ host-root tree (16 books), next to the kubelet emulator in this process.
   the agent has not seen before, in no order seen before). A first-time Allocate comes as kubelet sends
   it: after a GetPreferredAllocation for the same set (untimed, to both sides; kubelet asks whenever it has
   a choice, and the agent plans the set it prefers while answering); the same sets with no preference
-  asked first (kubelet's ``devicesToAllocate`` skips it when it has no choice: bench/README.md) are a
+  asked first (kubelet's ``devicesToAllocate`` skips it when it has no choice: bench/HISTORY.md, issue 23) are a
   target row at 1 client (kubelet admits pods one at a time) and info rows at 4 and 16. The sets are
   the books of one size (13 or 12 cores: balanced, as
   GetPreferredAllocation picks them on this node), 1 to 4 of them: about 300 sets besides the repeated
@@ -384,7 +384,7 @@ def run(quick: bool, pin: bool = False, only: Sequence[str] = (), clients: Seque
             f"{'/'.join(f'{x:.2f}' for x in s.round_ratios)}; blocks {spread(ratios)}; {len(agent)} calls/side)",
             ratio, "" if info else f"p50 ratio <= {TARGET_P50_RATIO}",
             INFO if info else at_most(ratio, TARGET_P50_RATIO),
-            reason=("kubelet skips the preference when it has no choice (bench/README.md: devicesToAllocate); "
+            reason=("kubelet skips the preference when it has no choice (bench/HISTORY.md: devicesToAllocate); "
                     "the agent then plans the set on the Allocate path" if alone and concurrency == 1 else ""),
             raw={"agent_p50_s": a50, "echo_p50_s": e50, "agent_p99_s": a99, "echo_p99_s": e99,
                  "block_ratios": ratios, "round_ratios": s.round_ratios, "calls_per_side": len(agent),

@@ -1,6 +1,6 @@
 """Where the agent's time goes: the production-default agent under a bench's load, profiled from outside.
 
-Not a bench (no rows, no targets): the tool behind the hotspots ``bench/README.md`` reports. It starts the
+Not a bench (no rows, no targets): the tool behind the hotspots ``bench/HISTORY.md`` reports. It starts the
 agent as ``bench/production.py`` does on the ``z16-400`` tree, puts one load on it, and while the load runs
 samples it with ``py-spy record`` (when given: ``--py-spy PATH``; ``pip install py-spy`` in any venv) and
 counts its system calls with ``strace -c -f`` (``--strace``), then prints:
