@@ -1255,19 +1255,28 @@ def test_notes_list_what_to_check(install: Callable[..., Installed]) -> None:
     assert "topology.s390x.ibm.com/machine" not in notes and "node-restriction" not in notes
 
 
-# --- the README's install path, as far as it goes without a registry and a cluster
+# --- the install path (docs/admin/install.md, and the README's five-minute copy), without a registry and a cluster
 
 README_DIGEST = "sha256:" + "0123456789abcdef" * 4  # what `docker buildx imagetools inspect` would print
+INSTALL_DOC = REPO / "docs" / "admin" / "install.md"
+README = REPO / "README.md"
+
+
+def install_block(text: str, heading: str) -> str:
+    """The first ```sh block after ``heading``."""
+    section = text[text.index(heading):]
+    start = section.index("```sh\n") + 6
+    return section[start:section.index("\n```", start)]
 
 
 def readme_install_commands() -> tuple[dict[str, str], list[list[str]]]:
-    """The shell block of README "## Installing": its variables and its commands, expanded as sh would.
+    """The shell block of docs/admin/install.md "## Installing": its variables and its commands, expanded as sh
+    would. The README's five-minute install is the same block, word for word.
 
     $(...) substitutions are the registry's answer, which no test has: DIGEST gets README_DIGEST.
     """
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("## Installing\n"):]
-    block = section[section.index("```sh\n") + 6:section.index("\n```", section.index("```sh\n"))]
+    block = install_block(INSTALL_DOC.read_text(encoding="utf-8"), "## Installing\n")
+    assert install_block(README.read_text(encoding="utf-8"), "## Five-minute install\n") == block
     variables: dict[str, str] = {}
 
     def expand(word: str) -> str:
@@ -1296,8 +1305,7 @@ def test_readme_install_renders_the_pushed_image_by_digest(helm: str) -> None:
     repository = f"{variables['REGISTRY']}/s390x-topology-agent"
     assert f"image.repository={repository}" in args and f"image.digest={README_DIGEST}" in args
     # The digest is read from the very image the chart is pointed at (the manifest list make image pushed).
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert 'DIGEST=$(docker buildx imagetools inspect "$REGISTRY/s390x-topology-agent:$TAG"' in readme
+    assert 'DIGEST=$(docker buildx imagetools inspect "$REGISTRY/s390x-topology-agent:$TAG"' in INSTALL_DOC.read_text()
     # The README's exact flags, only `install` turned into `template`, run from the repository root as written.
     result = subprocess.run([helm, "template", *args[2:], "--set", "seccompProfile.install=true"], cwd=REPO,
                             capture_output=True, text=True, timeout=60, check=False)
@@ -1327,8 +1335,7 @@ def test_readme_install_path_against_a_fake_cluster(install: Callable[..., Insta
 
 def test_readme_tag_alternative(render: Render) -> None:
     variables, _ = readme_install_commands()
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert '`--set image.tag="$TAG"` instead of the digest' in readme
+    assert '`--set image.tag="$TAG"` instead of the digest' in INSTALL_DOC.read_text(encoding="utf-8")
     container = agent_container(render("--set", f"image.repository={variables['REGISTRY']}/s390x-topology-agent",
                                        "--set", f"image.tag={variables['TAG']}"))
     assert container["image"] == f"{variables['REGISTRY']}/s390x-topology-agent:{variables['TAG']}"

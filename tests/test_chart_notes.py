@@ -1,8 +1,8 @@
-"""The chart's NOTES, its admission policy's message, the README and deploy/examples say one thing.
+"""The chart's NOTES, its admission policy's message, the docs and deploy/examples say one thing.
 
-The pod example in NOTES.txt step 3 must follow the README's contract: one topology resource per container,
+The pod example in NOTES.txt step 3 must follow the docs' contract: one topology resource per container,
 an integer cpu request, no cpu limit (a Guaranteed pod is pinned elsewhere by the static CPU manager), and
-the variables it lists are those of README "What a container gets" (OMP_PLACES/OMP_PROC_BIND only with
+the variables it lists are those of docs/inference/what-a-container-gets.md (OMP_PLACES/OMP_PROC_BIND only with
 agent.openmpEnv). NOTES are rendered only by `helm install`/`upgrade` (``helm template`` leaves them out), so
 they are checked three ways: the template text statically, a `helm install --dry-run=server` against the
 fake API server of tests/test_chart.py, and against a real cluster when TOPOLOGY_E2E_KUBECONFIG names its
@@ -34,16 +34,16 @@ from tests.test_chart import (  # noqa: F401  (fixtures used by name)
     install,
     render,
 )
-from tests.test_readme_contract import names, table_after
+from tests.test_readme_contract import CONTAINER, names, table_after
 
 NOTES = CHART / "templates" / "NOTES.txt"
 EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
 
 
 def readme_variables() -> tuple[list[str], list[str]]:
-    """(always set, only with --openmp-env) from the README's contract table (device-plugin mode: the DRA-only rows
+    """(always set, only with --openmp-env) from the docs' contract table (device-plugin mode: the DRA-only rows
     are not what the NOTES' device-plugin example gets)."""
-    rows = [row for row in table_after("## What a container gets") if "DRA mode only" not in row[1]]
+    rows = [row for row in table_after("## The environment", CONTAINER) if "DRA mode only" not in row[1]]
     always = [n for row in rows if "--openmp-env" not in row[1] for n in names(row[0])]
     opt_in = [n for row in rows if "--openmp-env" in row[1] for n in names(row[0])]
     return always, opt_in
@@ -157,6 +157,6 @@ def test_the_admission_message_asks_for_no_cpu_limit(render: Render) -> None:  #
         assert "explain" in text  # where the exact request is read
 
 
-def test_the_readme_says_no_cpu_limit() -> None:
-    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
-    assert "**set no cpu limit**" in readme
+def test_the_docs_say_no_cpu_limit() -> None:
+    requesting = " ".join((REPO / "docs" / "inference" / "requesting-groups.md").read_text(encoding="utf-8").split())
+    assert "**set no cpu limit**" in requesting

@@ -167,11 +167,11 @@ def test_make_image_refuses_an_unpinned_base_and_pushes_a_pinned_one(fake_docker
     assert f"--set image.repository=r.example/s390x-topology-agent --set image.digest={digest}" in pushed.stdout
 
 
-def test_the_readme_says_how_to_build_pin_and_refresh() -> None:
-    readme = (REPO / "README.md").read_text()
-    start = readme.index("### Building the image\n")
-    section = readme[start:readme.index("\n## ", start)]
-    assert readme[start:].split("\n## ", 1)[1].startswith("Installing"), "the subsection comes right before Installing"
+def test_the_docs_say_how_to_build_pin_and_refresh() -> None:
+    install = (REPO / "docs" / "admin" / "install.md").read_text()
+    start = install.index("## Building the image\n")
+    section = install[start:install.index("\n## ", start + 1)]
+    assert install[start + 1:].split("\n## ", 1)[1].startswith("Installing"), "the section comes right before Installing"
     for needle in ("make image REGISTRY=", "docker buildx build --push", "make image REGISTRY=... DRY_RUN=1",
                    "make image-lock", "make image-base-pin",
                    "docker buildx imagetools inspect python:3.11-slim-bookworm", "--set image.digest=",

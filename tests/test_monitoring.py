@@ -1,4 +1,4 @@
-"""The chart's monitoring (README "Monitoring"): the opt-in PrometheusRule and the Grafana dashboard.
+"""The chart's monitoring (docs/admin/monitoring.md): the opt-in PrometheusRule and the Grafana dashboard.
 
 * Every metric the rules and the dashboard name is one the agent exports (its real exposition, not a list).
 * ``promtool check rules`` on the rendered rules, and ``promtool test rules``: each alert fires on the input that
@@ -6,7 +6,7 @@
   the Go module proxy by tools/build-promtool.sh (pinned by devkit/promtool); without it these skip, and fail under
   CI=true only when .ci/run builds it.
 * The dashboard's structure (no official Grafana schema is available offline): panels with unique ids and a grid
-  position, every query on the templated Prometheus data source, the panels the README promises.
+  position, every query on the templated Prometheus data source, the panels the docs promise.
 """
 
 from __future__ import annotations
@@ -94,12 +94,23 @@ def test_every_metric_the_rules_name_is_exported(render: Render) -> None:
         assert used <= names.keys(), f"{rule['alert']}: not exported: {sorted(used - names.keys())}"
 
 
-def test_every_metric_the_readme_names_is_exported() -> None:
-    """Docs match the code: a topology_agent_* name in the README is a family or sample the agent exports."""
+def test_every_metric_the_docs_name_is_exported() -> None:
+    """Docs match the code: a topology_agent_* name anywhere in the docs is a family or sample the agent exports."""
     names = exported()
-    named = set(METRIC.findall((REPO / "README.md").read_text()))
+    docs = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    named = {n for path in docs for n in METRIC.findall(path.read_text())}
     unknown = {n for n in named if n not in names and not any(s.startswith(f"{n}_") for s in names)}
-    assert not unknown, f"named in the README, not exported: {sorted(unknown)}"
+    assert not unknown, f"named in the docs, not exported: {sorted(unknown)}"
+
+
+def test_every_metric_the_agent_exports_is_documented() -> None:
+    """Code matches the docs: every topology_agent_* sample (histograms by their family) is in the metrics table of
+    docs/admin/monitoring.md."""
+    text = (REPO / "docs" / "admin" / "monitoring.md").read_text()
+    table = set(re.findall(r"^\| `(topology_agent_[a-z_]+)` \|", text[text.index("## Every metric"):], re.M))
+    families = {re.sub(r"_(bucket|count|sum)$", "", n) for n in exported() if n.startswith("topology_agent_")
+                and not n.endswith("_created")}
+    assert families == table
 
 
 def test_the_dashboard_configmap_holds_the_dashboard_file(render: Render) -> None:

@@ -1,4 +1,4 @@
-"""What the README tells an admin matches what the agent and the chart do (issue 24)."""
+"""What the docs tell an admin match what the agent and the chart do (issue 24; docs/admin/, docs/contributing/)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,17 @@ from agent.plugin.server import clear_stale_socket
 from tests.conftest import REPO
 from tests.plugin_harness import short_tmpdir
 
-README = (REPO / "README.md").read_text(encoding="utf-8")
-FLAT = " ".join(README.split())
+DOCS = REPO / "docs"
+RUNNING = " ".join((DOCS / "admin" / "running.md").read_text(encoding="utf-8").split())
+LABELS = (DOCS / "admin" / "node-labels.md").read_text(encoding="utf-8")
+UNIT_LANE = " ".join((DOCS / "contributing" / "lanes" / "unit.md").read_text(encoding="utf-8").split())
 
 
-def test_the_readme_says_one_thing_about_a_second_instance() -> None:
+def test_the_docs_say_one_thing_about_a_second_instance() -> None:
     """exit 2 with one line at start (tests/test_serve_process.py runs it); waited out only once serving."""
-    assert "a second instance started beside a running one exits 2 with one line" in FLAT
-    assert "At start a live socket of another instance is exit 2 with one line" in FLAT
-    assert "a directory or a live socket of another instance at the agent's socket path is waited out" not in FLAT
+    assert "a second instance started beside a running one exits 2 with one line" in RUNNING
+    assert "At start a live socket of another instance is exit 2 with one line" in RUNNING
+    assert "a directory or a live socket of another instance at the agent's socket path is waited out" not in RUNNING
     path = short_tmpdir() / "x.sock"
     live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -36,13 +38,13 @@ def test_the_readme_says_one_thing_about_a_second_instance() -> None:
         live.close()
     said = message.split(" ", 1)[1]  # the path, then the reason
     assert said == "is served by another running process (another topology-agent instance?); refusing to take it over"
-    assert said in FLAT
+    assert said in RUNNING
 
 
 def test_every_node_label_and_its_values_are_documented() -> None:
     from tests.test_readme_contract import names
 
-    text = README[README.index("Every label, under"):].splitlines()[1:]
+    text = LABELS[LABELS.index("Every label, under"):].splitlines()[1:]
     table = [line.strip() for line in text if line.strip().startswith("|")][:20]
     rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in table[2:]]
     rows = rows[:next((i for i, row in enumerate(rows) if len(row) != 2), len(rows))]
@@ -61,11 +63,11 @@ def test_no_example_selects_on_a_label_that_needs_node_labels() -> None:
             assert "affinity" not in pod, path.name
 
 
-def test_make_test_fetches_helm_and_the_readme_says_what_skipped_tests_need() -> None:
+def test_make_test_fetches_helm_and_the_docs_say_what_skipped_tests_need() -> None:
     makefile = (REPO / "Makefile").read_text()
     recipe = makefile[makefile.index("\ntest:"):].split("\n\n", 1)[0]
     assert "tools/get-helm.sh" in recipe and recipe.index("get-helm") < recipe.index("pytest")
-    section = FLAT[FLAT.index("What each group needs:"):]
+    section = UNIT_LANE[UNIT_LANE.index("## What each test group needs"):]
     for need in ("../shared/fixtures/s390x-real", "helm 3", "cel-python", "containerd", "libseccomp", "lscpu",
                  "TOPOLOGY_E2E_KUBECONFIG", "grpcio-tools"):
         assert need in section, need

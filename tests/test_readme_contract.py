@@ -1,4 +1,5 @@
-"""The README is the contract users read: its tables must say what the code does."""
+"""The docs are the contract users read: their tables must say what the code does (docs/inference/what-a-container-gets.md,
+docs/admin/configuration.md)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from agent.policy.grouping import group_topology
 from agent.topology.embedded import load_embedded
 from tests.conftest import REPO
 
-README = (REPO / "README.md").read_text(encoding="utf-8")
+CONTAINER = (REPO / "docs" / "inference" / "what-a-container-gets.md").read_text(encoding="utf-8")
+CONFIGURATION = (REPO / "docs" / "admin" / "configuration.md").read_text(encoding="utf-8")
 
 
-def table_after(heading: str) -> list[list[str]]:
-    """The rows of the first Markdown table after ``heading`` (header and rule left out)."""
-    text = README[README.index(heading):]
+def table_after(heading: str, doc: str) -> list[list[str]]:
+    """The rows of the first Markdown table after ``heading`` in ``doc`` (header and rule left out)."""
+    text = doc[doc.index(heading):]
     rows: list[list[str]] = []
     for line in text.splitlines()[1:]:
         if line.startswith("|"):
@@ -36,7 +38,7 @@ def names(cell: str) -> list[str]:
 
 
 def test_the_environment_table_is_what_allocate_returns() -> None:
-    rows = table_after("## What a container gets")
+    rows = table_after("## The environment", CONTAINER)
     dra = [n for row in rows if row[1].startswith("DRA mode only") for n in names(row[0])]
     rows = [row for row in rows if not row[1].startswith("DRA mode only")]
     always = [n for row in rows if "--openmp-env" not in row[1] for n in names(row[0])]
@@ -76,7 +78,7 @@ def subcommand(name: str) -> argparse.ArgumentParser:
 
 
 def test_the_flag_table_lists_every_serve_flag_with_its_default() -> None:
-    rows = table_after("`topology-agent serve` is the DaemonSet's command")
+    rows = table_after("`topology-agent serve` is the DaemonSet's command", CONFIGURATION)
     documented = {n.split(" ")[0] for row in rows for n in names(row[0]) if n.startswith("--")}
     serve = subcommand("serve")
     flags = {opt for action in serve._actions for opt in action.option_strings if opt.startswith("--")} - {"--help"}
