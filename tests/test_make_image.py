@@ -171,7 +171,7 @@ def test_the_docs_say_how_to_build_pin_and_refresh() -> None:
     install = (REPO / "docs" / "admin" / "install.md").read_text()
     start = install.index("## Building the image\n")
     section = install[start:install.index("\n## ", start + 1)]
-    assert install[start + 1:].split("\n## ", 1)[1].startswith("Installing"), "the section comes right before Installing"
+    assert install[start + 1:].split("\n## ", 1)[1].startswith("Installing"), "Installing comes next"
     for needle in ("make image REGISTRY=", "docker buildx build --push", "make image REGISTRY=... DRY_RUN=1",
                    "make image-lock", "make image-base-pin",
                    "docker buildx imagetools inspect python:3.11-slim-bookworm", "--set image.digest=",

@@ -1,5 +1,5 @@
-"""The docs are the contract users read: their tables must say what the code does (docs/inference/what-a-container-gets.md,
-docs/admin/configuration.md)."""
+"""The docs are the contract users read: their tables must say what the code does
+(docs/inference/what-a-container-gets.md, docs/admin/configuration.md)."""
 
 from __future__ import annotations
 
