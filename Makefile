@@ -54,12 +54,12 @@ chart-check: $(STAMP)
 	@test -n "$$HELM" || [ -x .tools/bin/helm ] || command -v helm >/dev/null || tools/get-helm.sh >/dev/null
 	tools/check-chart.sh
 
-## The kind lane (as root): dockerd from Debian's docker.io, kind and a node image built here (devkit/kind/), 1 control
+## The kind lane (as root): rootful Podman from Debian, kind and a node image built here (devkit/kind/), 1 control
 ## plane + 2 workers (z16- and z13-shaped fake topologies), the multi-node tests and tests/e2e; host restored after.
 kind-test: $(STAMP) cluster-build
 	PYTHON=$(CURDIR)/$(BIN)/python tests/e2e/run.sh
 
-## A real single-node cluster on this machine (README "A real cluster on one machine"; as root). Binaries built from
+## A real single-node cluster on this machine (docs/contributing/lanes/real-cluster.md; as root). Binaries built from
 ## the Go module proxy, pinned in devkit/cluster/go/*/go.sum, cached outside the work tree (CLUSTER_CACHE).
 CLUSTER := $(BIN)/python -m topology_devkit.realcluster
 cluster-build:

@@ -1,4 +1,4 @@
-"""The real-cluster figures (README "A real cluster on one machine"), on a cluster ``make e2e`` set up and left
+"""The real-cluster figures (docs/contributing/lanes/real-cluster.md), on a cluster ``make e2e`` set up and left
 running (``KEEP_CLUSTER=1 make e2e``, or ``make cluster-up`` plus the chart as e2e.sh installs it):
 
 * **pod created -> Running with its cpuset pinned**: a ``topology/book: 1`` pod (cpu 1) against a plain pod with

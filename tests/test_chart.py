@@ -1306,7 +1306,7 @@ def test_readme_install_renders_the_pushed_image_by_digest(helm: str) -> None:
     assert f"image.repository={repository}" in args and f"image.digest={README_DIGEST}" in args
     # The digest is read from the very image the chart is pointed at (the manifest list make image pushed).
     assert 'DIGEST=$(docker buildx imagetools inspect "$REGISTRY/s390x-topology-agent:$TAG"' in INSTALL_DOC.read_text()
-    # The README's exact flags, only `install` turned into `template`, run from the repository root as written.
+    # The documented exact flags, only `install` turned into `template`, run from the repository root as written.
     result = subprocess.run([helm, "template", *args[2:], "--set", "seccompProfile.install=true"], cwd=REPO,
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
@@ -1318,7 +1318,7 @@ def test_readme_install_renders_the_pushed_image_by_digest(helm: str) -> None:
 
 
 def test_readme_install_path_against_a_fake_cluster(install: Callable[..., Installed]) -> None:
-    """The README's namespace and label, then its exact `helm install`: no Pod Security warning, the image."""
+    """The documented namespace and label, then its exact `helm install`: no Pod Security warning, the image."""
     variables, commands = readme_install_commands()
     (label,) = [c for c in commands if c[:3] == ["kubectl", "label", "namespace"]]
     namespace = label[3]

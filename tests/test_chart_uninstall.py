@@ -1,4 +1,4 @@
-"""The chart's uninstall (README "Upgrading and uninstalling"): a pre-delete hook Job that deletes the DaemonSet in
+"""The chart's uninstall (docs/admin/upgrade-uninstall.md): a pre-delete hook Job that deletes the DaemonSet in
 the foreground, the agent told its DaemonSet's name (and given get on it alone) so it cleans its node up only while
 that DaemonSet is being deleted, and nothing of it when uninstall.cleanup is off or the agent has no API token."""
 

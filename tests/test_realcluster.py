@@ -1,5 +1,5 @@
 """The real-cluster lane's own code, without a cluster: the pins agree with each other, the configs say what the
-README says they say, the PKI names the identities the authorizers expect, and a component that dies while
+docs say they say, the PKI names the identities the authorizers expect, and a component that dies while
 starting ends the wait with its last log lines instead of a hang."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """explain's closing section: why a topology pod would stay Pending or be rejected on this node, per cause that
-applies, with the text kubectl describe shows and the fix (README "A pod stays Pending or is rejected")."""
+applies, with the text kubectl describe shows and the fix (docs/admin/troubleshooting.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The uninstall (README "Upgrading and uninstalling"): a stopping agent keeps everything unless its DaemonSet is
+"""The uninstall (docs/admin/upgrade-uninstall.md): a stopping agent keeps everything unless its DaemonSet is
 being deleted; then it removes its state files, the seccomp profile and its node's labels. The pre-delete hook
 deletes the DaemonSet in the foreground, waits, and removes what nodes without an agent still carry."""
 

@@ -92,7 +92,7 @@ for kv in "${KUBE_VERSIONS[@]}"; do
   validate "$kv" all-options "${ALL[@]}"
 done
 
-# DRA mode (README "DRA mode"): resource.k8s.io/v1 is served from 1.34; extendedResourceName is GA in 1.37. Besides the
+# DRA mode (docs/admin/modes/dra.md): resource.k8s.io/v1 is served from 1.34; extendedResourceName is GA in 1.37. Besides the
 # schema, the render must hold the three DeviceClasses and the ResourceSlice node-restriction policy (a template
 # that renders none of them validates too).
 DRA_VERSIONS=(1.34.0 1.37.0)

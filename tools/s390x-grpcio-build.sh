@@ -12,7 +12,7 @@
 #                                            # own gcc version) run natively inside the chroot; python, pip, setup.py
 #                                            # and the tests stay s390x under QEMU
 #
-# Not part of make test or .ci/run: under QEMU the native compile takes many hours (README "The s390x image": the
+# Not part of make test or .ci/run: under QEMU the native compile takes many hours (docs/contributing/lanes/s390x.md: the
 # rate measured here). It prints the time of each step; the build's own log (every compiler command, with a time
 # stamp per line) is in $LOGS.
 #

@@ -314,7 +314,7 @@ on native s390x hardware and 5-9 h under QEMU user-mode emulation (25 of its 1,2
 this smoke test's budget. Debian's s390x python3-grpcio (1.51.1) is too old for the generated code (it needs
 grpcio >= $GRPCIO_VERSION). The image builds grpcio from source in its builder stage (Dockerfile.s390x).
 tools/s390x-grpcio-build.sh runs that step in an s390x root of its own, and with GRPCIO_CROSS=1 (the host's s390x
-cross compiler, 37 min) it builds grpcio and runs these tests on s390x (README "The image and grpcio").
+cross compiler, 37 min) it builds grpcio and runs these tests on s390x (docs/contributing/lanes/s390x.md).
 EOF
   done_step skipped
 fi

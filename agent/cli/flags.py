@@ -156,7 +156,7 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
                        help="name the holders (namespace/pod/container) in /allocations; off: device ids, states "
                             "and counts only, since anyone who reaches the port can read it "
                             "(default: off) [env TOPOLOGY_AGENT_ALLOCATIONS_POD_NAMES=true|false]")
-    group = parser.add_argument_group("uninstall (README \"Upgrading and uninstalling\")")
+    group = parser.add_argument_group("uninstall (docs/admin/upgrade-uninstall.md)")
     _add(group, "--release-daemonset", "", metavar="NAME",
          help="the agent's DaemonSet (namespace: POD_NAMESPACE): after a signal, when it is being deleted (helm "
               "uninstall's hook), remove the state files, the seccomp profile and the node labels; otherwise, and "
@@ -171,7 +171,7 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
 def add_mode_flag(parser: argparse.ArgumentParser) -> None:
     _add(parser, "--mode", "deviceplugin", choices=("deviceplugin", "dra"),
          help="deviceplugin: advertise groups over kubelet's device-plugin API; dra: publish them as Dynamic "
-              "Resource Allocation devices (ResourceSlices, a kubelet DRA plugin; README \"DRA mode\"). One "
+              "Resource Allocation devices (ResourceSlices, a kubelet DRA plugin; docs/admin/modes/dra.md). One "
               "node serves its resource names by one of them only")
 
 

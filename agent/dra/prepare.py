@@ -3,7 +3,7 @@
 For a claim the kubelet names (namespace, name, uid), the agent GETs the ResourceClaim, takes the results of its
 ``status.allocation.devices`` that are this driver's and this node's pool, and, per request, plans the container
 environment with the device-plugin mode's own planning (:func:`agent.policy.allocation.plan_allocation`: one rank
-list per device in topology order, README "What a container gets"). Each request becomes one CDI device
+list per device in topology order, docs/inference/what-a-container-gets.md). Each request becomes one CDI device
 ``<driver>/<level>=<claim uid>-<request>`` whose ``containerEdits.env`` is that environment, written to
 ``<cdi dir>/<driver>-<level>_<claim uid>.json`` (a transient spec per claim and class, as CDI names them). The CDI ids
 go back to the kubelet per device, so a container that references one request gets that request's environment.

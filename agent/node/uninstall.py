@@ -1,4 +1,4 @@
-"""The uninstall, both halves (README "Upgrading and uninstalling"):
+"""The uninstall, both halves (docs/admin/upgrade-uninstall.md):
 
 * :func:`cleanup_if_released`, run by ``serve`` after it stopped on a signal: when (and only when) the agent's
   DaemonSet is being deleted it removes, in DRA mode, its node's ResourceSlices (at once: the kubelet would too, but

@@ -8,7 +8,7 @@ default: GNU libgomp pins the main thread of every process that loads it to the 
 server, and every process it starts, to one CPU (measured, ``../shared/docs/s390x-topology.md``
 C.2). vLLM writes the OpenMP variables of each rank into that rank's process itself, from
 ``VLLM_CPU_OMP_THREADS_BIND``. ``openmp_env`` (``--openmp-env``) restores them for nodes that run
-only single-process OpenMP jobs. README's table "What a container gets" is this contract.
+only single-process OpenMP jobs. The table of docs/inference/what-a-container-gets.md is this contract.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Why a pod asking for a topology resource would stay Pending or be rejected on this node: what ``explain`` says
-at its end (README "A pod stays Pending or is rejected"). Pure: the node's grouping -> lines."""
+at its end (docs/admin/troubleshooting.md). Pure: the node's grouping -> lines."""
 
 from __future__ import annotations
 
@@ -48,5 +48,5 @@ def pending_causes(grouping: Grouping, prefix: str, nothing: tuple[str, str] | N
 
 def pending_text(grouping: Grouping, prefix: str, nothing: tuple[str, str] | None) -> str:
     causes = pending_causes(grouping, prefix, nothing)
-    return "\nwhy a topology pod would stay Pending or be rejected here (README \"A pod stays Pending or is " \
-           "rejected\"):\n" + "".join(f"  - {line}\n" for line in causes)
+    return "\nwhy a topology pod would stay Pending or be rejected here (docs/admin/troubleshooting.md):\n" + \
+           "".join(f"  - {line}\n" for line in causes)

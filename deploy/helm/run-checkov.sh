@@ -43,7 +43,7 @@ COMMON=(template t "$CHART" -n kube-system --kube-version 1.34.0)
   --set agent.nodeLabels=false --set networkPolicy.enabled=true \
   --set-json 'networkPolicy.scraper.namespaceSelector={"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}' \
   >"$WORK/pinned/chart.yaml"
-# DRA mode (README "DRA mode"): the DeviceClasses, the plugin directories, the API token it always needs; 1.36 is
+# DRA mode (docs/admin/modes/dra.md): the DeviceClasses, the plugin directories, the API token it always needs; 1.36 is
 # the first Kubernetes with the counters it publishes.
 "$HELM" template t "$CHART" -n kube-system --kube-version 1.36.0 --set mode=dra >"$WORK/dra/chart.yaml"
 

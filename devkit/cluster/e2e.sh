@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make e2e: the end-to-end suite against a real single-node cluster on this machine (README "A real cluster on
+# make e2e: the end-to-end suite against a real single-node cluster on this machine (docs/contributing/lanes/real-cluster.md "A real cluster on
 # one machine"). Starts the cluster when it is not up, builds and imports the images (no registry), installs the
 # chart with `helm upgrade --install` as a user would (plus devkit/cluster/e2e-values.yaml), then runs
 # `pytest -m e2e tests/e2e` with REQUIRE_E2E=1 (a skip is a failure here) and prints each test's result.

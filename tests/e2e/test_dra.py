@@ -1,7 +1,7 @@
 """DRA mode on the real cluster (issue 22 "Shown by"): the release switched to ``mode: dra`` and back.
 
 Off by default, so the e2e run (``make e2e``) is untouched; on the local lane (a real single-node cluster on this
-machine, README "A real cluster on one machine") with the chart installed and the image built from this tree::
+machine, docs/contributing/lanes/real-cluster.md) with the chart installed and the image built from this tree::
 
     TOPOLOGY_E2E_DRA=1 TOPOLOGY_E2E_KUBECONFIG=.cluster/kubeconfig TOPOLOGY_E2E_LANE=local \\
     TOPOLOGY_E2E_SNAPSHOTS=.cluster/snapshots TOPOLOGY_E2E_HELM=.tools/bin/helm \\

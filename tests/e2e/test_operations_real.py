@@ -1,4 +1,4 @@
-"""Upgrade and uninstall on the real cluster (README "Upgrading and uninstalling"), local lane only: it changes the
+"""Upgrade and uninstall on the real cluster (docs/admin/upgrade-uninstall.md), local lane only: it changes the
 release and reads the node's own files.
 
 * ``helm upgrade`` with a changed value rolls the agent pod over (a plain SIGTERM: its DaemonSet stays), and the book
