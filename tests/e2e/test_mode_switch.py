@@ -1,8 +1,9 @@
 """Switching modes with pods running (issue 30): ``helm upgrade --set mode=dra`` and back, on the real cluster.
 
 One pod asking ``topology/book: 1`` runs through both upgrades. The moment each upgrade returns a new pod asks for a
-book: it must never fail admission (docs/admin/upgrade-uninstall.md, "Switching modes": the last device-plugin agent takes its resources'
-allocatable to zero before it stops, a DRA agent is Ready only once the Node offers them through DRA only). Across
+book: it must never fail admission (docs/admin/upgrade-uninstall.md, "Switching modes": the last device-plugin agent
+takes its resources' allocatable to zero before it stops, a DRA agent is Ready only once the Node offers them
+through DRA only). Across
 each switch, the holds of the other mode count: a book a device-plugin pod holds is tainted in the DRA slices (a
 claim for the socket inside it stays Pending), a book a DRA claim holds is not handed out by the device plugin. After
 each switch, every real container that holds a group is read from ``/proc/<pid>/status`` on the node (its PID from
