@@ -87,10 +87,12 @@ def test_a_confirmed_hold_survives_an_agent_restart_while_pod_resources_is_away(
                        k.unhealthy_devices(SOCKET) == inside, 10, "the hold confirmed by List")
         finally:
             first.kill()
+        seen = k.snapshots(SOCKET)  # cumulative: the second instance's first list is the next one
         second = AgentProcess(k, root, "--levels", "book,socket", "--pod-resources-interval", "0.1",
                               pod_resources=away)
         try:
-            wait_until(lambda: k.registrations(SOCKET) >= 2 and k.snapshots(SOCKET) > 0, 30, "re-registered")
+            wait_until(lambda: k.registrations(SOCKET) >= 2 and k.snapshots(SOCKET) > seen, 30,
+                       "re-registered and listed")
             wait_until(lambda: second.get("/readyz")[0] in (200, 503), 10, "serving /readyz")
             assert k.unhealthy_devices(SOCKET) == inside
             with pytest.raises(grpc.RpcError) as refused:
