@@ -79,6 +79,9 @@ def running_node(topology: Topology | str = "z16-lpar", levels: tuple[str, ...] 
         if start_kubelet:
             for resource in agent.grouping.resources():
                 kubelet.wait_registered(resource)
+            # kubelet can push the first device list before the agent's Register call has returned: the agent is
+            # ready (its /readyz, topology_agent_ready) only once it has seen both.
+            kubelet.wait_for(agent.ready, timeout=30.0, what="the agent to be ready")
         yield node
     finally:
         agent.stop()
