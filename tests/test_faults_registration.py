@@ -32,8 +32,11 @@ def test_a_second_instance_during_a_kubelet_restart_is_waited_out() -> None:
     root = short_tmpdir()
     with KubeletEmulator(root) as k, AgentProcess(k, root, "--levels", "book") as first:
         k.wait_registered(BOOK, timeout=30)
-        k.restart(down_for=1.0, block=False)
-        wait_until(lambda: not (k.device_plugin_dir / "topology-book.sock").exists(), 5, "our socket deleted")
+        socket = k.device_plugin_dir / "topology-book.sock"
+        # kubelet stays down until the second instance serves the freed path: a first instance that saw kubelet
+        # back sooner would serve again itself (under load a process starts slower than any fixed downtime).
+        k.restart(down_for=1.0, block=False, up_when=socket.exists)
+        wait_until(lambda: not socket.exists(), 5, "our socket deleted")
         second = AgentProcess(k, root, "--levels", "book")  # takes the freed socket path
         try:
             wait_until(lambda: k.is_running and k.registrations(BOOK) >= 2, 30, "the second instance registered")

@@ -217,7 +217,8 @@ class KubeletEmulator:
         with self._counters_lock:
             return self._restarts
 
-    def restart(self, down_for: float = 0.0, *, block: bool = True) -> None:
+    def restart(self, down_for: float = 0.0, *, block: bool = True,
+                up_when: Callable[[], bool] | None = None) -> None:
         """Simulate a kubelet restart.
 
         Stops both servers, cancels every ListAndWatch stream and drops the plugin connections, deletes
@@ -225,7 +226,9 @@ class KubeletEmulator:
         keeps all pods and their allocations (pod-resources shows no pod for ``pods_resync`` seconds once up
         again, as kubelet's pod manager), then after ``down_for`` seconds recreates ``kubelet.sock``
         and the pod-resources socket. Every resource reads 0 until its plugin registers again.
-        With ``block=False`` the down phase runs in the background (``wait_for(lambda: k.is_running)``).
+        With ``block=False`` the down phase runs in the background (``wait_for(lambda: k.is_running)``), and
+        ``up_when``, if given, keeps kubelet down past ``down_for`` until it returns true (checked every 50 ms): a
+        test orders its own step before kubelet's return instead of racing a fixed downtime.
         """
         with self._lifecycle:
             if not self._started:
@@ -245,7 +248,7 @@ class KubeletEmulator:
                 self._bring_up()
                 return
             self._up_thread = threading.Thread(
-                target=self._delayed_bring_up, args=(down_for,), name="kubelet-restart", daemon=True
+                target=self._delayed_bring_up, args=(down_for, up_when), name="kubelet-restart", daemon=True
             )
             self._up_thread.start()
 
@@ -258,11 +261,11 @@ class KubeletEmulator:
             raise KeyError(f"no connected device plugin for {resource}")
         state.endpoint.break_connection()
 
-    def _delayed_bring_up(self, down_for: float) -> None:
+    def _delayed_bring_up(self, down_for: float, up_when: Callable[[], bool] | None) -> None:
         deadline = time.monotonic() + down_for
-        while (remaining := deadline - time.monotonic()) > 0:
+        while (remaining := deadline - time.monotonic()) > 0 or (up_when is not None and not up_when()):
             with self._changed:
-                self._changed.wait(remaining)
+                self._changed.wait(remaining if remaining > 0 else _POLL_INTERVAL)
             if not self._started:
                 return
         with self._lifecycle:
