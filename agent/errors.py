@@ -84,6 +84,14 @@ class KubeApiError(AgentError):
         self.status = status
         self.message = message
 
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
 
 class NodeLabelerError(AgentError):
     """No Kubernetes API configuration at all (neither in-cluster nor a kubeconfig)."""

@@ -14,7 +14,7 @@ import pytest
 from agent.app.build import build_agent
 from agent.app.config import AgentConfig
 from agent.node.kube import MERGE_PATCH, NodeLabeler
-from agent.node.kubeapi import LeanNodeApi
+from agent.node.kubeapi import LeanKubeApi
 from agent.topology.embedded import load_embedded
 from tests.plugin_harness import short_tmpdir
 
@@ -33,7 +33,7 @@ async def test_agent_patches_its_node_once_and_then_stays_quiet(kmock: kmock.Kub
     kmock.objects["v1/nodes", None, NODE] = {"apiVersion": "v1", "kind": "Node",
                                              "metadata": {"name": NODE, "labels": {"kubernetes.io/arch": "s390x"}}}
     def factory(name: str) -> NodeLabeler:
-        return NodeLabeler(name, LeanNodeApi(str(kmock.url).rstrip("/")))
+        return NodeLabeler(name, LeanKubeApi(str(kmock.url).rstrip("/")))
 
     root = short_tmpdir()
     config = AgentConfig(kubelet_dir=root / "device-plugins", pod_resources_socket=root / "none.sock",

@@ -18,7 +18,7 @@ from agent._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from agent._proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from agent._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from agent._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from agent.dra.kubeclient import ApiError
+from agent.errors import KubeApiError
 from agent.dra.kubelet_plugin import KubeletPlugin
 from agent.dra.prepare import ClaimPreparer, PreparedClaim, plan_claim, request_index, with_claim_env
 from agent.policy.allocation import AllocationSettings, plan_allocation
@@ -51,7 +51,7 @@ class Claims:
         try:
             return self.items[(namespace, name)]
         except KeyError:
-            raise ApiError(404, f'resourceclaims.resource.k8s.io "{name}" not found') from None
+            raise KubeApiError(404, f'resourceclaims.resource.k8s.io "{name}" not found') from None
 
 
 def env_of(spec: dict[str, Any], device: str) -> dict[str, str]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agent.dra.kubeclient import ApiError
+from agent.errors import KubeApiError
 from agent.dra.publisher import SlicePublisher
 from agent.policy.dra import CONTENT_ANNOTATION, PoolPlan, SliceSettings, build_pool
 from agent.policy.grouping import GroupingSettings, group_topology
@@ -36,7 +36,7 @@ class FakeApi:
         self.calls.append("create")
         name = body["metadata"]["name"]
         if name in self.slices:
-            raise ApiError(409, f'resourceslices "{name}" already exists')
+            raise KubeApiError(409, f'resourceslices "{name}" already exists')
         self.slices[name] = self._bump(body)
         return self.slices[name]
 
@@ -46,21 +46,21 @@ class FakeApi:
             self.conflicts -= 1
             self.slices[name] = self._bump(self.slices[name])  # someone else wrote it meanwhile
         if body["metadata"].get("resourceVersion") != self.slices[name]["metadata"]["resourceVersion"]:
-            raise ApiError(409, "the object has been modified; please apply your changes to the latest version")
+            raise KubeApiError(409, "the object has been modified; please apply your changes to the latest version")
         self.slices[name] = self._bump(body)
         return self.slices[name]
 
     def delete_slice(self, name: str, resource_version: str | None = None) -> None:
         self.calls.append("delete")
         if name not in self.slices:
-            raise ApiError(404, "not found")
+            raise KubeApiError(404, "not found")
         del self.slices[name]
 
     def node_uid(self, node: str) -> str:
         return "uid-" + node
 
     def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        raise ApiError(404, "no claims here")
+        raise KubeApiError(404, "no claims here")
 
     def writes(self) -> int:
         return sum(1 for c in self.calls if c != "list")
@@ -130,7 +130,7 @@ def test_persistent_conflict_gives_up() -> None:
     pub = SlicePublisher(api, "node-a", "topology.s390x.ibm.com", sleep=lambda s: None)
     pub.publish(plan(levels=("book", "socket")))
     api.conflicts = 100
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(KubeApiError) as info:
         pub.publish(plan(levels=("book",)))
     assert info.value.conflict
 

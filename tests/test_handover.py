@@ -142,7 +142,6 @@ def test_an_uninstall_withdraws_too_and_a_refused_patch_is_said(node: Node, capl
 def dra_manager_with(monkeypatch: pytest.MonkeyPatch, api: ApiServer) -> Iterator[Any]:
     """build_agent in DRA mode against stand-ins (no API server, no kubelet): its DraManager, serving."""
     import agent.app.dra as dra
-    import agent.dra.kubeclient as kubeclient
     from agent.app.build import build_agent
     from agent.app.config import AgentConfig
     from agent.policy.dra import DRIVER
@@ -151,8 +150,8 @@ def dra_manager_with(monkeypatch: pytest.MonkeyPatch, api: ApiServer) -> Iterato
     from tests.plugin_harness import short_tmpdir
     from tests.test_dra_publisher import FakeApi
 
-    monkeypatch.setattr(kubeclient, "KubernetesDraApi", FakeApi)
-    monkeypatch.setattr(dra, "node_status_api_from_environment", lambda: api)
+    monkeypatch.setattr(dra, "dra_api", FakeApi)
+    monkeypatch.setattr(dra, "kube_api_from_environment", lambda: api)
     root = short_tmpdir()
     (root / "kubelet").mkdir()
     config = AgentConfig(kubelet_dir=root / "kubelet", grouping=GroupingSettings(levels=("book", "socket")),

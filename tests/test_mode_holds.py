@@ -29,7 +29,7 @@ from agent.app.config import AgentConfig
 from agent.app.enforcement import CpusetEnforcement
 from agent.app.nri_enforcement import NriEnforcement
 from agent.cri.client import CONTAINER_NAME, POD_NAME, POD_NAMESPACE, ContainerInfo, ContainerStatusInfo
-from agent.dra.kubeclient import ApiError
+from agent.errors import KubeApiError
 from agent.dra.prepare import ClaimPreparer, PrepareError, checkpoint_path
 from agent.policy.allocation import AllocationSettings
 from agent.policy.dra import DRIVER, IN_USE_TAINT_KEY
@@ -64,7 +64,7 @@ class ClaimsApi(FakeApi):
         try:
             return self.claims[(namespace, name)]
         except KeyError:
-            raise ApiError(404, f'resourceclaims.resource.k8s.io "{name}" not found') from None
+            raise KubeApiError(404, f'resourceclaims.resource.k8s.io "{name}" not found') from None
 
     def add(self, doc: dict[str, Any]) -> tuple[str, str, str]:
         meta = doc["metadata"]
@@ -95,11 +95,11 @@ def kubelet() -> Iterator[KubeletEmulator]:
 
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> ClaimsApi:
-    """The API server DRA mode talks to (its ``kubernetes`` client replaced, as no cluster is here)."""
-    import agent.dra.kubeclient as kubeclient
+    """The API server DRA mode talks to (its client replaced, as no cluster is here)."""
+    import agent.app.dra as dra
 
     fake = ClaimsApi()
-    monkeypatch.setattr(kubeclient, "KubernetesDraApi", lambda: fake)
+    monkeypatch.setattr(dra, "dra_api", lambda: fake)
     return fake
 
 

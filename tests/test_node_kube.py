@@ -21,7 +21,7 @@ from kubernetes.config import incluster_config, kube_config
 
 from agent.errors import NodeLabelerError
 from agent.node.kube import MERGE_PATCH, NodeLabeler
-from agent.node.kubeapi import LeanNodeApi
+from agent.node.kubeapi import LeanKubeApi
 from agent.node.labels import KEY_PREFIX, TOPOLOGY_ANNOTATION, node_annotations, node_labels
 from agent.policy.grouping import group_topology
 from agent.topology.embedded import load_embedded
@@ -56,8 +56,8 @@ def _node(labels: dict[str, str] | None = None, annotations: dict[str, str] | No
 
 @pytest.fixture()
 def api_factory() -> Iterator[Any]:
-    def make(url: str) -> LeanNodeApi:
-        return LeanNodeApi(url.rstrip("/"))  # what the agent uses in a pod, over plain HTTP here
+    def make(url: str) -> LeanKubeApi:
+        return LeanKubeApi(url.rstrip("/"))  # what the agent uses in a pod, over plain HTTP here
 
     yield make
 
@@ -276,7 +276,7 @@ async def test_api_server_timeout(kmock: kmock.KubernetesEmulator, api_factory: 
 
 
 def test_foreign_keys_are_refused() -> None:
-    labeler = NodeLabeler(NODE, LeanNodeApi("http://127.0.0.1:9"))
+    labeler = NodeLabeler(NODE, LeanKubeApi("http://127.0.0.1:9"))
     with pytest.raises(ValueError, match=re.escape("kubernetes.io/arch")):
         labeler.sync({"kubernetes.io/arch": "s390x"}, {})
     with pytest.raises(ValueError, match="node name"):
@@ -290,9 +290,9 @@ async def test_in_a_pod_the_service_account_token_is_read_for_every_request(
     (tmp_path / "token").write_text("first\n")
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(kmock.url.port))
-    api = LeanNodeApi.in_cluster(tmp_path)
+    api = LeanKubeApi.in_cluster(tmp_path)
     assert (api.scheme, api.host, api.port) == ("https", "127.0.0.1", kmock.url.port)
-    plain = LeanNodeApi(str(kmock.url).rstrip("/"), token_file=tmp_path / "token")  # kmock speaks HTTP
+    plain = LeanKubeApi(str(kmock.url).rstrip("/"), token_file=tmp_path / "token")  # kmock speaks HTTP
     labeler = NodeLabeler(NODE, plain)
     assert await _sync(labeler, LABELS, {}) is True
     (tmp_path / "token").write_text("rotated\n")  # kubelet rotates bound tokens
@@ -310,13 +310,13 @@ async def test_in_a_pod_the_service_account_token_is_read_for_every_request(
 def test_in_cluster_needs_the_service_environment_and_a_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(NodeLabelerError, match="not running in a pod"):
-        LeanNodeApi.in_cluster(tmp_path)
+        LeanKubeApi.in_cluster(tmp_path)
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
     with pytest.raises(NodeLabelerError, match="no service account token"):
-        LeanNodeApi.in_cluster(tmp_path)
+        LeanKubeApi.in_cluster(tmp_path)
     (tmp_path / "token").write_text("t")
-    assert LeanNodeApi.in_cluster(tmp_path).host == "fd00::1"  # an IPv6 service address
+    assert LeanKubeApi.in_cluster(tmp_path).host == "fd00::1"  # an IPv6 service address
 
 
 @pytest.mark.asyncio

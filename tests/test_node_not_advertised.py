@@ -12,7 +12,7 @@ import pytest
 
 from agent.errors import KubeApiError
 from agent.node.kube import NodeLabeler
-from agent.node.kubeapi import LeanNodeApi
+from agent.node.kubeapi import LeanKubeApi
 from agent.node.labels import LABEL_ADVERTISED, TOPOLOGY_ANNOTATION, node_event
 from agent.node.reporter import NodeReporter
 from agent.policy.grouping import group_topology
@@ -127,5 +127,5 @@ def api_server() -> Iterator[tuple[str, list[tuple[str, str, str, Any]]]]:
 def test_the_lean_client_posts_the_event(api_server: tuple[str, list[tuple[str, str, str, Any]]]) -> None:
     url, seen = api_server
     body = node_event("z1", "not-ibm-z", "not an IBM Z machine", "2026-12-01T20:00:00Z")
-    LeanNodeApi(url).create_event("default", body, 5)
+    LeanKubeApi(url).create_event("default", body, 5)
     assert seen == [("POST", "/api/v1/namespaces/default/events", "application/json", body)]

@@ -294,7 +294,7 @@ def test_without_dra_the_claim_variable_means_nothing() -> None:
 def test_build_agent_in_dra_mode_hands_the_nri_plugin_the_prepared_claims(monkeypatch: pytest.MonkeyPatch) -> None:
     """The composition root's wiring: the kubelet plugin's ClaimPreparer is what the NRI enforcement reads, and a
     prepare or unprepare wakes it (no API server: the claim reader is a dict)."""
-    import agent.dra.kubeclient as kubeclient
+    import agent.app.dra as dra
     from agent.app.build import build_agent
     from agent.app.config import AgentConfig
     from agent.policy.dra import DRIVER
@@ -306,7 +306,7 @@ def test_build_agent_in_dra_mode_hands_the_nri_plugin_the_prepared_claims(monkey
         def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
             return claims[(namespace, name)]
 
-    monkeypatch.setattr(kubeclient, "KubernetesDraApi", NoApiServer)
+    monkeypatch.setattr(dra, "dra_api", NoApiServer)
     root = short_tmpdir()
     config = AgentConfig(kubelet_dir=root / "kubelet", grouping=GroupingSettings(levels=("book",)), mode="dra",
                          node_name="node-a", cpuset_enforcement="nri", shared_pool=True,

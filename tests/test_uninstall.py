@@ -18,9 +18,8 @@ import pytest
 
 from agent.errors import KubeApiError
 from agent.node.seccomp import PROFILE_NAME, profile
+from agent.node.kubeapi import LeanKubeApi, NodeRow
 from agent.node.uninstall import (
-    LeanReleaseApi,
-    NodeRow,
     cleanup_if_released,
     remove_seccomp_profile,
     remove_state_files,
@@ -310,19 +309,19 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture()
-def server() -> Iterator[LeanReleaseApi]:
+def server() -> Iterator[LeanKubeApi]:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     _Handler.seen = []
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
-        yield LeanReleaseApi(f"http://127.0.0.1:{httpd.server_address[1]}", retries=0)
+        yield LeanKubeApi(f"http://127.0.0.1:{httpd.server_address[1]}", retries=0)
     finally:
         httpd.shutdown()
         httpd.server_close()
 
 
-def test_the_requests_on_the_wire(server: LeanReleaseApi) -> None:
+def test_the_requests_on_the_wire(server: LeanKubeApi) -> None:
     assert server.get_daemonset("ns", "agent", 5) == {"metadata": {"name": "agent"}}
     assert server.get_daemonset("ns", "gone", 5) is None
     assert server.delete_daemonset_foreground("ns", "agent", 5)

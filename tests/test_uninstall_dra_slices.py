@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agent.dra.kubeclient import ApiError
+from agent.errors import KubeApiError
 from agent.dra.publisher import SlicePublisher
 from agent.node.uninstall import cleanup_if_released
 from tests.test_uninstall import FakeApi, _node, _state
@@ -57,7 +57,7 @@ def test_a_refused_delete_is_one_warning_and_the_rest_is_cleaned(tmp_path: Path,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     _state(tmp_path)
     api = FakeApi(None, _node())
-    assert _clean(api, tmp_path, True, Remover(ApiError(403, "forbidden")))
+    assert _clean(api, tmp_path, True, Remover(KubeApiError(403, "forbidden")))
     assert "cannot delete the ResourceSlices of node n1" in caplog.text
     assert not (tmp_path / "s390x-topology-agent").exists()
     assert api.patches  # the labels went too
@@ -75,7 +75,7 @@ class SliceApi:
 
     def delete_slice(self, name: str, resource_version: str | None = None) -> None:
         if name.endswith("counters-0"):
-            raise ApiError(404, "gone")
+            raise KubeApiError(404, "gone")
         self.deleted.append(name)
 
 

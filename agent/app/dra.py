@@ -25,13 +25,12 @@ from agent.app.config import AgentConfig
 from agent.app.loops import PeriodicLoop
 from agent.devices.table import NodeDevices
 from agent.dra.health import HealthService
-from agent.dra.kubeclient import ApiError
 from agent.dra.kubelet_plugin import KubeletPlugin
 from agent.dra.prepare import ClaimPreparer, checkpoint_path
 from agent.dra.publisher import SlicePublisher
-from agent.errors import AgentError, StartupError
+from agent.errors import AgentError, NodeLabelerError, StartupError
 from agent.node.handover import ExtendedResourcesClear
-from agent.node.kubeapi import node_status_api_from_environment
+from agent.node.kubeapi import DraApi, kube_api_from_environment
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire
 from agent.policy.claims import PreparedRequest
@@ -70,7 +69,7 @@ class DraManager:
         self._last: Taints | None = None
         self._claim_listeners: list[Callable[[], None]] = []
         plugin.on_registered = self._registered
-        self.loop = PeriodicLoop("ResourceSlice publication", interval, self.step, (ApiError, AgentError, OSError),
+        self.loop = PeriodicLoop("ResourceSlice publication", interval, self.step, (AgentError, OSError),
                                  on_failure=self._failed, pace=self._pace)
 
     # --- the step -------------------------------------------------------------------------------
@@ -190,6 +189,14 @@ class DraManager:
 
 
 
+def dra_api() -> DraApi:
+    """The API server DRA mode speaks to: in a pod with its service account, else a kubeconfig."""
+    try:
+        return kube_api_from_environment()
+    except NodeLabelerError as exc:
+        raise StartupError(f"--mode dra needs the API server: {exc}") from None
+
+
 def build_dra_manager(config: AgentConfig, topology: Topology, grouping: Grouping, devices: NodeDevices[Wire],
                       pod_resources: PodResourcesClient) -> DraManager:
     if not config.node_name:
@@ -199,9 +206,7 @@ def build_dra_manager(config: AgentConfig, topology: Topology, grouping: Groupin
         settings = SliceSettings(config.node_name).validated()
     except ValueError as exc:
         raise StartupError(str(exc)) from None
-    from agent.dra.kubeclient import KubernetesDraApi
-
-    api = KubernetesDraApi()
+    api = dra_api()
     preparer = ClaimPreparer(driver=DRIVER, pool=settings.node_name, groups={g.id: g for g in grouping.groups},
                              allocation=config.allocation, read_claim=api.read_claim, cdi_dir=config.cdi_dir,
                              checkpoint=checkpoint_path(config.kubelet_dir), check=devices.claim_conflict)
@@ -220,7 +225,7 @@ def build_dra_manager(config: AgentConfig, topology: Topology, grouping: Groupin
 
     # pod-resources lists DRA claims per container (build_agent set it up): admin access is observed, not held.
     pod_resources.dra_admin = preparer.admin_devices
-    handover = ExtendedResourcesClear(node_status_api_from_environment, settings.node_name, grouping.resources())
+    handover = ExtendedResourcesClear(kube_api_from_environment, settings.node_name, grouping.resources())
     manager = DraManager(plugin=plugin, publisher=publisher, plan=plan, broken=broken,
                          resources=grouping.resources(), interval=config.dra_interval,
                          in_use=devices.in_use_elsewhere, handover=handover)

@@ -76,9 +76,9 @@ def run(args: argparse.Namespace) -> int:
 def hand_over(agent: Agent, daemonset: str, namespace: str) -> None:
     """On a signal, before stopping: hand the node's resources over when this is the last agent of its mode there."""
     from agent.app.handover import hand_over_if_last
-    from agent.node.uninstall import LeanReleaseApi
+    from agent.node.kubeapi import LeanKubeApi
 
-    hand_over_if_last(agent, LeanReleaseApi.in_cluster, namespace=namespace, daemonset=daemonset)
+    hand_over_if_last(agent, LeanKubeApi.in_cluster, namespace=namespace, daemonset=daemonset)
 
 
 def agent_config(args: argparse.Namespace) -> AgentConfig:
@@ -108,14 +108,15 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
 
 def cleanup_after_stop(args: argparse.Namespace, config: AgentConfig) -> None:
     """After serve stopped: clean the node up only if the agent's DaemonSet is being deleted (agent/node/uninstall)."""
-    from agent.node.uninstall import LeanReleaseApi, cleanup_if_released, log
+    from agent.node.kubeapi import LeanKubeApi
+    from agent.node.uninstall import cleanup_if_released, log
 
     namespace = os.environ.get("POD_NAMESPACE")
     if not namespace:
         log.warning("kept everything: --release-daemonset needs POD_NAMESPACE (the downward API's metadata.namespace)")
         return
     try:
-        api = LeanReleaseApi.in_cluster()
+        api = LeanKubeApi.in_cluster()
     except NodeLabelerError as exc:
         log.warning("kept everything: cannot reach the API server to look at DaemonSet %s: %s",
                     args.release_daemonset, exc)

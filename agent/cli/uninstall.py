@@ -22,7 +22,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The chart's pre-delete hook: delete the DaemonSet in the foreground, wait, remove leftover node labels."""
-    from agent.node.uninstall import LeanReleaseApi, run_uninstall_hook
+    from agent.node.kubeapi import LeanKubeApi
+    from agent.node.uninstall import run_uninstall_hook
     from agent.policy.uninstall import parse_label_selector
 
     namespace = args.namespace or os.environ.get("POD_NAMESPACE") or ""
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--node-selector: {exc}") from None
     timeout = seconds("--timeout", args.timeout)
     try:
-        api = LeanReleaseApi.in_cluster()
+        api = LeanKubeApi.in_cluster()
     except NodeLabelerError as exc:
         raise StartupError(f"uninstall runs in a pod of the cluster: {exc}") from None
     return run_uninstall_hook(api, namespace=namespace, daemonset=args.daemonset, node_selector=selector,

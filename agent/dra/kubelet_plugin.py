@@ -35,9 +35,8 @@ from agent._proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from agent._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from agent._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from agent.dra import health as dra_health
-from agent.dra.kubeclient import ApiError
 from agent.dra.prepare import ClaimPreparer, PrepareError
-from agent.errors import SocketInUseError, SocketPathError, StartupError
+from agent.errors import KubeApiError, SocketInUseError, SocketPathError, StartupError
 
 log = logging.getLogger("topology-agent.dra")
 
@@ -97,7 +96,7 @@ def _prepare_servicer(pb: ModuleType, base: type, preparer: ClaimPreparer) -> An
                 out = answer.claims[claim.uid]
                 try:
                     prepared = preparer.prepare(claim.namespace, claim.name, claim.uid)
-                except (PrepareError, ApiError, OSError, ValueError) as exc:
+                except (PrepareError, KubeApiError, OSError, ValueError) as exc:
                     log.warning("cannot prepare claim %s/%s (%s): %s", claim.namespace, claim.name, claim.uid, exc)
                     out.error = str(exc)[:1000]
                     continue

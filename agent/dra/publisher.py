@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agent.dra.kubeclient import ApiError, DraApi
+from agent.errors import KubeApiError
+from agent.node.kubeapi import DraApi
 from agent.policy.dra import API_VERSION, CONTENT_ANNOTATION, PoolPlan, SlicePlan
 
 log = logging.getLogger("topology-agent.dra")
@@ -96,14 +97,14 @@ class SlicePublisher:
 
     def publish(self, plan: PoolPlan) -> PublishResult:
         """Make the API server hold exactly ``plan``'s slices; zero writes when it already does."""
-        last: ApiError | None = None
+        last: KubeApiError | None = None
         for attempt in range(1, CONFLICT_RETRIES + 1):
             try:
                 result = self._publish_once(plan)
                 result.attempts = attempt
                 self.last = result
                 return result
-            except ApiError as exc:
+            except KubeApiError as exc:
                 if not (exc.conflict or exc.not_found):
                     raise
                 last = exc
@@ -135,7 +136,7 @@ class SlicePublisher:
             if name not in wanted:
                 try:
                     self.api.delete_slice(name, have["metadata"].get("resourceVersion"))
-                except ApiError as exc:
+                except KubeApiError as exc:
                     if not exc.not_found:
                         raise
                 result.deleted += 1
@@ -151,7 +152,7 @@ class SlicePublisher:
             try:
                 self.api.delete_slice(name)
                 deleted += 1
-            except ApiError as exc:
+            except KubeApiError as exc:
                 if not exc.not_found:
                     raise
         self.writes += deleted
@@ -159,9 +160,9 @@ class SlicePublisher:
 
 
 def remove_node_slices(node_name: str) -> int:
-    """Delete ``node_name``'s ResourceSlices of the DRA driver (the ``kubernetes`` client, as DRA mode uses it: in a
-    pod, its service account); the count deleted. ``serve`` hands it to the uninstall clean-up in DRA mode."""
-    from agent.dra.kubeclient import KubernetesDraApi
+    """Delete ``node_name``'s ResourceSlices of the DRA driver (the API server as DRA mode speaks to it: in a pod,
+    its service account); the count deleted. ``serve`` hands it to the uninstall clean-up in DRA mode."""
+    from agent.node.kubeapi import kube_api_from_environment
     from agent.policy.dra import DRIVER
 
-    return SlicePublisher(KubernetesDraApi(), node_name, DRIVER).remove_all()
+    return SlicePublisher(kube_api_from_environment(), node_name, DRIVER).remove_all()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import KubeApiError, NodeLabelerError
-from agent.node.kubeapi import MERGE_PATCH, NodeApi, node_api_from_environment
+from agent.node.kubeapi import MERGE_PATCH, NodeApi, kube_api_from_environment
 from agent.node.labels import KEY_PREFIX
 
 log = logging.getLogger("topology-agent.node")
@@ -79,7 +79,7 @@ class NodeLabeler:
     def from_environment(cls, node_name: str, *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> NodeLabeler:
         """In a pod the service account, else the kubeconfig (local runs). NodeLabelerError when
         neither is available; nothing is contacted here."""
-        return cls(node_name, node_api_from_environment(), request_timeout=request_timeout)
+        return cls(node_name, kube_api_from_environment(), request_timeout=request_timeout)
 
     def invalidate(self) -> None:
         """Forget what was applied: the next sync reads the node again (e.g. once an hour)."""

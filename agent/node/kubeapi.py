@@ -1,11 +1,14 @@
-"""The Node requests the agent makes (GET, a JSON merge PATCH of metadata, and one Event when the node
-advertises nothing; on a hand-over to the other mode, its extended resources' allocatable taken to zero with a
-merge PATCH of the status, :mod:`agent.policy.handover`), over the standard library: node labels need two calls
-an hour, not the ``kubernetes`` package's 35 MiB of API models kept in memory for the life of the agent.
+"""The agent's Kubernetes API client, over the standard library: the Node (GET, a JSON merge PATCH of metadata,
+one Event when the node advertises nothing; on a hand-over to the other mode, its extended resources' allocatable
+taken to zero with a merge PATCH of the status, :mod:`agent.policy.handover`), DRA mode's ResourceSlices (list by
+field selector with pagination, create, replace with the resourceVersion read, delete) and ResourceClaims (get), and
+an uninstall's DaemonSet and node list. Raw JSON in and out: the ``kubernetes`` package's API models cost 0.7 s of
+import and about 35 MiB kept for the life of the agent.
 
-:class:`LeanNodeApi` speaks HTTP/1.1 to the API server with the in-cluster service account (the
-token is read again for every request: bound tokens rotate). Outside a cluster (a kubeconfig, local
-runs), :func:`kubeconfig_api` falls back on the ``kubernetes`` package, imported only then.
+:class:`KubeApi` holds the calls; a transport sends them. :class:`LeanKubeApi` speaks HTTP/1.1 to the API server with
+the in-cluster service account (the token is read again for every request: bound tokens rotate). Outside a cluster
+(a kubeconfig, local runs), :func:`kubeconfig_api` sends the same calls through the ``kubernetes`` package's
+authenticated HTTP client (its exec plugins, its auth providers), imported only then (the ``kubeconfig`` extra).
 Failures are :class:`~agent.errors.KubeApiError` (the API server answered with an error),
 ``TimeoutError`` or another ``OSError`` (it could not be reached).
 """
@@ -19,13 +22,18 @@ import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from agent.errors import KubeApiError, NodeLabelerError
 
 MERGE_PATCH = "application/merge-patch+json"
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-MAX_BODY = 4 * 1024 * 1024  # a Node object is a few KiB; anything larger is not one
+MAX_BODY = 32 * 1024 * 1024  # a page of nodes or slices is at most a few MiB; anything larger is not one
+FIELD_MANAGER = "topology-agent"
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+DRA_TIMEOUT = 10.0  # seconds for DRA mode's calls
+JSON = dict[str, Any]
+NodeRow = tuple[str, dict[str, str], dict[str, str]]
 
 
 class NodeApi(Protocol):
@@ -49,6 +57,17 @@ class NodeStatusApi(Protocol):
         """A JSON merge patch of the Node's status subresource."""
 
 
+class DraApi(Protocol):
+    """DRA mode's calls (:mod:`agent.dra.publisher`, :mod:`agent.dra.prepare`)."""
+
+    def list_slices(self, node: str, driver: str) -> list[JSON]: ...
+    def create_slice(self, body: JSON) -> JSON: ...
+    def replace_slice(self, name: str, body: JSON) -> JSON: ...
+    def delete_slice(self, name: str, resource_version: str | None = None) -> None: ...
+    def node_uid(self, node: str) -> str: ...
+    def read_claim(self, namespace: str, name: str) -> JSON: ...
+
+
 def _status_message(status: int, reason: str, body: bytes) -> str:
     """The ``message`` of the Status the API server sent, else the HTTP reason."""
     try:
@@ -60,8 +79,130 @@ def _status_message(status: int, reason: str, body: bytes) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-class LeanNodeApi:
-    """GET and merge-PATCH ``/api/v1/nodes/<name>`` with a bearer token, one connection per request."""
+def _node_path(name: str) -> str:
+    return f"/api/v1/nodes/{quote(name, safe='')}"
+
+
+def _daemonset_path(namespace: str, name: str) -> str:
+    return f"/apis/apps/v1/namespaces/{quote(namespace, safe='')}/daemonsets/{quote(name, safe='')}"
+
+
+class KubeApi:
+    """Every call the agent makes; :meth:`_send` (the transport) is the subclass's."""
+
+    def _send(self, method: str, path: str, body: Any, timeout: float) -> tuple[int, str, bytes]:
+        """(status, reason, body) of one request; ``body`` is JSON-able (a merge patch for PATCH)."""
+        raise NotImplementedError
+
+    def _request(self, method: str, path: str, body: Any, timeout: float) -> Any:
+        status, reason, data = self._send(method, path, body, timeout)
+        if status >= 400:
+            raise KubeApiError(status, _status_message(status, reason, data))
+        try:
+            return json.loads(data) if data else None
+        except ValueError:
+            raise KubeApiError(status, "the API server's answer is not JSON") from None
+
+    def _object(self, method: str, path: str, body: Any, timeout: float, kind: str) -> JSON:
+        answer = self._request(method, path, body, timeout)
+        if not isinstance(answer, dict):
+            raise KubeApiError(0, f"the API server's answer is not a {kind}")
+        return answer
+
+    def _list(self, path: str, query: Mapping[str, str], timeout: float, kind: str) -> list[JSON]:
+        """Every item, page by page (``continue``)."""
+        items: list[JSON] = []
+        token = ""
+        while True:
+            page = self._object("GET", f"{path}?{urlencode({**query, **({'continue': token} if token else {})})}",
+                                None, timeout, kind)
+            items.extend(item for item in page.get("items") or [] if isinstance(item, dict))
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return items
+
+    # --- the Node ---------------------------------------------------------------------------------
+    def node_metadata(self, name: str, timeout: float) -> tuple[dict[str, str], dict[str, str]]:
+        meta = self._object("GET", _node_path(name), None, timeout, "Node").get("metadata")
+        if not isinstance(meta, dict):
+            raise KubeApiError(0, "the API server's answer is not a Node")
+        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+        return ({str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
+                {str(k): str(v) for k, v in annotations.items()} if isinstance(annotations, dict) else {})
+
+    def patch_node(self, name: str, body: Mapping[str, Any], timeout: float) -> None:
+        self._request("PATCH", _node_path(name), dict(body), timeout)
+
+    def node_allocatable(self, name: str, timeout: float) -> dict[str, str]:
+        status = self._object("GET", _node_path(name), None, timeout, "Node").get("status")
+        allocatable = status.get("allocatable") if isinstance(status, dict) else None
+        return {str(k): str(v) for k, v in allocatable.items()} if isinstance(allocatable, dict) else {}
+
+    def patch_node_status(self, name: str, body: Mapping[str, Any], timeout: float) -> None:
+        self._request("PATCH", _node_path(name) + "/status", dict(body), timeout)
+
+    def create_event(self, namespace: str, body: Mapping[str, Any], timeout: float) -> None:
+        self._request("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", dict(body), timeout)
+
+    # --- an uninstall (:mod:`agent.node.uninstall`) -------------------------------------------------
+    def get_daemonset(self, namespace: str, name: str, timeout: float) -> JSON | None:
+        """The DaemonSet, or None when there is none (404)."""
+        try:
+            return self._object("GET", _daemonset_path(namespace, name), None, timeout, "DaemonSet")
+        except KubeApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    def delete_daemonset_foreground(self, namespace: str, name: str, timeout: float) -> bool:
+        """Delete it with propagationPolicy Foreground; False when there was none (404)."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"}
+        try:
+            self._request("DELETE", _daemonset_path(namespace, name), body, timeout)
+        except KubeApiError as exc:
+            if exc.not_found:
+                return False
+            raise
+        return True
+
+    def list_nodes(self, selector: str, timeout: float) -> list[NodeRow]:
+        """(name, labels, annotations) of every node the label selector matches."""
+        rows: list[NodeRow] = []
+        for item in self._list("/api/v1/nodes", {"limit": "500", **({"labelSelector": selector} if selector else {})},
+                               timeout, "NodeList"):
+            meta = item.get("metadata") or {}
+            rows.append((str(meta.get("name", "")), dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})))
+        return rows
+
+    # --- DRA mode ---------------------------------------------------------------------------------
+    def list_slices(self, node: str, driver: str) -> list[JSON]:
+        """The driver's ResourceSlices of ``node``, 100 a page."""
+        return self._list(SLICES, {"fieldSelector": f"spec.nodeName={node},spec.driver={driver}", "limit": "100"},
+                          DRA_TIMEOUT, "ResourceSliceList")
+
+    def create_slice(self, body: JSON) -> JSON:
+        return self._object("POST", f"{SLICES}?fieldManager={FIELD_MANAGER}", body, DRA_TIMEOUT, "ResourceSlice")
+
+    def replace_slice(self, name: str, body: JSON) -> JSON:
+        return self._object("PUT", f"{SLICES}/{quote(name, safe='')}?fieldManager={FIELD_MANAGER}", body,
+                            DRA_TIMEOUT, "ResourceSlice")
+
+    def delete_slice(self, name: str, resource_version: str | None = None) -> None:
+        """Delete it; with ``resource_version``, only that version of it (else a 409)."""
+        body = ({"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"resourceVersion": resource_version}}
+                if resource_version else None)
+        self._request("DELETE", f"{SLICES}/{quote(name, safe='')}", body, DRA_TIMEOUT)
+
+    def node_uid(self, node: str) -> str:
+        return str(self._object("GET", _node_path(node), None, DRA_TIMEOUT, "Node")["metadata"]["uid"])
+
+    def read_claim(self, namespace: str, name: str) -> JSON:
+        return self._object("GET", f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace, safe='')}/resourceclaims/"
+                            f"{quote(name, safe='')}", None, DRA_TIMEOUT, "ResourceClaim")
+
+
+class LeanKubeApi(KubeApi):
+    """HTTP/1.1 with a bearer token, one connection per request."""
 
     def __init__(self, base_url: str, *, token_file: Path | None = None, ca_file: Path | None = None,
                  retries: int = 1) -> None:
@@ -78,7 +219,7 @@ class LeanNodeApi:
             self._context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
 
     @classmethod
-    def in_cluster(cls, service_account: Path = SERVICE_ACCOUNT) -> LeanNodeApi:
+    def in_cluster(cls, service_account: Path = SERVICE_ACCOUNT) -> LeanKubeApi:
         """The API server and credentials a pod gets; NodeLabelerError when not in a pod."""
         host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
         if not host or not port:
@@ -89,34 +230,10 @@ class LeanNodeApi:
         netloc = f"[{host}]" if ":" in host else host
         return cls(f"https://{netloc}:{port}", token_file=token, ca_file=ca if ca.is_file() else None)
 
-    def node_metadata(self, name: str, timeout: float) -> tuple[dict[str, str], dict[str, str]]:
-        node = self._request("GET", f"/api/v1/nodes/{quote(name, safe='')}", None, timeout)
-        meta = node.get("metadata") if isinstance(node, dict) else None
-        if not isinstance(meta, dict):
-            raise KubeApiError(0, "the API server's answer is not a Node")
-        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
-        return ({str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
-                {str(k): str(v) for k, v in annotations.items()} if isinstance(annotations, dict) else {})
-
-    def patch_node(self, name: str, body: Mapping[str, Any], timeout: float) -> None:
-        self._request("PATCH", f"/api/v1/nodes/{quote(name, safe='')}", json.dumps(body).encode(), timeout)
-
-    def node_allocatable(self, name: str, timeout: float) -> dict[str, str]:
-        node = self._request("GET", f"/api/v1/nodes/{quote(name, safe='')}", None, timeout)
-        status = node.get("status") if isinstance(node, dict) else None
-        allocatable = status.get("allocatable") if isinstance(status, dict) else None
-        return {str(k): str(v) for k, v in allocatable.items()} if isinstance(allocatable, dict) else {}
-
-    def patch_node_status(self, name: str, body: Mapping[str, Any], timeout: float) -> None:
-        self._request("PATCH", f"/api/v1/nodes/{quote(name, safe='')}/status", json.dumps(body).encode(), timeout)
-
-    def create_event(self, namespace: str, body: Mapping[str, Any], timeout: float) -> None:
-        self._request("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", json.dumps(body).encode(),
-                      timeout)
-
-    def _request(self, method: str, path: str, body: bytes | None, timeout: float) -> Any:
+    def _send(self, method: str, path: str, body: Any, timeout: float) -> tuple[int, str, bytes]:
         headers = {"Accept": "application/json", "User-Agent": "s390x-topology-agent"}
-        if body is not None:
+        data = None if body is None else json.dumps(body).encode()
+        if data is not None:
             headers["Content-Type"] = MERGE_PATCH if method == "PATCH" else "application/json"
         if self.token_file is not None:
             try:
@@ -132,10 +249,9 @@ class LeanNodeApi:
             else:
                 conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
             try:
-                conn.request(method, path, body=body, headers=headers)
+                conn.request(method, path, body=data, headers=headers)
                 response = conn.getresponse()
-                data = response.read(MAX_BODY)
-                status, reason = response.status, response.reason
+                return response.status, response.reason, response.read(MAX_BODY)
             except TimeoutError:
                 if attempt < self.retries:
                     continue
@@ -146,55 +262,33 @@ class LeanNodeApi:
                 raise
             finally:
                 conn.close()
-            if status >= 400:
-                raise KubeApiError(status, _status_message(status, reason, data))
-            try:
-                return json.loads(data) if data else None
-            except ValueError:
-                raise KubeApiError(status, "the API server's answer is not JSON") from None
         raise AssertionError("not reached")
 
 
-class _ClientNodeApi:
-    """The ``kubernetes`` package for a kubeconfig (local runs): its exec plugins, its auth providers."""
+class _KubeconfigApi(KubeApi):
+    """The same calls through the ``kubernetes`` package's HTTP client (a kubeconfig: its exec plugins, its auth
+    providers)."""
 
-    def __init__(self, core_v1: Any) -> None:
-        self.core_v1 = core_v1
+    def __init__(self, api_client: Any) -> None:
+        self.api_client = api_client
 
-    def node_metadata(self, name: str, timeout: float) -> tuple[dict[str, str], dict[str, str]]:
-        node = self._call(lambda: self.core_v1.read_node(name, _request_timeout=timeout))
-        meta = node.metadata
-        return dict((meta.labels if meta else None) or {}), dict((meta.annotations if meta else None) or {})
-
-    def patch_node(self, name: str, body: Mapping[str, Any], timeout: float) -> None:
-        self._call(lambda: self.core_v1.patch_node(name, dict(body), _content_type=MERGE_PATCH,
-                                                   _request_timeout=timeout))
-
-    def create_event(self, namespace: str, body: Mapping[str, Any], timeout: float) -> None:
-        self._call(lambda: self.core_v1.create_namespaced_event(namespace, dict(body), _request_timeout=timeout))
-
-    def node_allocatable(self, name: str, timeout: float) -> dict[str, str]:
-        node = self._call(lambda: self.core_v1.read_node(name, _request_timeout=timeout))
-        allocatable = node.status.allocatable if node.status else None
-        return {str(k): str(v) for k, v in (allocatable or {}).items()}
-
-    def patch_node_status(self, name: str, body: Mapping[str, Any], timeout: float) -> None:
-        self._call(lambda: self.core_v1.patch_node_status(name, dict(body), _content_type=MERGE_PATCH,
-                                                          _request_timeout=timeout))
-
-    @staticmethod
-    def _call(call: Any) -> Any:
+    def _send(self, method: str, path: str, body: Any, timeout: float) -> tuple[int, str, bytes]:
         import urllib3
         from kubernetes.client.exceptions import ApiException
 
+        headers = {"Accept": "application/json", "User-Agent": "s390x-topology-agent"}
+        if body is not None:
+            headers["Content-Type"] = MERGE_PATCH if method == "PATCH" else "application/json"
         try:
-            return call()
+            request = self.api_client.param_serialize(method, path, header_params=headers, body=body,
+                                                      auth_settings=["BearerToken"])
+            response = self.api_client.call_api(*request, _request_timeout=timeout)
+            return int(response.status), str(response.reason or ""), response.read() or b""
         except ApiException as exc:
             if not exc.status:
                 raise ConnectionError(str(exc.reason)) from None
-            raise KubeApiError(exc.status, _status_message(exc.status, str(exc.reason or ""),
-                                                          exc.body.encode() if isinstance(exc.body, str)
-                                                          else exc.body or b"")) from None
+            return int(exc.status), str(exc.reason or ""), (exc.body.encode() if isinstance(exc.body, str)
+                                                             else exc.body or b"")
         except urllib3.exceptions.MaxRetryError as exc:
             cause = exc.reason
             if isinstance(cause, urllib3.exceptions.NewConnectionError):
@@ -208,7 +302,7 @@ class _ClientNodeApi:
             raise ConnectionError(str(exc)) from None
 
 
-def kubeconfig_api() -> NodeApi:
+def kubeconfig_api() -> KubeApi:
     """The kubeconfig's API server, through the ``kubernetes`` package (local runs, not pods)."""
     try:
         from kubernetes import client, config
@@ -227,21 +321,14 @@ def kubeconfig_api() -> NodeApi:
     import logging
 
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
-    return _ClientNodeApi(client.CoreV1Api(client.ApiClient(configuration)))
+    return _KubeconfigApi(client.ApiClient(configuration))
 
 
-def node_status_api_from_environment() -> NodeStatusApi:
-    """:func:`node_api_from_environment` for a hand-over (both clients have the status calls)."""
-    api = node_api_from_environment()
-    assert isinstance(api, LeanNodeApi | _ClientNodeApi)
-    return api
-
-
-def node_api_from_environment() -> NodeApi:
+def kube_api_from_environment() -> KubeApi:
     """In a pod: the lean client with the service account; else the kubeconfig. NodeLabelerError when
     neither is available (nothing is contacted here)."""
     try:
-        return LeanNodeApi.in_cluster()
+        return LeanKubeApi.in_cluster()
     except NodeLabelerError as in_cluster:
         try:
             return kubeconfig_api()

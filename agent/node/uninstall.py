@@ -21,11 +21,10 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import quote, urlencode
 
 from agent.devices.persist import GROUPS_FILE, STATE_DIR, StateFiles
 from agent.errors import KubeApiError
-from agent.node.kubeapi import SERVICE_ACCOUNT, LeanNodeApi
+from agent.node.kubeapi import NodeRow
 from agent.node.labels import KEY_PREFIX
 from agent.node.seccomp import PROFILE_NAME, node_arch, profile
 from agent.policy.grouping import GroupingSettings
@@ -34,7 +33,6 @@ from agent.policy.uninstall import label_selector, leftover_nodes, release_delet
 log = logging.getLogger("topology-agent.uninstall")
 
 REQUEST_TIMEOUT = 5.0
-NodeRow = tuple[str, dict[str, str], dict[str, str]]
 
 
 class ReleaseApi(Protocol):
@@ -50,58 +48,6 @@ class ReleaseApi(Protocol):
 
     def list_nodes(self, selector: str, timeout: float) -> list[NodeRow]:
         """(name, labels, annotations) of every node the label selector matches."""
-
-
-class LeanReleaseApi(LeanNodeApi):
-    """:class:`~agent.node.kubeapi.LeanNodeApi` plus the DaemonSet and node-list calls of an uninstall."""
-
-    @classmethod
-    def in_cluster(cls, service_account: Path = SERVICE_ACCOUNT) -> LeanReleaseApi:
-        api = super().in_cluster(service_account)
-        assert isinstance(api, LeanReleaseApi)  # cls(...) in the base class
-        return api
-
-    def get_daemonset(self, namespace: str, name: str, timeout: float) -> dict[str, Any] | None:
-        try:
-            answer = self._request("GET", _daemonset_path(namespace, name), None, timeout)
-        except KubeApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        if not isinstance(answer, dict):
-            raise KubeApiError(0, "the API server's answer is not a DaemonSet")
-        return answer
-
-    def delete_daemonset_foreground(self, namespace: str, name: str, timeout: float) -> bool:
-        body = b'{"kind":"DeleteOptions","apiVersion":"v1","propagationPolicy":"Foreground"}'
-        try:
-            self._request("DELETE", _daemonset_path(namespace, name), body, timeout)
-        except KubeApiError as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
-
-    def list_nodes(self, selector: str, timeout: float) -> list[NodeRow]:
-        rows: list[NodeRow] = []
-        token = ""
-        while True:
-            query = {"limit": "500", **({"labelSelector": selector} if selector else {}),
-                     **({"continue": token} if token else {})}
-            answer = self._request("GET", f"/api/v1/nodes?{urlencode(query)}", None, timeout)
-            if not isinstance(answer, dict):
-                raise KubeApiError(0, "the API server's answer is not a NodeList")
-            for item in answer.get("items") or []:
-                meta = item.get("metadata") or {} if isinstance(item, dict) else {}
-                rows.append((str(meta.get("name", "")), dict(meta.get("labels") or {}),
-                             dict(meta.get("annotations") or {})))
-            token = str((answer.get("metadata") or {}).get("continue") or "")
-            if not token:
-                return rows
-
-
-def _daemonset_path(namespace: str, name: str) -> str:
-    return f"/apis/apps/v1/namespaces/{quote(namespace, safe='')}/daemonsets/{quote(name, safe='')}"
 
 
 def _why(exc: Exception) -> str:

@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """make image-lock: write the image's hashed requirements from pyproject.toml, then check them against the index.
 
-    requirements.txt        the agent's runtime dependencies: pyproject.toml's [project] dependencies and its `dra`
-                          extra (the kubernetes client, imported only in --mode dra), no other extra
+    requirements.txt        the agent's runtime dependencies: pyproject.toml's [project] dependencies, no extra
     build-requirements.txt  the build backends the image runs: build-requirements.in
 
 Both come from `uv pip compile --universal --python-version 3.11 --generate-hashes`. A universal resolution names
@@ -61,13 +60,10 @@ def parse_lock(text: str) -> dict[str, tuple[str, set[str]]]:
     return pins
 
 
-EXTRAS = {"pyproject.toml": ("dra",)}  # DRA mode's kubernetes client is in the image; `kubeconfig` and `dev` are not
-
-
 def compile_lock(uv: str, source: str, output: str) -> None:
     cmd = [uv, "pip", "compile", "--quiet", "--no-config", "--universal", "--python-version", "3.11",
            "--generate-hashes", "--index-url", INDEX, "--custom-compile-command", "make image-lock",
-           *(f"--extra={extra}" for extra in EXTRAS.get(source, ())), source, "--output-file", output]
+           source, "--output-file", output]
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=REPO, check=True)
 

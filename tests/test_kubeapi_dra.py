@@ -1,5 +1,6 @@
-"""agent/dra/kubeclient.py against a small HTTP API server: the paths, queries and bodies the kubernetes client
-sends for ResourceSlices, Nodes and ResourceClaims; pagination; errors with their status and message."""
+"""DRA mode's calls of agent/node/kubeapi.py against a small HTTP API server, through both transports (the lean
+one of a pod, the kubernetes package's of a kubeconfig): the paths, queries and bodies sent for ResourceSlices, Nodes
+and ResourceClaims; pagination; errors with their status and message."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from agent.dra.kubeclient import ApiError, KubernetesDraApi
+from agent.errors import KubeApiError
+from agent.node.kubeapi import KubeApi, LeanKubeApi, kubeconfig_api
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
@@ -21,6 +23,7 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 class Server:
     def __init__(self) -> None:
         self.requests: list[tuple[str, str, dict[str, list[str]], Any]] = []
+        self.authorization: set[str | None] = set()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -41,6 +44,7 @@ class Server:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
                 outer.requests.append((self.command, url.path, query, body))
+                outer.authorization.add(self.headers.get("Authorization"))
                 if url.path == SLICES and self.command == "GET":
                     page = query.get("continue", ["0"])[0]
                     items = [{"metadata": {"name": f"s{page}"}}]
@@ -73,19 +77,22 @@ def server() -> Iterator[Server]:
     s.httpd.shutdown()
 
 
-@pytest.fixture
-def api(server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> KubernetesDraApi:
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+@pytest.fixture(params=["lean", "kubeconfig"])
+def api(request: pytest.FixtureRequest, server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> KubeApi:
+    if request.param == "lean":
+        return LeanKubeApi(server.url, retries=0)
+    kube_config = pytest.importorskip("kubernetes.config.kube_config")
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "c",
         "clusters": [{"name": "c", "cluster": {"server": server.url}}],
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
         "users": [{"name": "u", "user": {"token": "t"}}]}))
-    return KubernetesDraApi(kubeconfig=str(kubeconfig))
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    return kubeconfig_api()
 
 
-def test_list_pages_through_with_the_field_selector(api: KubernetesDraApi, server: Server) -> None:
+def test_list_pages_through_with_the_field_selector(api: KubeApi, server: Server) -> None:
     assert [o["metadata"]["name"] for o in api.list_slices("node-a", "topology.s390x.ibm.com")] == ["s0", "s1"]
     (_, _, first, _), (_, _, second, _) = server.requests
     assert first["fieldSelector"] == ["spec.nodeName=node-a,spec.driver=topology.s390x.ibm.com"]
@@ -93,7 +100,7 @@ def test_list_pages_through_with_the_field_selector(api: KubernetesDraApi, serve
     assert second["continue"] == ["1"]
 
 
-def test_writes_and_errors(api: KubernetesDraApi, server: Server) -> None:
+def test_writes_and_errors(api: KubeApi, server: Server) -> None:
     body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": {"name": "x", "resourceVersion": "7", "annotations": {"a/b": "c"},
                          "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "1234",
@@ -104,19 +111,20 @@ def test_writes_and_errors(api: KubernetesDraApi, server: Server) -> None:
                                   "capacity": {"cores": {"value": "6"}},
                                   "consumesCounters": [{"counterSet": "drawer0",
                                                         "counters": {"book0-socket0": {"value": "6"}}}]}]}}
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(KubeApiError) as info:
         api.create_slice(body)
     assert info.value.conflict and "already exists" in str(info.value)
     api.replace_slice("x", body)
     method, path, query, sent = server.requests[-1]
     assert (method, path) == ("PUT", SLICES + "/x") and query["fieldManager"] == ["topology-agent"]
-    assert sent == body  # the model round trip sends exactly what the publisher built
+    assert sent == body  # exactly what the publisher built
     api.delete_slice("x", "7")
     method, path, _, sent = server.requests[-1]
     assert (method, path) == ("DELETE", SLICES + "/x")
     assert sent["preconditions"] == {"resourceVersion": "7"}
     assert api.node_uid("node-a") == "1234"
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(KubeApiError) as info:
         api.read_claim("ns", "c")
     assert info.value.not_found
     assert server.requests[-1][1] == "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c"
+    assert server.authorization == ({None} if isinstance(api, LeanKubeApi) else {"Bearer t"})  # the kubeconfig's
