@@ -18,9 +18,9 @@ from agent._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from agent._proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from agent._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from agent._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from agent.errors import KubeApiError
 from agent.dra.kubelet_plugin import KubeletPlugin
 from agent.dra.prepare import ClaimPreparer, PreparedClaim, plan_claim, request_index, with_claim_env
+from agent.errors import KubeApiError
 from agent.policy.allocation import AllocationSettings, plan_allocation
 from agent.policy.claims import PreparedRequest
 from agent.policy.dra import DRIVER

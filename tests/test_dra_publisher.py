@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from agent.errors import KubeApiError
 from agent.dra.publisher import SlicePublisher
+from agent.errors import KubeApiError
 from agent.policy.dra import CONTENT_ANNOTATION, PoolPlan, SliceSettings, build_pool
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology.embedded import load_embedded

@@ -29,8 +29,8 @@ from agent.app.config import AgentConfig
 from agent.app.enforcement import CpusetEnforcement
 from agent.app.nri_enforcement import NriEnforcement
 from agent.cri.client import CONTAINER_NAME, POD_NAME, POD_NAMESPACE, ContainerInfo, ContainerStatusInfo
-from agent.errors import KubeApiError
 from agent.dra.prepare import ClaimPreparer, PrepareError, checkpoint_path
+from agent.errors import KubeApiError
 from agent.policy.allocation import AllocationSettings
 from agent.policy.dra import DRIVER, IN_USE_TAINT_KEY
 from agent.policy.grouping import GroupingSettings, group_topology

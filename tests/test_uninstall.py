@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 import pytest
 
 from agent.errors import KubeApiError
-from agent.node.seccomp import PROFILE_NAME, profile
 from agent.node.kubeapi import LeanKubeApi, NodeRow
+from agent.node.seccomp import PROFILE_NAME, profile
 from agent.node.uninstall import (
     cleanup_if_released,
     remove_seccomp_profile,

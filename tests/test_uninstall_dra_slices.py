@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agent.errors import KubeApiError
 from agent.dra.publisher import SlicePublisher
+from agent.errors import KubeApiError
 from agent.node.uninstall import cleanup_if_released
 from tests.test_uninstall import FakeApi, _node, _state
 

@@ -5,16 +5,14 @@ advertised and every hold it knows of (pod-resources may be away when it restart
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import re
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from agent.atomic import write_atomically
 from agent.errors import SavedStateError
 from agent.policy.grouping import Grouping, GroupingSettings
 from agent.policy.health import DeviceKey
@@ -114,18 +112,10 @@ class StateFiles:
     def _write(self, path: Path, data: dict[str, Any], what: str) -> bool:
         """Write atomically (a temporary file renamed over ``path``); False, with a warning, on failure,
         and no temporary file left behind."""
-        tmp_name = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False,
-                                             encoding="utf-8") as tmp:
-                tmp_name = tmp.name
-                json.dump(data, tmp)
-            os.replace(tmp_name, path)
+            write_atomically(path, json.dumps(data).encode(), mode=0o600)
             return True
         except OSError as exc:
             log.warning("cannot save %s to %s: %s", what, path, exc.strerror or exc, extra={"reason": str(exc)})
-            if tmp_name is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp_name)
             return False

@@ -35,14 +35,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.atomic import write_atomically
 from agent.policy.allocation import AllocationSettings, plan_allocation
 from agent.policy.claims import ADMIN_ENV, CLAIM_ENV, PreparedRequest, claim_value
 from agent.policy.grouping import Group
@@ -236,7 +235,7 @@ def forget_claims(path: Path, uids: Iterable[str]) -> list[str]:
     doc = {"version": CHECKPOINT_VERSION,
            "claims": [c.to_json() for uid, c in claims.items() if uid not in drop]}
     try:
-        _write_atomically(Path(path), json.dumps(doc, sort_keys=True).encode())
+        write_atomically(Path(path), json.dumps(doc, sort_keys=True).encode())
     except OSError as exc:
         log.warning("cannot forget released claims in the DRA checkpoint %s (%s)", path, exc)
         return []
@@ -245,21 +244,6 @@ def forget_claims(path: Path, uids: Iterable[str]) -> list[str]:
         log.info("forgot claim %s/%s (%s) in the DRA checkpoint: pod-resources lists none of its containers any more",
                  c.namespace, c.name, uid)
     return gone
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 class ClaimPreparer:
@@ -305,7 +289,7 @@ class ClaimPreparer:
         fails and kubelet retries it). Under ``self._lock``."""
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         doc = {"version": CHECKPOINT_VERSION, "claims": [c.to_json() for c in claims.values()]}
-        _write_atomically(self.checkpoint, json.dumps(doc, sort_keys=True).encode())
+        write_atomically(self.checkpoint, json.dumps(doc, sort_keys=True).encode())
         self.claims = claims
         self._requests = request_index(claims, self.groups)
 
@@ -320,7 +304,7 @@ class ClaimPreparer:
                     continue
             except OSError:
                 pass
-            _write_atomically(path, data)
+            write_atomically(path, data)
 
     def _remove_files(self, claim: PreparedClaim) -> None:
         for name in claim.files:

@@ -171,7 +171,8 @@ class KubeApi:
         for item in self._list("/api/v1/nodes", {"limit": "500", **({"labelSelector": selector} if selector else {})},
                                timeout, "NodeList"):
             meta = item.get("metadata") or {}
-            rows.append((str(meta.get("name", "")), dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})))
+            rows.append((str(meta.get("name", "")), dict(meta.get("labels") or {}),
+                         dict(meta.get("annotations") or {})))
         return rows
 
     # --- DRA mode ---------------------------------------------------------------------------------

@@ -13,12 +13,11 @@ libseccomp refuses to mix big-endian (s390x) and little-endian architectures in 
 
 from __future__ import annotations
 
-import os
 import platform
-import tempfile
 from importlib.resources import files
 from pathlib import Path
 
+from agent.atomic import write_atomically
 from agent.errors import UsageError
 
 PROFILE_NAME = "vllm-numa.json"
@@ -52,10 +51,7 @@ def install(directory: Path, arch: str) -> bool:
         raise UsageError(f"cannot read {target}: {exc.strerror or exc}") from None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("wb", dir=target.parent, prefix=".vllm-numa.", delete=False) as tmp:
-            tmp.write(content)
-        os.chmod(tmp.name, 0o644)
-        os.replace(tmp.name, target)
+        write_atomically(target, content)
     except OSError as exc:
         raise UsageError(f"cannot install the seccomp profile in {directory}: {exc.strerror or exc}") from None
     return True
