@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from agent.backoff import Backoff
 from agent.cri.client import ContainerInfo, CriClient
 from agent.devices.table import NodeDevices
 from agent.errors import AgentError, CriError
@@ -32,6 +33,7 @@ log = logging.getLogger("topology-agent.cpuset")
 
 RECHECK = 60.0  # seconds after which a container's cpuset is read from the runtime again
 IDLE_INTERVAL = 30.0  # seconds between looks while no device is held and nothing needed updating
+FAILING_MAX = 30.0  # the longest wait between looks while the runtime fails
 VERBS = {"topology": "pinned", "shrink": "confined", "widen": "widened",
          "offline": "confined (its groups' CPUs are offline)"}  # an update's kind, said in the log
 RUNTIME_DOWN = frozenset({"UNAVAILABLE", "CANCELLED", "NO_SOCKET", "NO_ACCESS"})  # codes that fail the whole step
@@ -162,6 +164,7 @@ class CpusetEnforcement:
 
     # --- the loop ------------------------------------------------------------------------------
     def _run(self) -> None:
+        backoff = Backoff(min(2 * self.interval, FAILING_MAX), FAILING_MAX)
         delay = self.interval
         while not self._stop.is_set():
             try:
@@ -169,6 +172,7 @@ class CpusetEnforcement:
                 if self._failing is not None:
                     log.info("cpuset enforcement works again")
                 self._failing = None
+                backoff.reset()
                 delay = self.next_delay(plan)
                 if delay >= IDLE_INTERVAL:
                     self.client.close()  # no connection kept open between idle looks (the next one dials)
@@ -177,7 +181,7 @@ class CpusetEnforcement:
                     log.warning("cpuset enforcement failing, retrying with backoff (devices are still served): %s",
                                 exc, extra={"reason": str(exc)})
                 self._failing = str(exc)
-                delay = min(max(delay * 2, self.interval), 30.0)
+                delay = backoff.next()
             except Exception:  # the loop must go on whatever one step does
                 log.exception("cpuset enforcement step failed")
                 delay = self.interval

@@ -7,6 +7,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from agent.backoff import Backoff
+
 log = logging.getLogger("topology-agent")
 
 BACKOFF_FACTOR_CAP = 10  # a failing source is looked at again after at most 10 intervals (5 min at 30 s)
@@ -17,14 +19,14 @@ def backoff_delay(interval: float, failures: int, cap_factor: float = BACKOFF_FA
     the interval, capped at ``cap_factor`` intervals (so a source that comes back is noticed within it)."""
     if failures <= 0:
         return interval
-    return min(interval * 2.0 ** min(failures, 32), interval * cap_factor)
+    return Backoff(2 * interval, interval * cap_factor).nominal(failures - 1)
 
 
 class PeriodicLoop:
     """Calls ``step`` every ``interval`` seconds (and when woken) until stopped.
 
-    A step that raises one of ``expected`` errors is retried with doubling backoff up to
-    ``max_backoff``; the first failure of a streak is logged as a warning, the recovery once.
+    A step that raises one of ``expected`` errors is retried with backoff (:class:`~agent.backoff.Backoff`, from
+    twice the interval up to ``max_backoff``); the first failure of a streak is logged as a warning, the recovery once.
     """
 
     def __init__(self, name: str, interval: float, step: Callable[[], object],
@@ -66,18 +68,22 @@ class PeriodicLoop:
         return True
 
     def _run(self) -> None:
+        backoff = Backoff(min(2 * self.interval, self.max_backoff), self.max_backoff)
         delay = self.interval
         while not self._stop.is_set():
             self._wake.wait(delay)
             self._wake.clear()
             if self._stop.is_set():
                 return
-            backoff = min(max(delay * 2, self.interval), self.max_backoff)
             try:  # the pace too: nothing may end the loop
-                delay = (self.pace() if self.pace is not None else self.interval) if self.run_once() else backoff
+                if self.run_once():
+                    backoff.reset()
+                    delay = self.pace() if self.pace is not None else self.interval
+                else:
+                    delay = backoff.next()
             except Exception:  # never let the loop die: log and keep going
                 log.exception("%s failed unexpectedly", self.name)
-                delay = backoff
+                delay = backoff.next()
             self.current_delay = delay
 
     def start(self) -> None:

@@ -31,6 +31,7 @@ from typing import Protocol
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
 from agent.app.enforcement import RUNTIME_DOWN, EnforcementCounters
+from agent.backoff import Backoff
 from agent.cri.client import CriClient
 from agent.errors import CriError
 from agent.nri.plugin import NriPlugin, UpdatesFailed
@@ -92,7 +93,7 @@ class Upkeep:
         self._wake.set()
 
     def _run(self) -> None:
-        backoff = BACKOFF[0]
+        backoff = Backoff(*BACKOFF)
         retry_at = float("inf")
         check_at = time.monotonic() + self.recheck_interval
         while not self._stop.is_set():
@@ -113,12 +114,13 @@ class Upkeep:
                     retry_at = float("inf")  # the next event's reply carries them
                     continue
                 if self.push():
-                    backoff, retry_at = BACKOFF[0], float("inf")
+                    backoff.reset()
+                    retry_at = float("inf")
                 else:
-                    retry_at, backoff = time.monotonic() + backoff, min(backoff * 2, BACKOFF[1])
+                    retry_at = time.monotonic() + backoff.next()
             except Exception:  # the thread goes on whatever one look does
                 log.exception("NRI upkeep failed; the next event's reply carries the updates")
-                retry_at = time.monotonic() + backoff
+                retry_at = time.monotonic() + backoff.next()
 
     # --- push -------------------------------------------------------------------------------------------
     def push(self) -> bool:

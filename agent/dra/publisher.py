@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from agent.backoff import Backoff
 from agent.errors import KubeApiError
 from agent.node.kubeapi import DraApi
 from agent.policy.dra import API_VERSION, CONTENT_ANNOTATION, PoolPlan, SlicePlan
@@ -98,6 +99,7 @@ class SlicePublisher:
     def publish(self, plan: PoolPlan) -> PublishResult:
         """Make the API server hold exactly ``plan``'s slices; zero writes when it already does."""
         last: KubeApiError | None = None
+        backoff = Backoff(0.2, 2.0)
         for attempt in range(1, CONFLICT_RETRIES + 1):
             try:
                 result = self._publish_once(plan)
@@ -109,7 +111,7 @@ class SlicePublisher:
                     raise
                 last = exc
                 log.info("ResourceSlice write conflicted (%s); reading them again (attempt %d)", exc, attempt)
-                self.sleep(min(0.1 * 2 ** attempt, 2.0))
+                self.sleep(backoff.next())
         assert last is not None
         raise last
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
+from agent.backoff import Backoff
 from agent.nri.probe import socket_answers as socket_answers  # re-exported
 from agent.nri.ttrpc import CallTimeout, Trunk, TrunkClosed
 from agent.nri.wire import INVALID_ARGUMENT, OK, RESOURCE_EXHAUSTED, UNIMPLEMENTED, Request, Response
@@ -149,7 +150,7 @@ class NriPlugin:
 
     # --- the connection loop -----------------------------------------------------------------------
     def _run(self) -> None:
-        delay = self.backoff[0]
+        backoff = Backoff(*self.backoff)
         while not self._stop.is_set():
             try:
                 synced = self.connect_once()
@@ -159,8 +160,9 @@ class NriPlugin:
                 synced = False
             if self._stop.is_set():
                 break
-            delay = self.backoff[0] if synced else min(delay * 2, self.backoff[1])
-            self._stop.wait(delay)
+            if synced:  # the trunk closed after a Synchronize: dial again soon
+                backoff.reset()
+            backoff.wait(self._stop)
 
     def connect_once(self) -> bool:
         """Dial, register, serve until the trunk closes; True when it got as far as a Synchronize."""

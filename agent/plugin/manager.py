@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from agent.backoff import Backoff
 from agent.devices.table import DeviceTable
 from agent.errors import RegistrationAbandoned, RegistrationError, SocketPathError, StartupError
 from agent.plugin.dirwatch import DirectoryWatch
@@ -227,7 +228,7 @@ class PluginManager:
 
     def _connect(self) -> None:
         """Serve (if not serving) and register everything, retrying with backoff until done."""
-        delay = self.timing.backoff_min
+        backoff = Backoff(self.timing.backoff_min, self.timing.backoff_max)
         while not self._stop.is_set():
             if not self._wait_for_kubelet():
                 return
@@ -246,6 +247,7 @@ class PluginManager:
                 if isinstance(exc, RegistrationAbandoned):
                     log.info("%s: serving and registering again", exc, extra={"reason": str(exc)})
                     continue
+                delay = backoff.next()
                 log.warning("registration failed, retrying in %.2fs: %s", delay, exc, extra={"reason": str(exc)})
                 # Wake early when kubelet.sock is recreated.
                 deadline = time.monotonic() + delay
@@ -253,7 +255,6 @@ class PluginManager:
                     if self._kubelet_inode_now() not in (inode, None):
                         break
                     self._sleep(min(self._interval, max(deadline - time.monotonic(), 0.001)))
-                delay = min(delay * 2, self.timing.backoff_max)
                 continue
             self._kubelet_inode = inode
             self._registered_at = time.monotonic()
@@ -261,7 +262,7 @@ class PluginManager:
             return
 
     def _run(self) -> None:
-        delay = self.timing.backoff_min
+        backoff = Backoff(self.timing.backoff_min, self.timing.backoff_max)
         reconnect = True
         while not self._stop.is_set():
             try:  # the thread must never die: the node would lose its devices for good
@@ -272,7 +273,7 @@ class PluginManager:
                     return
                 reason = self._restart_reason()
                 if reason is None:
-                    delay = self.timing.backoff_min
+                    backoff.reset()
                     continue
                 self.registered.clear()
                 self.restarts += 1
@@ -283,10 +284,10 @@ class PluginManager:
                 self._stop_servers()
                 reconnect = True
             except Exception:
+                delay = backoff.next()
                 log.exception("plugin manager step failed; serving and registering again in %.2fs", delay)
                 self.registered.clear()
                 with contextlib.suppress(Exception):
                     self._stop_servers()
                 reconnect = True
                 self._sleep(delay)
-                delay = min(delay * 2, self.timing.backoff_max)
