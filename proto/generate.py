@@ -8,7 +8,9 @@ without editing generated files.
 
 NRI's ``api.proto`` (``nri/v1alpha1/``, containerd/nri v0.12.3 as vendored by containerd v2.4.2, copied
 byte for byte) is spoken over ttrpc, not gRPC: only its messages are generated (``agent/nri`` is
-the ttrpc side).
+the ttrpc side). ttrpc's own envelope (``ttrpc/request.proto``, containerd/ttrpc, and the
+``google/rpc/status.proto`` it imports, from googleapis: ``proto/ttrpc/README.md``) is generated the same way,
+messages only.
 
 Usage::
 
@@ -49,6 +51,15 @@ GENERATED_SUFFIXES: tuple[str, ...] = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 MESSAGE_ONLY_FILES: tuple[str, ...] = (
     "nri/v1alpha1/api.proto",
 )
+# ttrpc's Request/Response (NRI's transport). request.proto imports "google/rpc/status.proto" by that name, so
+# protoc's Python imports it as ``google.rpc.status_pb2`` (googleapis-common-protos, not a dependency): the module is
+# written to agent/_proto/googleapis/google/rpc/ and that one import line rewritten to it, here, so the regeneration
+# test covers the edit.
+TTRPC_FILES: tuple[str, ...] = ("ttrpc/request.proto",)
+GOOGLEAPIS_DIR = "googleapis"
+GOOGLEAPIS_FILES: tuple[str, ...] = ("google/rpc/status.proto",)
+GOOGLE_RPC_IMPORT = "from google.rpc import status_pb2"
+TTRPC_SUFFIXES: tuple[str, ...] = ("_pb2.py", "_pb2.pyi")
 # No .pyi: NRI's enum Field has a value named None, which makes protoc's stub invalid Python
 # (mypy skips following agent._proto.nri: pyproject.toml).
 MESSAGE_SUFFIXES: tuple[str, ...] = ("_pb2.py",)
@@ -66,7 +77,46 @@ def expected_outputs(out_root: Path) -> list[Path]:
         base = (Path(VIRTUAL_ROOT) / rel).with_suffix("")
         for suffix in MESSAGE_SUFFIXES:
             outputs.append(out_root / base.parent / (base.name + suffix))
+    for base in [*(Path(VIRTUAL_ROOT) / rel for rel in TTRPC_FILES),
+                 *(Path(VIRTUAL_ROOT) / GOOGLEAPIS_DIR / rel for rel in GOOGLEAPIS_FILES)]:
+        for suffix in TTRPC_SUFFIXES:
+            outputs.append(out_root / base.parent / (base.with_suffix("").name + suffix))
     return outputs
+
+
+def _generate_ttrpc(out_root: Path) -> None:
+    """ttrpc's envelope and google.rpc.Status (see TTRPC_FILES), with the one import rewritten."""
+    import tempfile
+    from importlib.resources import files
+
+    from grpc_tools import protoc
+
+    package = f"{VIRTUAL_ROOT}/{GOOGLEAPIS_DIR}".replace("/", ".")
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [
+            "grpc_tools.protoc",
+            f"-I{VIRTUAL_ROOT}/ttrpc={PROTO_DIR / 'ttrpc'}",
+            f"-I{PROTO_DIR / GOOGLEAPIS_DIR}",
+            f"-I{files('grpc_tools') / '_proto'}",  # google/protobuf/any.proto
+            f"--python_out={tmp}",
+            f"--pyi_out={tmp}",
+            *(f"{VIRTUAL_ROOT}/{rel}" for rel in TTRPC_FILES),
+            *GOOGLEAPIS_FILES,
+        ]
+        rc = protoc.main(command)
+        if rc != 0:
+            raise RuntimeError(f"protoc failed with exit code {rc}: {' '.join(command)}")
+        moves = [(rel, rel) for rel in TTRPC_FILES]
+        moves += [(rel, f"{GOOGLEAPIS_DIR}/{rel}") for rel in GOOGLEAPIS_FILES]
+        for source, target in moves:
+            for suffix in TTRPC_SUFFIXES:
+                name = Path(source).with_suffix("").name + suffix
+                src = Path(tmp) / (Path(VIRTUAL_ROOT) / source if source in TTRPC_FILES else Path(source)).parent
+                text = (src / name).read_text()
+                text = text.replace(GOOGLE_RPC_IMPORT, f"from {package}.google.rpc import status_pb2")
+                dst = out_root / VIRTUAL_ROOT / Path(target).parent / name
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_text(text)
 
 
 def generate(out_root: Path) -> list[Path]:
@@ -93,6 +143,7 @@ def generate(out_root: Path) -> list[Path]:
         rc = protoc.main(command)
         if rc != 0:
             raise RuntimeError(f"protoc failed with exit code {rc}: {' '.join(command)}")
+    _generate_ttrpc(out_root)
     outputs = expected_outputs(out_root)
     missing = [p for p in outputs if not p.is_file()]
     if missing:

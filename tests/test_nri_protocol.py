@@ -68,6 +68,15 @@ def test_request_and_response_round_trip_with_metadata_and_errors() -> None:
     assert again == Response(wire.UNIMPLEMENTED, "nope", b"x")
 
 
+def test_the_envelopes_bytes_are_the_go_sides() -> None:
+    """What ttrpc's Go code writes: an OK answer carries an empty status (field 1, length 0), not none."""
+    assert Response().encode() == b"\x0a\x00"
+    assert Response(wire.UNIMPLEMENTED, "nope", b"x").encode() == b"\x0a\x08\x08\x0c\x12\x04nope\x12\x01x"
+    assert Request("s", "m", b"\x01", 7).encode() == b"\x0a\x01s\x12\x01m\x1a\x01\x01\x20\x07"
+    with pytest.raises(wire.WireError):
+        Request.decode(b"\x0a\x05ab")  # truncated: the connection is closed
+
+
 class FakeRuntime:
     """The runtime's side of the trunk: listens, accepts one plugin at a time, serves RegisterPlugin
     on conn 2 and calls the Plugin service on conn 1 (odd, increasing stream ids)."""

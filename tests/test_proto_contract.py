@@ -47,7 +47,7 @@ def test_regeneration_is_byte_identical() -> None:
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         out_root = Path(tmp)
         produced = gen.generate(out_root)
-        assert len(produced) == 25  # eight gRPC protos, three files each; NRI's messages, one file
+        assert len(produced) == 29  # eight gRPC protos, three files each; NRI's messages, one file; ttrpc's, two each
         for path in produced:
             rel = path.relative_to(out_root)
             committed = REPO / rel
@@ -507,6 +507,34 @@ def test_nri_proto_is_upstreams_file_byte_for_byte() -> None:
     data = (PROTO_DIR / "nri" / "v1alpha1" / "api.proto").read_bytes()
     assert hashlib.sha256(data).hexdigest() == NRI_API_SHA256
     assert not (REPO / "agent/_proto/nri/v1alpha1/api_pb2_grpc.py").exists()  # ttrpc: messages only
+
+
+TTRPC_SHA256 = {"ttrpc/request.proto": "6e634a90a5ecc654b85c9bd492ae8d3e2458ce3141f6aade8302b501a18fe7db",
+                "googleapis/google/rpc/status.proto":
+                    "f5bfd262e6705c7ae73f32e0ad8ee20ce8c0a2578df8c4f76ebf76b572f295ed"}
+
+
+def test_ttrpc_protos_are_upstreams_files_byte_for_byte() -> None:
+    """proto/ttrpc/README.md: containerd/ttrpc's request.proto and googleapis' google/rpc/status.proto."""
+    import hashlib
+
+    for rel, digest in TTRPC_SHA256.items():
+        assert hashlib.sha256((PROTO_DIR / rel).read_bytes()).hexdigest() == digest, rel
+    generated = (REPO / "agent/_proto/ttrpc/request_pb2.py").read_text()
+    assert "from agent._proto.googleapis.google.rpc import status_pb2" in generated
+    assert "from google.rpc" not in generated
+
+
+def test_ttrpc_envelope_fields() -> None:
+    from agent._proto.googleapis.google.rpc import status_pb2
+    from agent._proto.ttrpc import request_pb2
+
+    fields = {m: {f.name: f.number for f in request_pb2.DESCRIPTOR.message_types_by_name[m].fields}
+              for m in ("Request", "Response", "KeyValue")}
+    assert fields == {"Request": {"service": 1, "method": 2, "payload": 3, "timeout_nano": 4, "metadata": 5},
+                      "Response": {"status": 1, "payload": 2}, "KeyValue": {"key": 1, "value": 2}}
+    assert {f.name: f.number for f in status_pb2.Status.DESCRIPTOR.fields} == {"code": 1, "message": 2, "details": 3}
+    assert request_pb2.DESCRIPTOR.package == "ttrpc" and status_pb2.DESCRIPTOR.package == "google.rpc"
 
 
 def test_nri_package_and_services() -> None:

@@ -27,10 +27,10 @@ from agent.devices.table import NodeDevices
 from agent.dra.health import HealthService
 from agent.dra.kubelet_plugin import KubeletPlugin
 from agent.dra.prepare import ClaimPreparer, checkpoint_path
-from agent.dra.publisher import SlicePublisher
+from agent.dra.publisher import DraApi, SlicePublisher
 from agent.errors import AgentError, NodeLabelerError, StartupError
 from agent.node.handover import ExtendedResourcesClear
-from agent.node.kubeapi import DraApi, kube_api_from_environment
+from agent.node.kubeapi import kube_api_from_environment
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire
 from agent.policy.claims import PreparedRequest
@@ -195,6 +195,12 @@ def dra_api() -> DraApi:
         return kube_api_from_environment()
     except NodeLabelerError as exc:
         raise StartupError(f"--mode dra needs the API server: {exc}") from None
+
+
+def remove_node_slices(node_name: str) -> int:
+    """Delete ``node_name``'s ResourceSlices of the DRA driver (the API server as DRA mode speaks to it: in a pod,
+    its service account); the count deleted. ``serve`` hands it to the uninstall clean-up in DRA mode."""
+    return SlicePublisher(dra_api(), node_name, DRIVER).remove_all()
 
 
 def build_dra_manager(config: AgentConfig, topology: Topology, grouping: Grouping, devices: NodeDevices[Wire],

@@ -131,6 +131,6 @@ def cleanup_after_stop(args: argparse.Namespace, config: AgentConfig) -> None:
 def node_slice_remover(config: AgentConfig) -> Callable[[str], int] | None:
     if config.mode != "dra":
         return None
-    from agent.dra.publisher import remove_node_slices
+    from agent.app.dra import remove_node_slices
 
     return remove_node_slices

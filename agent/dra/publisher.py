@@ -14,9 +14,9 @@ kubelet, when a DRA plugin stays unregistered past its grace period, deletes tha
 itself (``pkg/kubelet/cm/dra/plugin/registration.go`` ``DeRegisterPlugin``/``wipeResourceSlices``), as it does at
 its own start; a restarted agent registers again within the grace period and finds its slices as it left them.
 :meth:`SlicePublisher.remove_all` deletes them explicitly: on ``helm uninstall`` the agent calls it as it stops
-(:func:`agent.node.uninstall.cleanup_if_released`, handed :func:`remove_node_slices` by the CLI, only while its
-DaemonSet is being deleted), so they are gone when the uninstall returns rather than 30 s later (measured on
-kubelet 1.37.2: 32 s with the kubelet alone).
+(:func:`agent.node.uninstall.cleanup_if_released`, handed :func:`agent.app.dra.remove_node_slices` by the CLI, only
+while its DaemonSet is being deleted), so they are gone when the uninstall returns rather than 30 s later (measured
+on kubelet 1.37.2: 32 s with the kubelet alone).
 """
 
 from __future__ import annotations
@@ -24,16 +24,27 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from agent.backoff import Backoff
 from agent.errors import KubeApiError
-from agent.node.kubeapi import DraApi
 from agent.policy.dra import API_VERSION, CONTENT_ANNOTATION, PoolPlan, SlicePlan
 
 log = logging.getLogger("topology-agent.dra")
 
 CONFLICT_RETRIES = 5
+JSON = dict[str, Any]
+
+
+class DraApi(Protocol):
+    """The API server's part (:class:`agent.node.kubeapi.KubeApi` has these calls)."""
+
+    def list_slices(self, node: str, driver: str) -> list[JSON]: ...
+    def create_slice(self, body: JSON) -> JSON: ...
+    def replace_slice(self, name: str, body: JSON) -> JSON: ...
+    def delete_slice(self, name: str, resource_version: str | None = None) -> None: ...
+    def node_uid(self, node: str) -> str: ...
+    def read_claim(self, namespace: str, name: str) -> JSON: ...
 
 
 @dataclass
@@ -160,11 +171,3 @@ class SlicePublisher:
         self.writes += deleted
         return deleted
 
-
-def remove_node_slices(node_name: str) -> int:
-    """Delete ``node_name``'s ResourceSlices of the DRA driver (the API server as DRA mode speaks to it: in a pod,
-    its service account); the count deleted. ``serve`` hands it to the uninstall clean-up in DRA mode."""
-    from agent.node.kubeapi import kube_api_from_environment
-    from agent.policy.dra import DRIVER
-
-    return SlicePublisher(kube_api_from_environment(), node_name, DRIVER).remove_all()

@@ -9,8 +9,9 @@ frames, ttrpc's messages, and ttrpc's ``Request``/``Response`` envelopes.
   (type 1) and responses (type 2), unary only, client streams odd and increasing, data at most
   4 MiB.
 * ``ttrpc.Request{service=1, method=2, payload=3, timeout_nano=4, metadata=5}`` and
-  ``ttrpc.Response{status=1 (google.rpc.Status{code=1, message=2}), payload=2}`` are five fields:
-  encoded here by hand rather than vendoring ttrpc's and googleapis' protos for them.
+  ``ttrpc.Response{status=1 (google.rpc.Status{code=1, message=2}), payload=2}``: the messages generated from
+  ttrpc's ``request.proto`` and googleapis' ``google/rpc/status.proto`` (``proto/ttrpc/README.md``), behind two small
+  records.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from agent._proto.googleapis.google.rpc import status_pb2
+from agent._proto.ttrpc import request_pb2 as ttrpc_pb2
 
 PLUGIN_CONN = 1  # the runtime's ttrpc client -> our Plugin service
 RUNTIME_CONN = 2  # our ttrpc client -> the runtime's Runtime service
@@ -109,63 +116,7 @@ def messages(stream: bytearray) -> Iterator[Message]:
         yield Message(sid, kind, flags, data)
 
 
-# --- protobuf, the little ttrpc needs -------------------------------------------------------------
-
-def _varint(value: int) -> bytes:
-    if value < 0:
-        value += 1 << 64
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise WireError("truncated or overlong varint")
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-
-
-def _bytes_field(number: int, value: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(value)) + value
-
-
-def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
-    """(field number, value) of a protobuf message: ints for varints, bytes for length-delimited."""
-    pos = 0
-    while pos < len(data):
-        key, pos = _read_varint(data, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _read_varint(data, pos)
-            yield number, value
-        elif wire == 2:
-            size, pos = _read_varint(data, pos)
-            if pos + size > len(data):
-                raise WireError("truncated length-delimited field")
-            yield number, data[pos:pos + size]
-            pos += size
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        else:
-            raise WireError(f"unsupported wire type {wire}")
-    if pos != len(data):
-        raise WireError("truncated fixed-width field")
-
+# --- ttrpc's envelope ----------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -176,32 +127,16 @@ class Request:
     metadata: tuple[tuple[str, str], ...] = field(default=())
 
     def encode(self) -> bytes:
-        out = _bytes_field(1, self.service.encode()) + _bytes_field(2, self.method.encode())
-        if self.payload:
-            out += _bytes_field(3, self.payload)
-        if self.timeout_nano:
-            out += _varint(4 << 3) + _varint(self.timeout_nano)
-        return out
+        return ttrpc_pb2.Request(service=self.service, method=self.method, payload=self.payload,
+                                 timeout_nano=self.timeout_nano,
+                                 metadata=[ttrpc_pb2.KeyValue(key=k, value=v) for k, v in self.metadata],
+                                 ).SerializeToString()
 
     @classmethod
     def decode(cls, data: bytes) -> Request:
-        service = method = ""
-        payload = b""
-        timeout = 0
-        metadata: list[tuple[str, str]] = []
-        for number, value in _fields(data):
-            if number == 1 and isinstance(value, bytes):
-                service = value.decode(errors="replace")
-            elif number == 2 and isinstance(value, bytes):
-                method = value.decode(errors="replace")
-            elif number == 3 and isinstance(value, bytes):
-                payload = value
-            elif number == 4 and isinstance(value, int):
-                timeout = value - (1 << 64) if value >= 1 << 63 else value
-            elif number == 5 and isinstance(value, bytes):
-                kv = {n: v for n, v in _fields(value) if isinstance(v, bytes)}
-                metadata.append((kv.get(1, b"").decode(errors="replace"), kv.get(2, b"").decode(errors="replace")))
-        return cls(service, method, payload, timeout, tuple(metadata))
+        request = _parse(ttrpc_pb2.Request, data)
+        return cls(request.service, request.method, request.payload, request.timeout_nano,
+                   tuple((kv.key, kv.value) for kv in request.metadata))
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,26 +146,18 @@ class Response:
     payload: bytes = b""
 
     def encode(self) -> bytes:
-        status = b""
-        if self.code:
-            status += _varint(1 << 3) + _varint(self.code)
-        if self.message:
-            status += _bytes_field(2, self.message.encode())
-        out = _bytes_field(1, status)  # the Go server always sets status (empty for OK)
-        if self.payload:
-            out += _bytes_field(2, self.payload)
-        return out
+        # The Go server always sets status (empty for OK): a present, possibly empty, message field.
+        return ttrpc_pb2.Response(status=status_pb2.Status(code=self.code, message=self.message),
+                                  payload=self.payload).SerializeToString()
 
     @classmethod
     def decode(cls, data: bytes) -> Response:
-        code, message, payload = OK, "", b""
-        for number, value in _fields(data):
-            if number == 1 and isinstance(value, bytes):
-                for n, v in _fields(value):
-                    if n == 1 and isinstance(v, int):
-                        code = v
-                    elif n == 2 and isinstance(v, bytes):
-                        message = v.decode(errors="replace")
-            elif number == 2 and isinstance(value, bytes):
-                payload = value
-        return cls(code, message, payload)
+        response = _parse(ttrpc_pb2.Response, data)
+        return cls(response.status.code, response.status.message, response.payload)
+
+
+def _parse(kind: Any, data: bytes) -> Any:
+    try:
+        return kind.FromString(data)
+    except DecodeError as exc:
+        raise WireError(f"cannot decode a ttrpc {kind.__name__}: {exc}") from None
