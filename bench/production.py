@@ -8,7 +8,8 @@
   which the image constraints pin to the same versions), the agent as a wheel built from a copy of the
   sources, and everything compiled with ``--invalidation-mode unchecked-hash`` as the Dockerfile does.
 * **Node labels over TLS as in a pod** (:class:`FakeApiServer`): a tiny HTTPS server in the bench
-  process answers GET and merge-PATCH of ``/api/v1/nodes/NAME`` (bearer token checked), with a
+  process answers GET and merge-PATCH of ``/api/v1/nodes/NAME`` (bearer token checked), and DRA mode's
+  ResourceSlice list, create, replace and delete (kept in memory), with a
   self-signed certificate for 127.0.0.1 made by the openssl CLI. The agent runs in a private mount
   namespace (``unshare -m``) through a wrapper script that mounts a tmpfs at
   ``/var/run/secrets/kubernetes.io/serviceaccount`` holding ``token``, ``ca.crt`` and ``namespace``
@@ -169,14 +170,20 @@ class ApiRequest:
     at: float  # time.monotonic()
 
 
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+
+
 class FakeApiServer:
-    """GET and JSON merge-PATCH of one Node over HTTPS, with a bearer token; every request recorded."""
+    """GET and JSON merge-PATCH of one Node over HTTPS, with a bearer token, and ResourceSlices (list, create,
+    replace, delete: DRA mode's publication); every request recorded."""
 
     def __init__(self, cert: Path, key: Path, node: str = NODE_NAME) -> None:
         self.token = hashlib.sha256(os.urandom(16)).hexdigest()
         self.node: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": {
-            "name": node, "labels": {"kubernetes.io/arch": "s390x", "kubernetes.io/hostname": node,
-                                     "kubernetes.io/os": "linux"}, "annotations": {}}}
+            "name": node, "uid": "00000000-0000-4000-8000-000000000001",
+            "labels": {"kubernetes.io/arch": "s390x", "kubernetes.io/hostname": node,
+                       "kubernetes.io/os": "linux"}, "annotations": {}}}
+        self.slices: dict[str, dict[str, Any]] = {}
         self.requests: list[ApiRequest] = []
         self._lock = threading.Lock()
         server = self
@@ -198,12 +205,17 @@ class FakeApiServer:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                authorized = self.headers.get("Authorization") == f"Bearer {server.token}"
+                scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+                authorized = scheme.lower() == "bearer" and token == server.token  # the scheme: any case
                 with server._lock:
                     server.requests.append(ApiRequest(self.command, self.path, self.headers.get("Content-Type", ""),
                                                       authorized, time.monotonic()))
                 if not authorized:
                     self._answer(401, {"kind": "Status", "message": "Unauthorized", "code": 401})
+                    return
+                path = self.path.partition("?")[0]
+                if path == SLICES or path.startswith(SLICES + "/"):
+                    self._slices(path, json.loads(body) if body else None)
                     return
                 if self.path != f"/api/v1/nodes/{node}":
                     self._answer(404, {"kind": "Status", "message": f"{self.path} not found", "code": 404})
@@ -225,8 +237,26 @@ class FakeApiServer:
                     answer = json.loads(json.dumps(server.node))
                 self._answer(200, answer)
 
+            def _slices(self, path: str, body: Any) -> None:
+                name = path[len(SLICES) + 1:]
+                with server._lock:
+                    if self.command == "GET" and not name:
+                        answer = {"kind": "ResourceSliceList", "metadata": {},
+                                  "items": json.loads(json.dumps(list(server.slices.values())))}
+                    elif self.command in ("POST", "PUT") and isinstance(body, dict):
+                        body["metadata"]["resourceVersion"] = str(len(server.requests))
+                        server.slices[body["metadata"]["name"]] = body
+                        answer = body
+                    elif self.command == "DELETE" and server.slices.pop(name, None) is not None:
+                        answer = {"kind": "Status", "status": "Success"}
+                    else:
+                        self._answer(404, {"kind": "Status", "message": f"{path} not found", "code": 404})
+                        return
+                self._answer(201 if self.command == "POST" else 200, answer)
+
             do_GET = _handle
             do_PATCH = _handle
+            do_POST = do_PUT = do_DELETE = _handle
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
