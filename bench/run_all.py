@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import BROKEN, ROOT, Row, busy_cores_since, format_table, loadavg, machine_line
 
 # Cheap and pure first; the long idle window and the containerd bench last.
-BENCHES = ("placement", "scaling", "discovery", "startup", "preference", "allocate", "faults", "idle", "enforcement",
-           "nri", "realcluster", "dra")
+BENCHES = ("placement", "scaling", "discovery", "startup", "preference", "allocate", "faults", "idle", "modes",
+           "enforcement", "nri", "realcluster", "dra")
 
 
 def run_one(name: str, quick: bool, tmp: Path) -> dict[str, Any]:
