@@ -229,6 +229,10 @@ class TestBooksAcrossNodes:
             pod = kjson(env, "-n", PODS, "get", "pod", name)
             assert pod["metadata"]["uid"] == uids[shape] and pod["status"]["phase"] == "Running", pod["status"]
             assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+        # the new agents registered and kubelet's node status says so again (it lags the rollout by up to its
+        # nodeStatusUpdateFrequency; until then allocatable reads 0 and a Pending pod would prove nothing)
+        wait_for("both nodes to advertise their books again", lambda: all(
+            allocatable(env, n).get(book) == str(count(env, n, book)) for n in nodes.values()), timeout=120)
         # no book shared: the z13 node's one book stays held (a new pod there is Pending), the z16 node hands out
         # another book than the held one
         kubectl_input(env, book_pod(env, f"new-z13-{tag}", node=nodes["z13"]), "create")
@@ -237,7 +241,7 @@ class TestBooksAcrossNodes:
         kubectl_input(env, book_pod(env, f"new-z16-{tag}", node=nodes["z16"]), "create")
         running(env, f"new-z16-{tag}")
         assert held_cpus(env, f"new-z16-{tag}") != cpus["z16"]
-        assert allocatable(env, nodes["z13"])[book] == "1"
+        assert allocatable(env, nodes["z13"]).get(book) == "1"
         delete_all(env)
 
 
