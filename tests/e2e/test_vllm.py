@@ -190,7 +190,7 @@ class Thread:
 THREADS = r"""
 for t in /proc/[0-9]*/task/[0-9]*; do
   p=${t#/proc/}; p=${p%%/*}
-  title=$(tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | cut -c1-60) || continue
+  title=$(tr '\0\n\t' '   ' < /proc/$p/cmdline 2>/dev/null | cut -c1-60) || continue
   comm=$(cat $t/comm 2>/dev/null) || continue
   cpus=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' $t/status 2>/dev/null)
   mems=$(sed -n 's/^Mems_allowed_list:[[:space:]]*//p' $t/status 2>/dev/null)
@@ -315,7 +315,8 @@ def test_tensor_parallel_two_ranks_each_inside_its_own_book(vllm_release: E2EEnv
     """topology/book: 2 and --tensor-parallel-size 2: rank 0 on one book, rank 1 on the other, none shared."""
     name = unique("vllm-tp2")
     try:
-        serve(vllm_release, vllm_pod(name, node, books=2, tp=2, cpu="2", prefix=vllm_release.prefix))
+        # cpu 1, not the books' 2: the lane's node has 2 allocatable CPUs and the agent's pod requests 10m of them
+        serve(vllm_release, vllm_pod(name, node, books=2, tp=2, cpu="1", prefix=vllm_release.prefix))
         got = judge(vllm_release, name, books=2)
         first, second = rank_lists(got["VLLM_CPU_OMP_THREADS_BIND"])
         assert first and second and not first & second
