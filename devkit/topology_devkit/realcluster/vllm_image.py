@@ -20,7 +20,7 @@ Built with buildah from ``devkit/vllm/Containerfile`` on the same Debian stand-i
 The archive (``topology-e2e-vllm-0.32.0-<key>.oci.tar`` in the images cache, zstd layers) is keyed by a hash of
 those files and of the stand-in's key: a machine pays for the build once, the lane's ``make e2e-vllm`` then finds
 it in under a second. Only the newest key's archive is kept; the built image is removed from buildah's storage
-after the push (the archive is the cache; 5 GB saved). Measured on this 2-core VM: see docs/inference/vllm.md.
+after the push (the archive is the cache; 6 GB saved). Measured on this 2-core VM: see docs/inference/vllm.md.
 """
 
 from __future__ import annotations
