@@ -1,0 +1,182 @@
+"""The soak's pure checker (bench/soak/invariants.py): each violation kind is found in a snapshot that shows it, a
+clean snapshot gives none; and the seeded plan (bench/soak/plan.py) is the same for the same seed."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from bench.soak.invariants import (
+    KINDS,
+    AgentProc,
+    Allowances,
+    Checker,
+    Container,
+    Failure,
+    Fault,
+    Hold,
+    Snapshot,
+)
+from bench.soak.plan import FAULT_KINDS, POD_KINDS, make_plan
+
+GROUPS = {"drawer0-book0": frozenset({0}), "drawer0-book0-socket0": frozenset({0}),
+          "drawer0-book1": frozenset({1}), "drawer0-book1-socket0": frozenset({1})}
+T0 = 1000.0
+
+
+def box(cpus: set[int], threads: int = 2) -> tuple[frozenset[int], ...]:
+    return tuple(frozenset(cpus) for _ in range(threads))
+
+
+def clean(t: float = T0 + 100, **changes: object) -> Snapshot:
+    """Two book holders on their own books, a plain container beside them, everything else in order."""
+    snap = Snapshot(
+        t=t, groups=GROUPS, online=frozenset({0, 1}),
+        containers=(Container("uid-a", "a", "main", T0, box({0})), Container("uid-b", "b", "main", T0, box({1})),
+                    Container("uid-p", "p", "main", T0, box({0, 1})),
+                    Container("uid-agent", "agent", "agent", T0, box({0, 1}))),
+        holds=(Hold("drawer0-book0", "uid-a", "main", "pod-resources"), Hold("drawer0-book1", "uid-b", "main",
+                                                                             "checkpoint")),
+        pods=frozenset({"uid-a", "uid-b", "uid-p", "uid-agent"}), claims=frozenset({"claim-1"}),
+        agent_holds=frozenset({"drawer0-book0"}), agent_claims=frozenset({"claim-1"}),
+        cdi_files={"topology.s390x.ibm.com-book_claim-1.json": "claim-1"}, slices=0,
+        agent=AgentProc(42, 60_000, 20))
+    return dataclasses.replace(snap, **changes)  # type: ignore[arg-type]
+
+
+def kinds(checker: Checker, *snaps: Snapshot) -> list[str]:
+    found = []
+    for snap in snaps:
+        found += [v.kind for v in checker.check(snap)]
+    return found
+
+
+def test_a_clean_snapshot_gives_no_violation_over_time() -> None:
+    checker = Checker()
+    assert kinds(checker, *(clean(T0 + 100 + s) for s in range(0, 200, 10))) == []
+
+
+def test_shared_held_cpu() -> None:
+    snap = clean(containers=(Container("uid-a", "a", "main", T0, box({0})),
+                             Container("uid-b", "b", "main", T0, (frozenset({1}), frozenset({0, 1})))))
+    found = kinds(Checker(), snap)
+    assert "shared-held-cpu" in found and "holder-outside-group" in found
+
+
+def test_non_holder_on_held_cpu_only_with_the_shared_pool_and_a_pool_left() -> None:
+    plain = Container("uid-p", "p", "main", T0, box({0, 1}))
+    one_held = clean(containers=(Container("uid-a", "a", "main", T0, box({0})), plain),
+                     holds=(Hold("drawer0-book0", "uid-a", "main"),))
+    assert kinds(Checker(), one_held) == []  # shared pool off: others may run anywhere
+    checker = Checker()
+    on = [dataclasses.replace(one_held, shared_pool=True, t=one_held.t + s) for s in range(0, 20, 5)]
+    assert kinds(checker, *on) == ["non-holder-on-held-cpu"]
+    both_held = dataclasses.replace(on[-1], holds=clean().holds)  # no pool left: the agent shrinks nobody
+    assert kinds(Checker(), *(dataclasses.replace(both_held, t=both_held.t + s) for s in range(0, 20, 5))) == []
+
+
+def test_holder_outside_group_after_the_pin_bound_only() -> None:
+    start = T0 + 100
+    late = Container("uid-a", "a", "main", start, box({0, 1}))
+    snap = clean(t=start + 1, containers=(late,))
+    assert kinds(Checker(), snap) == []  # CRI: 2 s to pin
+    assert kinds(Checker(), dataclasses.replace(snap, enforcement="nri")) == ["holder-outside-group"]  # NRI: 0 s
+    assert kinds(Checker(), dataclasses.replace(snap, t=start + 3)) == ["holder-outside-group"]
+
+
+def test_recovery_after_a_fault_and_after_a_cpu_comes_back() -> None:
+    start = T0 + 100
+    snap = clean(t=start + 10, containers=(Container("uid-a", "a", "main", start, box({0, 1})),))
+    checker = Checker()
+    checker.fault(Fault("agent-kill", start - 0.5, start + 2))
+    assert kinds(checker, snap) == []
+    assert kinds(checker, dataclasses.replace(snap, t=start + 18)) == ["holder-outside-group"]
+    old = Container("uid-a", "a", "main", T0, box({0, 1}))
+    checker = Checker()
+    checker.fault(Fault("cpu-offline", start, start + 20, cpu=0))
+    snap = clean(t=start + 100, containers=(old,))
+    assert kinds(checker, snap) == []
+    assert kinds(checker, dataclasses.replace(snap, t=start + 171)) == ["holder-outside-group"]
+
+
+def test_admission_failure_while_free_but_not_while_held() -> None:
+    failed = Failure("c", "uid-c", "UnexpectedAdmissionError", "Allocate failed", "topology/book")
+    checker = Checker()
+    one_free = clean(holds=(Hold("drawer0-book0", "uid-a", "main"),), agent_holds=frozenset())
+    assert kinds(checker, one_free, dataclasses.replace(one_free, t=one_free.t + 1, failures=(failed,))) == [
+        "admission-failure-while-free"]
+    checker = Checker()
+    assert kinds(checker, clean(), clean(t=T0 + 101, failures=(failed,))) == []  # both books held
+    checker = Checker()
+    checker.fault(Fault("kubelet-kill", T0 + 95, T0 + 97))
+    assert kinds(checker, one_free, dataclasses.replace(one_free, t=one_free.t + 1, failures=(failed,))) == []
+
+
+def leaked(kind: str, **changes: object) -> None:
+    checker = Checker(Allowances(leak_grace=60))
+    snaps = [clean(t=T0 + 100 + s, **changes) for s in (0, 30, 59)]
+    assert kinds(checker, *snaps) == []  # within the grace
+    assert kinds(checker, clean(t=T0 + 161, **changes), clean(t=T0 + 170, **changes)) == [kind]  # once
+
+
+def test_leaked_hold_of_kubelet_for_a_gone_pod() -> None:
+    leaked("leaked-hold", pods=frozenset({"uid-a", "uid-p", "uid-agent"}))
+
+
+def test_leaked_hold_in_the_agents_hold_file() -> None:
+    leaked("leaked-hold", agent_holds=frozenset({"drawer0-book0-socket0"}))
+
+
+def test_leaked_claim_checkpoint_entry() -> None:
+    leaked("leaked-claim-checkpoint", agent_claims=frozenset({"claim-1", "claim-gone"}))
+
+
+def test_leaked_cdi_file() -> None:
+    leaked("leaked-cdi-file", cdi_files={"topology.s390x.ibm.com-book_claim-gone.json": "claim-gone"})
+
+
+def test_leaked_slice_outside_dra_mode() -> None:
+    leaked("leaked-slice", slices=2)
+    assert kinds(Checker(), *(clean(t=T0 + s, slices=2, mode="dra") for s in range(0, 200, 50))) == []
+
+
+def test_a_leak_that_clears_within_the_grace_is_none() -> None:
+    checker = Checker()
+    gone = frozenset({"uid-a", "uid-p", "uid-agent"})
+    assert kinds(checker, clean(pods=gone), clean(t=T0 + 150), clean(t=T0 + 200, pods=gone)) == []
+
+
+def test_agent_rss_and_fd_growth_per_process_after_warmup() -> None:
+    checker = Checker()
+    grown = [clean(t=T0 + s, agent=AgentProc(42, 60_000 + s * 1000, 20 + s)) for s in range(0, 300, 60)]
+    assert sorted(kinds(checker, *grown)) == ["agent-fd-growth", "agent-rss-growth"]
+    restarted = [clean(t=T0 + s, agent=AgentProc(42 + s, 60_000, 20)) for s in range(0, 300, 60)]
+    assert kinds(Checker(), *restarted) == []  # a new process starts a new baseline
+
+
+def test_every_kind_is_tested() -> None:
+    tested = {"shared-held-cpu", "non-holder-on-held-cpu", "holder-outside-group", "admission-failure-while-free",
+              "leaked-hold", "leaked-claim-checkpoint", "leaked-cdi-file", "leaked-slice", "agent-rss-growth",
+              "agent-fd-growth"}
+    assert tested == set(KINDS)
+
+
+def test_violation_names_the_faults_before_it() -> None:
+    checker = Checker()
+    checker.fault(Fault("containerd-kill", T0 + 50, T0 + 52))
+    (v,) = checker.check(clean(containers=(Container("uid-a", "a", "main", T0, box({0, 1})),)))
+    assert v.faults == ("containerd-kill@50s",) and "containerd-kill@50s" in v.line()
+
+
+def test_plan_is_the_same_for_the_same_seed_and_prints_its_kinds() -> None:
+    a, b = make_plan(34, 600), make_plan(34, 600)
+    assert a == b
+    assert make_plan(35, 600) != a
+    short = make_plan(34, 90)
+    assert a.pods[:len(short.pods)] == short.pods and a.faults[:len(short.faults)] == short.faults
+    long = make_plan(34, 1800)
+    assert {p.kind for p in long.pods} == set(POD_KINDS)
+    assert {f.kind for f in long.faults} == set(FAULT_KINDS)
+    assert short.faults, "the CI soak (90 s, seed 34) injects faults"
+    modes = [f.mode for f in long.faults if f.kind == "mode-switch"]
+    assert all(m != n for m, n in itertools.pairwise(modes))  # each switch changes the mode
