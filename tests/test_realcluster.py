@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from topology_devkit.realcluster import configs, pki
-from topology_devkit.realcluster.cluster import reachable_state_folder
+from topology_devkit.realcluster.cluster import reachable_state_folder, remove_cdi_specs
 from topology_devkit.realcluster.layout import Layout
-from topology_devkit.realcluster.procs import ClusterError, running, start, stop, wait_until
+from topology_devkit.realcluster.procs import ClusterError, crash, running, start, stop, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "devkit" / "cluster"
@@ -116,6 +116,29 @@ def test_stop_ends_a_component_by_its_pid_file(tmp_path: Path) -> None:
     assert running(layout, "kubelet") == pid
     assert stop(layout, "kubelet", timeout=5)
     assert running(layout, "kubelet") is None and not layout.pidfile("kubelet").exists()
+
+
+def test_crash_sigkills_a_component_that_ignores_sigterm_and_keeps_its_pid_file(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    pid = start(layout, "containerd", [sys.executable, "-c", "import signal, time; "
+                                       "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+    started = time.monotonic()
+    assert crash(layout, "containerd")
+    assert time.monotonic() - started < 5 and running(layout, "containerd") is None
+    assert layout.pidfile("containerd").read_text().strip() == str(pid)
+    assert not crash(layout, "containerd")  # nothing left to kill
+
+
+def test_cluster_down_removes_the_drivers_cdi_specs_and_keeps_others(tmp_path: Path) -> None:
+    """Issue 34: seed 34 found a CDI spec of a claim whose pod still ran at cluster-down left in /var/run/cdi."""
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    ours = ["topology.s390x.ibm.com-book_0d1c.json", "topology.s390x.ibm.com-socket_77aa.json"]
+    for name in [*ours, "vendor.example.com-gpu_1.json"]:
+        (cdi / name).write_text("{}")
+    assert remove_cdi_specs(cdi) == ours
+    assert sorted(p.name for p in cdi.iterdir()) == ["vendor.example.com-gpu_1.json"]
+    assert remove_cdi_specs(tmp_path / "absent") == []
 
 
 def test_a_tree_with_a_bind_mount_inside_is_removed_without_touching_what_is_mounted(tmp_path: Path) -> None:

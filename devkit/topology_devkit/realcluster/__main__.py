@@ -1,4 +1,5 @@
-"""``python -m topology_devkit.realcluster up|down|status|restart-kubelet`` (the Makefile's cluster-* targets)."""
+"""``python -m topology_devkit.realcluster up|down|status|restart-kubelet|crash|restart`` (the Makefile's cluster-*
+targets; ``crash`` and ``restart`` of kubelet or containerd are the soak's faults, bench/soak)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import sys
 
 from .cluster import (
     bin_dir,
+    crash_component,
     down,
     dump_json,
     failure_details,
     format_status,
     import_images,
+    restart_component,
     restart_kubelet,
     status,
     up,
@@ -32,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     p_status.add_argument("--json", action="store_true")
     p_restart = sub.add_parser("restart-kubelet", help="stop the kubelet and start it again")
     p_restart.add_argument("--cpu-manager-policy", choices=["none", "static"])
+    p_crash = sub.add_parser("crash", help="SIGKILL kubelet or containerd (a crash) and start it again")
+    p_crash.add_argument("component", choices=["kubelet", "containerd"])
+    p_restart_one = sub.add_parser("restart", help="stop kubelet or containerd (SIGTERM) and start it again")
+    p_restart_one.add_argument("component", choices=["kubelet", "containerd"])
     args = parser.parse_args(argv)
     layout = Layout.from_env()
     try:
@@ -53,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "restart-kubelet":
             seconds = restart_kubelet(layout, args.cpu_manager_policy)
             print(f"cluster-restart-kubelet: kubelet healthy again after {seconds:.1f} s")
+        elif args.command in ("crash", "restart"):
+            how = crash_component if args.command == "crash" else restart_component
+            seconds = how(layout, args.component)
+            print(f"{args.command}: {args.component} healthy again after {seconds:.1f} s")
     except ClusterError as err:
         print(f"{args.command}: {err}", file=sys.stderr)
         return 1

@@ -45,6 +45,9 @@ CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
 CONTAINERD_STATE = Path("/run/containerd")
 STATE_MODE = 0o711  # containerd 2.4 cmd/containerd/server/server.go: sys.MkdirAllWithACL(config.State, 0o711)
 NRI_SOCKET = Path("/var/run/nri/nri.sock")
+# CDI's dynamic spec folder, where the agent's DRA driver writes one spec per prepared claim (the chart's default).
+CDI_DIR = Path("/var/run/cdi")
+DRA_DRIVER = "topology.s390x.ibm.com"
 CNI_STATE = Path("/var/lib/cni/networks") / CNI_NETWORK
 
 PAUSE_IMAGE = "localhost/topology-e2e-pause:3.10"

@@ -68,6 +68,22 @@ def stop(layout: Layout, component: str, timeout: float = 15.0) -> bool:
     return True
 
 
+def crash(layout: Layout, component: str, timeout: float = 10.0) -> bool:
+    """SIGKILL the component (a crash: no cleanup of its own; containerd's shims keep running) and wait until it is
+    gone. Its pid file stays for the start that follows. True when something was killed."""
+    pid = read_pid(layout, component)
+    if pid is None or not alive(pid):
+        return False
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return True
+
+
 def kill_and_wait(pid: int, timeout: float = 15.0) -> None:
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
         try:
