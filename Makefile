@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
 .PHONY: demo test lint proto bench venv clean kind-test s390x-smoke chart-check image image-s390x image-lock image-base-pin \
-	cluster-build cluster-up cluster-down cluster-restart-kubelet cluster-status e2e e2e-vllm
+	cluster-build cluster-up cluster-down cluster-restart-kubelet cluster-status e2e e2e-vllm soak
 
 $(STAMP): pyproject.toml devkit/pyproject.toml deploy/image/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed")'
@@ -86,6 +86,11 @@ e2e: $(STAMP) cluster-build
 ## built once per pins: ~10 min cold, cached after) into containerd, then tests/e2e/test_vllm*.py alone.
 e2e-vllm: $(STAMP) cluster-build
 	E2E_SUITE=vllm PYTHON=$(CURDIR)/$(BIN)/python devkit/cluster/e2e.sh
+
+## The soak (bench/soak, issue 34) on the same cluster and install as e2e: SOAK_SECONDS (1800) of pod churn and
+## seeded faults (SOAK_SEED replays a schedule), every CPU checked every second; 0 violations or exit 1.
+soak: $(STAMP) cluster-build
+	PYTHON=$(CURDIR)/$(BIN)/python SOAK_SECONDS=$(SOAK_SECONDS) SOAK_SEED=$(SOAK_SEED) devkit/cluster/e2e.sh soak
 
 ## s390x smoke test in a debootstrap root under qemu-user-static (as root; ~7 min first run, ~1.5 min later).
 s390x-smoke: $(STAMP)

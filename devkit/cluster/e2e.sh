@@ -8,9 +8,16 @@
 # devkit/topology_devkit/realcluster/vllm_image.py) and run the `vllm`-marked tests (tests/e2e/test_vllm*.py) alone;
 # by default every e2e test but those.
 #
+# `e2e.sh soak` (make soak) does the same up to the install, then runs the soak (bench/soak/run.py, issue 34) instead
+# of the suite: SOAK_SECONDS (1800) of pod churn and seeded faults (SOAK_SEED; random and printed when unset), the
+# truth checked every second; its figures also go to $CLUSTER_DIR/soak-<seed>.json.
+#
 # Environment: CLUSTER_DIR (.cluster), CLUSTER_CACHE, KEEP_CLUSTER=1 (leave a cluster this script started
-# running), PYTEST_ARGS (extra pytest arguments), HELM, E2E_SUITE (main or vllm).
+# running), PYTEST_ARGS (extra pytest arguments), HELM, E2E_SUITE (main or vllm),
+# SOAK_SECONDS, SOAK_SEED.
 set -euo pipefail
+WHAT=${1:-test}
+case "$WHAT" in test|soak) ;; *) echo "usage: e2e.sh [test|soak]" >&2; exit 2 ;; esac
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
 PYTHON=${PYTHON:-$REPO/.venv/bin/python}
@@ -80,6 +87,16 @@ if [ "$SUITE" = vllm ]; then
   t=$SECONDS
   "$PYTHON" -m topology_devkit.realcluster.vllm_image import --ctr "$BIN/ctr"
   echo "e2e: vLLM image ready in containerd after $((SECONDS - t)) s"
+fi
+
+if [ "$WHAT" = soak ]; then
+  SOAK_SEED=${SOAK_SEED:-$((RANDOM % 1000))}
+  echo "==> soak: ${SOAK_SECONDS:-1800} s, seed $SOAK_SEED"
+  "$PYTHON" -m bench.soak.run --seconds "${SOAK_SECONDS:-1800}" --seed "$SOAK_SEED" --kubeconfig "$KUBECONFIG" \
+    --namespace "$NAMESPACE" --release "$RELEASE" --helm "$HELM" --snapshots "$SNAPSHOTS" \
+    --workload-image "$WORKLOAD" --report "$CLUSTER_DIR/soak-$SOAK_SEED.json"
+  echo "soak: done in $((SECONDS - T0)) s"
+  exit 0
 fi
 
 echo "==> pytest -m '$MARKS' tests/e2e (REQUIRE_E2E=1)"
