@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+from pathlib import Path
 
 from bench.soak.invariants import (
     KINDS,
@@ -18,6 +20,7 @@ from bench.soak.invariants import (
     Snapshot,
 )
 from bench.soak.plan import FAULT_KINDS, POD_KINDS, make_plan
+from bench.soak.truth import agent_hold_groups, cdi_files, checkpoint_holds
 
 GROUPS = {"drawer0-book0": frozenset({0}), "drawer0-book0-socket0": frozenset({0}),
           "drawer0-book1": frozenset({1}), "drawer0-book1-socket0": frozenset({1})}
@@ -73,6 +76,19 @@ def test_non_holder_on_held_cpu_only_with_the_shared_pool_and_a_pool_left() -> N
     assert kinds(checker, *on) == ["non-holder-on-held-cpu"]
     both_held = dataclasses.replace(on[-1], holds=clean().holds)  # no pool left: the agent shrinks nobody
     assert kinds(Checker(), *(dataclasses.replace(both_held, t=both_held.t + s) for s in range(0, 20, 5))) == []
+
+
+def test_non_holder_is_given_the_pin_bound_after_the_pool_changes() -> None:
+    plain = Container("uid-p", "p", "main", T0, box({1}))
+    book0 = Hold("drawer0-book0", "uid-a", "main")
+    book1 = Hold("drawer0-book1", "uid-b", "main")
+    checker = Checker()
+    base = clean(shared_pool=True, containers=(plain,), holds=(book0,))
+    steady = [dataclasses.replace(base, t=base.t + s) for s in range(0, 30, 5)]
+    both = dataclasses.replace(base, t=base.t + 30, holds=(book0, book1))  # pool empty: nobody shrunk
+    freed = dataclasses.replace(base, t=base.t + 40, holds=(book1,))  # pool {0}: plain is still on 1
+    assert kinds(checker, *steady, both, freed) == []
+    assert kinds(checker, dataclasses.replace(freed, t=freed.t + 3)) == ["non-holder-on-held-cpu"]
 
 
 def test_holder_outside_group_after_the_pin_bound_only() -> None:
@@ -180,3 +196,29 @@ def test_plan_is_the_same_for_the_same_seed_and_prints_its_kinds() -> None:
     assert short.faults, "the CI soak (90 s, seed 34) injects faults"
     modes = [f.mode for f in long.faults if f.kind == "mode-switch"]
     assert all(m != n for m, n in itertools.pairwise(modes))  # each switch changes the mode
+
+
+def test_truth_reads_kubelets_checkpoint_cdi_names_and_the_agents_state(tmp_path: Path) -> None:
+    checkpoint = {"Data": {"PodDeviceEntries": [
+        {"PodUID": "u1", "ContainerName": "hold", "ResourceName": "topology/book",
+         "DeviceIDs": {"0": ["drawer0-book1"]}},
+        {"PodUID": "u2", "ContainerName": "gpu", "ResourceName": "vendor/gpu", "DeviceIDs": {"0": ["g0"]}},
+        {"PodUID": "u3", "ContainerName": "main", "ResourceName": "topology/socket",
+         "DeviceIDs": ["drawer0-book0-socket0"]},
+    ], "RegisteredDevices": {}}, "Checksum": 1}
+    assert checkpoint_holds(json.dumps(checkpoint), {}) == [
+        Hold("drawer0-book1", "u1", "hold", "checkpoint"), Hold("drawer0-book0-socket0", "u3", "main", "checkpoint")]
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    (cdi / "topology.s390x.ibm.com-book_5f1e-77.json").write_text("{}")
+    (cdi / "vendor.example.com-gpu_1.json").write_text("{}")
+    assert cdi_files(cdi) == {"topology.s390x.ibm.com-book_5f1e-77.json": "5f1e-77"}
+    state = tmp_path / "state"
+    (state / "topology").mkdir(parents=True)
+    (state / "dra").mkdir()
+    (state / "topology" / "holds.json").write_text(json.dumps({
+        "version": 1, "holds": [["topology/book", "drawer0-book0"]],
+        "pods": [["topology/book", "drawer0-book1", "ns", "p"]]}))
+    (state / "dra" / "claims.json").write_text(json.dumps({"version": 1, "claims": [{"uid": "c1"}]}))
+    assert agent_hold_groups(state) == (frozenset({"drawer0-book0", "drawer0-book1"}), frozenset({"c1"}))
+    assert agent_hold_groups(tmp_path / "none") == (frozenset(), frozenset())

@@ -165,6 +165,7 @@ class Checker:
         self.first_seen: dict[tuple[str, str], float] = {}  # (leak kind, key) -> when it was first seen
         self.hold_seen: dict[tuple[str, str], float] = {}  # (group, pod uid) -> first seen
         self.pool_since: float | None = None  # shared pool on since
+        self.pool_seen: tuple[frozenset[int], float] = (frozenset(), 0.0)  # the pool (online, not held) and since
         self.agent_base: dict[int, tuple[float, AgentProc | None]] = {}  # pid -> (first seen, baseline sample)
         self.previous: Snapshot | None = None
 
@@ -207,6 +208,9 @@ class Checker:
             self.pool_since = snap.t if self.pool_since is None else self.pool_since
         else:
             self.pool_since = None
+        pool = snap.online - set(held_cpus(snap))
+        if pool != self.pool_seen[0]:
+            self.pool_seen = (pool, snap.t)
         self._exclusivity(snap, out)
         self._admission(snap, out)
         self._leaks(snap, out)
@@ -240,6 +244,8 @@ class Checker:
                        if snap.t - since >= self.allow.pin_bound_cri}
             if self.pool_since is not None and snap.t - self.pool_since < self.allow.recovery:
                 continue
+            if snap.t - self.pool_seen[1] < self.allow.pin_bound_cri:
+                continue  # the pool just changed: the agent moves the others (CRI, or NRI's UpdateContainers)
             on_held = c.cpus & settled
             if on_held:
                 self._report(out, "non-holder-on-held-cpu", c.key, snap.t,
