@@ -252,7 +252,7 @@ class Soak:
                 return p.status.phase, None, f"{p.status.reason}: {p.status.message}"
             why = next((f"{c.reason}: {c.message}" for c in p.status.conditions or [] if c.status == "False"), "")
             time.sleep(0.25)
-        return "Pending", None, why
+        return ("stopped" if self.stop.is_set() else "Pending"), None, why
 
     def run_pod(self, step: PodStep, measure: list[float] | None = None) -> None:
         try:
