@@ -78,6 +78,13 @@ def test_non_holder_on_held_cpu_only_with_the_shared_pool_and_a_pool_left() -> N
     assert kinds(Checker(), *(dataclasses.replace(both_held, t=both_held.t + s) for s in range(0, 20, 5))) == []
 
 
+def test_a_non_holder_may_run_on_what_its_own_pod_holds() -> None:
+    """An init container's book stays the pod's for its lifetime: the pod's plain main container is no other pod."""
+    main = Container("uid-i", "i", "main", T0, box({0}))
+    snap = clean(shared_pool=True, containers=(main,), holds=(Hold("drawer0-book0", "uid-i", "hold", "checkpoint"),))
+    assert kinds(Checker(), *(dataclasses.replace(snap, t=snap.t + s) for s in range(0, 30, 5))) == []
+
+
 def test_non_holder_is_given_the_pin_bound_after_the_pool_changes() -> None:
     plain = Container("uid-p", "p", "main", T0, box({1}))
     book0 = Hold("drawer0-book0", "uid-a", "main")

@@ -246,7 +246,7 @@ class Checker:
                 continue
             if snap.t - self.pool_seen[1] < self.allow.pin_bound_cri:
                 continue  # the pool just changed: the agent moves the others (CRI, or NRI's UpdateContainers)
-            on_held = c.cpus & settled
+            on_held = {cpu for cpu in c.cpus & settled if held[cpu] != {c.pod_uid}}  # its own pod's: not another's
             if on_held:
                 self._report(out, "non-holder-on-held-cpu", c.key, snap.t,
                              f"{c.key} holds nothing but is allowed held CPUs {sorted(on_held)}")

@@ -113,23 +113,31 @@ class Soak:
                 "--set-json", 'agent.levels=["book","socket"]', "--set", f"mode={c.mode}",
                 "--set", f"cpusetEnforcement={c.enforcement}", "--set", f"sharedPool={str(c.shared_pool).lower()}",
                 "--wait", "--timeout", "180s"]
-        if annotation:
-            self.upgrades += 1
+        self.upgrades += annotation
+        if self.upgrades:  # kept by the upgrades after it (a new value would roll the DaemonSet again)
             argv += ["--set-string", f"podAnnotations.soak-rollout=r{self.upgrades}"]
         t = time.monotonic()
         subprocess.run(argv, check=True, capture_output=True, text=True, timeout=240)
         self.wait_agent_ready()
         return time.monotonic() - t
 
-    def agent_ready(self) -> bool:
+    def agent_ready(self, restarted_after: int = -1) -> bool:
+        """The agent's pod is Running and ready (with its container restarted more than ``restarted_after`` times)."""
         pods = self.core.list_namespaced_pod(self.args.namespace,
                                              label_selector=f"app.kubernetes.io/instance={self.args.release}").items
         return any(p.status.phase == "Running" and not p.metadata.deletion_timestamp
-                   and all(s.ready for s in p.status.container_statuses or []) for p in pods)
+                   and all(s.ready and (s.name != "agent" or s.restart_count > restarted_after)
+                           for s in p.status.container_statuses or []) for p in pods)
 
-    def wait_agent_ready(self, timeout: float = 180.0) -> None:
+    def agent_restarts(self) -> int:
+        pods = self.core.list_namespaced_pod(self.args.namespace,
+                                             label_selector=f"app.kubernetes.io/instance={self.args.release}").items
+        return max((s.restart_count for p in pods for s in p.status.container_statuses or [] if s.name == "agent"),
+                   default=0)
+
+    def wait_agent_ready(self, timeout: float = 180.0, restarted_after: int = -1) -> None:
         deadline = time.monotonic() + timeout
-        while not self.agent_ready():
+        while not self.agent_ready(restarted_after):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the agent was not ready within {timeout:g} s")
             time.sleep(0.5)
@@ -285,6 +293,7 @@ class Soak:
 
     # --- faults ------------------------------------------------------------------------------------------------
     def kill_agent(self) -> None:
+        before = self.agent_restarts()
         cri = CriClient(CONTAINERD)
         try:
             for info in cri.list_containers({"io.kubernetes.pod.namespace": self.args.namespace}):
@@ -294,8 +303,7 @@ class Soak:
                         os.kill(pid, signal.SIGKILL)
         finally:
             cri.close()
-        time.sleep(1.0)
-        self.wait_agent_ready()
+        self.wait_agent_ready(restarted_after=before)  # the kubelet restarts the container (with its back-off)
 
     def during_admission(self, step: FaultStep, then: list[str], wait: float) -> threading.Thread:
         pod = PodStep(0, "book", f"soak-{self.args.seed}-{step.kind}-{int(step.t)}", 8.0)
