@@ -521,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload-image", default="localhost/topology-e2e-busybox:latest")
     parser.add_argument("--quiet-pods", type=int, default=8)
     parser.add_argument("--report", help="write the figures as JSON here")
+    parser.add_argument("--plan-only", action="store_true", help="print the seed's schedule and exit (no cluster)")
     args = parser.parse_args(argv)
     try:
         args.seed = int(args.seed) if str(args.seed).strip() else int.from_bytes(os.urandom(2), "big")
@@ -530,6 +531,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.seconds <= 0:
         print(f"soak: SOAK_SECONDS must be positive, not {args.seconds:g}", file=sys.stderr)
         return 2
+    if args.plan_only:
+        plan = make_plan(args.seed, args.seconds)
+        for item in sorted([*plan.pods, *plan.faults], key=lambda x: x.t):
+            what = item.label() if isinstance(item, FaultStep) else f"pod {item.name} for {item.lifetime:g} s"
+            print(f"{item.t:7.1f} s  {what}")
+        return 0
     if not args.kubeconfig or not Path(args.kubeconfig).is_file():
         print(f"soak: no kubeconfig at {args.kubeconfig!r} (run it through make soak)", file=sys.stderr)
         return 2
