@@ -533,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.plan_only:
         plan = make_plan(args.seed, args.seconds)
-        for item in sorted([*plan.pods, *plan.faults], key=lambda x: x.t):
+        items: list[PodStep | FaultStep] = [*plan.pods, *plan.faults]
+        for item in sorted(items, key=lambda x: x.t):
             what = item.label() if isinstance(item, FaultStep) else f"pod {item.name} for {item.lifetime:g} s"
             print(f"{item.t:7.1f} s  {what}")
         return 0
