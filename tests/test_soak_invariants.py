@@ -184,6 +184,18 @@ def test_every_kind_is_tested() -> None:
     assert tested == set(KINDS)
 
 
+def test_a_fault_under_way_suspends_judgement_until_it_ends() -> None:
+    """Seed 34's first run: a CPU went offline and its holder was judged before the fault was over (the runner told
+    the checker of a fault only at its end)."""
+    checker = Checker()
+    i = checker.fault_started("cpu-offline", T0 + 90, cpu=0)
+    moved = clean(t=T0 + 100, containers=(Container("uid-a", "a", "main", T0, box({0, 1})),))
+    assert kinds(checker, moved) == []
+    checker.fault_ended(i, T0 + 110)
+    assert kinds(checker, dataclasses.replace(moved, t=T0 + 200)) == []
+    assert kinds(checker, dataclasses.replace(moved, t=T0 + 261)) == ["holder-outside-group"]
+
+
 def test_violation_names_the_faults_before_it() -> None:
     checker = Checker()
     checker.fault(Fault("containerd-kill", T0 + 50, T0 + 52))

@@ -172,6 +172,15 @@ class Checker:
     def fault(self, fault: Fault) -> None:
         self.faults.append(fault)
 
+    def fault_started(self, kind: str, start: float, cpu: int | None = None) -> int:
+        """A fault under way (its end unknown: nothing it touches is judged until it ended); its index."""
+        self.faults.append(Fault(kind, start, float("inf"), cpu))
+        return len(self.faults) - 1
+
+    def fault_ended(self, index: int, end: float) -> None:
+        f = self.faults[index]
+        self.faults[index] = Fault(f.kind, f.start, end, f.cpu)
+
     # --- allowances --------------------------------------------------------------------------------------------
     def _bound(self, snap: Snapshot) -> float:
         return self.allow.pin_bound_nri if snap.enforcement == "nri" else self.allow.pin_bound_cri

@@ -36,7 +36,7 @@ from agent.cri.client import CriClient  # noqa: E402
 from agent.errors import CriError  # noqa: E402
 from agent.policy.grouping import GroupingSettings, group_topology  # noqa: E402
 from agent.topology import snapshot as snapshots  # noqa: E402
-from bench.soak.invariants import KINDS, Allowances, Checker, Fault, Violation  # noqa: E402
+from bench.soak.invariants import KINDS, Allowances, Checker, Violation  # noqa: E402
 from bench.soak.plan import FaultStep, Plan, PodStep, make_plan  # noqa: E402
 from bench.soak.truth import CONTAINERD, DRIVER, Config, Truth  # noqa: E402
 
@@ -318,7 +318,8 @@ class Soak:
     def inject(self, step: FaultStep) -> None:
         start = time.time()
         self.say(f"fault {step.label()}")
-        cpu = None
+        with self.lock:  # known to the checker while it lasts, not only once it is over
+            index = self.checker.fault_started(step.kind, start, step.cpu if step.kind == "cpu-offline" else None)
         try:
             if step.kind == "agent-kill":
                 self.kill_agent()
@@ -331,7 +332,6 @@ class Soak:
             elif step.kind == "containerd-restart-nri":
                 self.during_admission(step, ["restart", "containerd"], 1.5)
             elif step.kind == "cpu-offline":
-                cpu = step.cpu
                 self.set_cpu_online(step.cpu, False)
                 self.config.online = frozenset(self.cpus) - {step.cpu}
                 self.stop.wait(step.seconds)
@@ -352,7 +352,7 @@ class Soak:
             self.say(f"fault {step.label()} went wrong: {exc} {detail[-300:]}")
         end = time.time()
         with self.lock:
-            self.checker.fault(Fault(step.kind, start, end, cpu))
+            self.checker.fault_ended(index, end)
             self.figures.faults[step.kind] += 1
             self.figures.fault_seconds.setdefault(step.kind, []).append(round(end - start, 1))
         self.say(f"fault {step.label()} over after {end - start:.1f} s")
