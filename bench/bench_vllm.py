@@ -120,8 +120,10 @@ def _ready(name: str) -> bool:
 
 
 def _apply(doc: dict[str, Any]) -> None:
-    subprocess.run([_kubectl(), "--kubeconfig", str(KUBECONFIG), "apply", "-f", "-"], input=json.dumps(doc),
-                   text=True, check=True, capture_output=True, timeout=60)
+    done = subprocess.run([_kubectl(), "--kubeconfig", str(KUBECONFIG), "apply", "-f", "-"], input=json.dumps(doc),
+                          text=True, check=False, capture_output=True, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError(f"kubectl apply of {doc['metadata']['name']}: {done.stderr.strip()}")
 
 
 def _hog(node: str) -> dict[str, Any]:
@@ -211,6 +213,9 @@ def run(quick: bool, requests: int | None = None) -> list[Row]:
     if why:
         return [skipped(NAME, "vLLM beside a CPU hog", "-", why)]
     node = json.loads(kubectl("get", "nodes", "-o", "json").stdout)["items"][0]["metadata"]["name"]
+    # the e2e suite deletes its namespace when it ends: wait until it is gone before making it again
+    _wait(f"namespace {NAMESPACE} to finish terminating", lambda: kubectl(
+        "get", "namespace", NAMESPACE, "-o", "jsonpath={.status.phase}", check=False).stdout != "Terminating", 300)
     kubectl("create", "namespace", NAMESPACE, check=False)
     count = requests or (20 if quick else 60)
     runs: dict[str, dict[str, Any]] = {}
@@ -253,7 +258,11 @@ def main() -> int:
         print("bench_vllm: --requests must be at least 1", file=sys.stderr)
         return 2
     started = time.monotonic()
-    rows = run(args.quick, args.requests)
+    try:
+        rows = run(args.quick, args.requests)
+    except (RuntimeError, subprocess.SubprocessError) as exc:  # the cluster refused or timed out: one line
+        print(f"bench_vllm: {exc}", file=sys.stderr)
+        return 1
     for row in rows:
         note = f" {row.reason}" if row.reason else ""
         print(f"{row.bench}\t{row.name}\t{row.measured}\t{row.target}\t{row.verdict}{note}")

@@ -138,8 +138,9 @@ def serve(env: E2EEnv, doc: dict[str, Any], timeout: float = START_TIMEOUT) -> s
         pod = kjson(env, "-n", PODS, "get", "pod", name)
         status = pod["status"]
         if status.get("phase") in ("Failed", "Succeeded"):
-            pytest.fail(f"vLLM pod {name} stopped ({status.get('phase')}) before it was ready:\n"
-                        + "\n".join(logs(env, name).splitlines()[-30:]))
+            pytest.fail(f"vLLM pod {name} stopped ({status.get('phase')}: {status.get('reason')} "
+                        f"{status.get('message')}; containers {status.get('containerStatuses')}) before it was "
+                        "ready:\n" + "\n".join(logs(env, name).splitlines()[-30:]))
         return any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
 
     started = time.monotonic()
