@@ -95,6 +95,10 @@ def helm_upgrade(*values: str) -> None:
                     "--set-file", f"fakeTopology.snapshots.default\\.json={snapshot}",
                     "--set", "seccompProfile.install=true", *values, "--wait", "--timeout", "180s"],
                    check=True, capture_output=True, text=True, timeout=240)
+    # helm's --wait counts a one-node DaemonSet ready before its new pod is (tests/e2e/conftest.py wait_for_rollout)
+    for daemonset in kubectl("-n", AGENT_NAMESPACE, "get", "daemonset", "-o", "name", "-l",
+                             f"app.kubernetes.io/instance={RELEASE}").stdout.split():
+        kubectl("-n", AGENT_NAMESPACE, "rollout", "status", daemonset, "--timeout=180s", timeout=200)
 
 
 def _wait(what: str, check: Any, timeout: float) -> Any:

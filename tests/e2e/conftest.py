@@ -145,6 +145,16 @@ class E2EEnv:
                         str(REPO / "deploy" / "helm" / "s390x-topology-agent"), "--namespace", self.namespace,
                         "--kubeconfig", str(self.kubeconfig), *lane_values, *extra,
                         "--wait", "--timeout", "180s"], check=True, timeout=240, capture_output=True, text=True)
+        self.wait_for_rollout()
+
+    def wait_for_rollout(self) -> None:
+        """Until every node runs a ready agent of the release's current revision. helm's --wait does not wait for
+        that: it counts a DaemonSet ready once NumberReady >= desired - maxUnavailable, which is 0 on one node
+        (helm pkg/kube/ready.go daemonSetReady), so a pod created right after the upgrade met kubelet with the old
+        agent gone and the new one not registered: "UnexpectedAdmissionError ... no healthy devices present"."""
+        for daemonset in self.kubectl("-n", self.namespace, "get", "daemonset", "-o", "name", "-l",
+                                      f"app.kubernetes.io/instance={self.release}").stdout.split():
+            self.kubectl("-n", self.namespace, "rollout", "status", daemonset, "--timeout=180s", timeout=200)
 
     def restart_kubelet(self, node: str, cpu_manager_policy: str | None = None) -> None:
         if self.lane == "local":
