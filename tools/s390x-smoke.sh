@@ -198,6 +198,7 @@ import ast
 import pathlib
 
 BLOCKED = ("grpc", "grpc_tools")
+LOCAL = ("agent", "tests", "topology_devkit", "bench")  # followed into: their imports are the test's too
 src = pathlib.Path("/src")
 
 def imports(path):
@@ -240,9 +241,9 @@ def tainted(path, stack=()):
         top = name.split(".")[0]
         if top in BLOCKED:
             bad = True
-        elif top not in ("agent", "tests", "topology_devkit") and not installed(top):
+        elif top not in LOCAL and not installed(top):
             bad = True  # a development tool the root does not have (kubernetes_validate, celpy)
-        elif top in ("agent", "tests", "topology_devkit"):
+        elif top in LOCAL:
             parts = name.split(".")
             for i in range(1, len(parts) + 1):  # packages on the way are imported too
                 f = module_file(".".join(parts[:i]))
