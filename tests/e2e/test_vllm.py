@@ -30,7 +30,7 @@ import re
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ import yaml
 
 from agent.topology.cpulist import parse_cpulist
 from tests.e2e.conftest import E2EEnv
+from tests.e2e.test_dra import apply, kjson, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -52,31 +53,6 @@ START_TIMEOUT = 480  # image layers first touched, `import vllm` 7-17 s, engine 
 SECCOMP_VALUES = ("--set", "seccompProfile.install=true")
 BINDING = re.compile(r"local_rank=(\d+), core ids=\[([\d, ]*)\]")
 NUMA = re.compile(r"NUMA binding: Using MEMBIND policy for memory allocation on the NUMA nodes \(([\d, ]+)\)")
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 120, every: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except subprocess.CalledProcessError as exc:
-            last = exc.stderr
-        else:
-            if last:
-                return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
-
-
-def kjson(env: E2EEnv, *args: str) -> Any:
-    return json.loads(env.kubectl(*args, "-o", "json").stdout)
-
-
-def apply(env: E2EEnv, doc: dict[str, Any]) -> None:
-    subprocess.run([os.environ.get("TOPOLOGY_E2E_KUBECTL") or "kubectl", "--kubeconfig", str(env.kubeconfig),
-                    "apply", "-f", "-"], input=json.dumps(doc), text=True, check=True, capture_output=True,
-                   timeout=60)
 
 
 def delete(env: E2EEnv, *what: str) -> None:
@@ -269,7 +245,8 @@ def hold_book(env: E2EEnv, node: str, name: str, prefix: str = "topology") -> fr
                              "command": ["sh", "-c", "sleep 3600"],
                              "resources": {"requests": {"cpu": "1", "memory": "16Mi", f"{prefix}/book": 1},
                                            "limits": {"memory": "32Mi", f"{prefix}/book": 1}}}]}})
-    wait_for(f"{name} to run", lambda: kjson(env, "-n", PODS, "get", "pod", name)["status"].get("phase") == "Running")
+    wait_for(f"{name} to run", lambda: kjson(env, "-n", PODS, "get", "pod", name)["status"].get("phase") == "Running",
+             timeout=120)
     out = env.kubectl("-n", PODS, "exec", name, "--", "sh", "-c", "env", timeout=60).stdout
     return frozenset(parse_cpulist(dict(line.split("=", 1) for line in out.splitlines() if "=" in line)[
         "TOPOLOGY_CPUS"]))

@@ -13,11 +13,10 @@ import pytest
 
 from agent.topology.cpulist import parse_cpulist
 from tests.e2e.conftest import E2EEnv
-from tests.e2e.test_dra import DRA_VALUES, DRIVER, agent_ready, allocated_device, claim, slices
+from tests.e2e.test_dra import DRA_VALUES, DRIVER, agent_ready, allocated_device, apply, claim, slices, wait_for
 from tests.e2e.test_vllm import (
     PODS,
     SECCOMP_VALUES,
-    apply,
     complete,
     delete,
     hold_book,
@@ -28,7 +27,6 @@ from tests.e2e.test_vllm import (
     threads,
     unique,
     vllm_pod,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
