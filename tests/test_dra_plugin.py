@@ -19,7 +19,15 @@ from agent._proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from agent._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from agent._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from agent.dra.kubelet_plugin import KubeletPlugin
-from agent.dra.prepare import ClaimPreparer, PreparedClaim, plan_claim, request_index, with_claim_env
+from agent.dra.prepare import (
+    ClaimPreparer,
+    PreparedClaim,
+    cdi_file_uid,
+    forget_claims,
+    plan_claim,
+    request_index,
+    with_claim_env,
+)
 from agent.errors import KubeApiError
 from agent.policy.allocation import AllocationSettings, plan_allocation
 from agent.policy.claims import PreparedRequest
@@ -265,3 +273,73 @@ def test_a_failed_checkpoint_write_changes_nothing_the_nri_hook_believes(dirs: d
     dirs["state"].rmdir()
     preparer.unprepare("uid-9")
     assert preparer.requests() == {} and make_plugin(dirs, claims).preparer.requests() == {}
+
+
+def test_cdi_file_uid_names_only_this_drivers_claim_files() -> None:
+    assert cdi_file_uid(f"{DRIVER}-book_2355-71be.json", DRIVER) == "2355-71be"
+    assert cdi_file_uid(f"{DRIVER}-group_u_1.json", DRIVER) == "1"  # the uid is what follows the last "_"
+    for other in (f"{DRIVER}-book_u1.yaml", "other.example.com-book_u1.json", f"{DRIVER}-book.json",
+                  f"{DRIVER}-_u1.json", f"{DRIVER}-book_.json", f"{DRIVER}.json"):
+        assert cdi_file_uid(other, DRIVER) is None, other
+
+
+def test_after_a_device_plugin_agent_forgot_a_claim_the_next_dra_agent_removes_its_cdi_files(
+        dirs: dict[str, Path]) -> None:
+    """The soak's leaked-cdi-file (issue 34, CI seed 34): a claim prepared in DRA mode; after a switch to device-plugin
+    mode its pod went, and the agent forgot it in the checkpoint (kubelet could not unprepare it: no DRA plugin ran)
+    but left its CDI file; back in DRA mode kubelet's DRA manager unprepares a claim the checkpoint no longer knows.
+    The file must go; other claims' and other drivers' files stay."""
+    claims = Claims()
+    claims.items[("ns", "gone")] = claim("u-gone", ("book", "drawer0-book1"), name="gone")
+    claims.items[("ns", "kept")] = claim("u-kept", ("book", "drawer0-book0"), name="kept")
+    preparer = make_plugin(dirs, claims).preparer
+    preparer.prepare("ns", "gone", "u-gone")
+    preparer.prepare("ns", "kept", "u-kept")
+    foreign = dirs["cdi"] / "gpu.example.com-gpu_u-gone.json"
+    foreign.write_text("{}")
+    assert forget_claims(dirs["state"], ["u-gone"]) == ["u-gone"]  # as an agent before this fix: files left
+    back = make_plugin(dirs, claims).preparer  # DRA mode again: its checkpoint holds u-kept only
+    assert set(back.claims) == {"u-kept"}
+    expected = sorted([f"{DRIVER}-book_u-kept.json", foreign.name])
+    assert sorted(p.name for p in dirs["cdi"].iterdir()) == expected
+    back.unprepare("u-gone")  # kubelet's unprepare of the forgotten claim succeeds
+    assert sorted(p.name for p in dirs["cdi"].iterdir()) == expected
+
+
+def test_unpreparing_a_claim_the_checkpoint_does_not_hold_removes_its_cdi_files(dirs: dict[str, Path]) -> None:
+    """A file of a claim this agent never saved (an earlier instance's prepare that finished after this one read the
+    checkpoint, in a rolling upgrade) goes when kubelet unprepares that claim."""
+    claims = Claims()
+    claims.items[("ns", "kept")] = claim("u-kept", ("book", "drawer0-book0"), name="kept")
+    preparer = make_plugin(dirs, claims).preparer
+    preparer.prepare("ns", "kept", "u-kept")
+    late = dirs["cdi"] / f"{DRIVER}-book_u-late.json"
+    late.write_text("{}")
+    preparer.unprepare("u-late")
+    assert sorted(p.name for p in dirs["cdi"].iterdir()) == [f"{DRIVER}-book_u-kept.json"]
+    assert set(preparer.claims) == {"u-kept"}
+
+
+def test_forgetting_a_claim_in_device_plugin_mode_removes_its_cdi_files(dirs: dict[str, Path]) -> None:
+    claims = Claims()
+    claims.items[("ns", "two")] = claim("u-2", ("b", "drawer0-book1"), ("s", "drawer0-book0-socket0"), name="two")
+    make_plugin(dirs, claims).preparer.prepare("ns", "two", "u-2")
+    assert len(list(dirs["cdi"].iterdir())) == 2
+    assert forget_claims(dirs["state"], ["u-2"], dirs["cdi"]) == ["u-2"]
+    assert list(dirs["cdi"].iterdir()) == []
+
+
+def test_a_dra_agent_starting_removes_cdi_files_its_trusted_checkpoint_does_not_hold(dirs: dict[str, Path]) -> None:
+    """A prepare that wrote its files and then could not save the checkpoint (or a claim forgotten while no agent
+    ran) leaves files of no claim: the next DRA agent removes them, but only on a checkpoint it could read."""
+    claims = Claims()
+    claims.items[("ns", "kept")] = claim("u-kept", ("book", "drawer0-book0"), name="kept")
+    make_plugin(dirs, claims).preparer.prepare("ns", "kept", "u-kept")
+    orphan = dirs["cdi"] / f"{DRIVER}-book_u-orphan.json"
+    orphan.write_text("{}")
+    make_plugin(dirs, claims)
+    assert sorted(p.name for p in dirs["cdi"].iterdir()) == [f"{DRIVER}-book_u-kept.json"]
+    orphan.write_text("{}")
+    dirs["state"].write_text("{not json")  # not trusted: nothing is cleaned up on its strength
+    make_plugin(dirs, claims)
+    assert sorted(p.name for p in dirs["cdi"].iterdir()) == sorted([f"{DRIVER}-book_u-kept.json", orphan.name])

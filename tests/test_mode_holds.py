@@ -386,9 +386,11 @@ def test_a_claim_whose_pod_went_in_device_plugin_mode_is_forgotten_and_held_no_m
         kubelet.wait_registered(BOOK)
         kubelet.wait_for(lambda: kubelet.unhealthy_devices(BOOK) == {book}, what="the claimed book held")
         assert set(read_checkpoint(checkpoint)) == {"u-1"}  # in use: kept
+        assert len(list((kubelet.root / "cdi").glob("*_u-1.json"))) == 1
         kubelet.remove_claim_pod("ns", "llm")
         kubelet.wait_for(lambda: not kubelet.unhealthy_devices(BOOK), what="the book free again")
         wait_until(lambda: read_checkpoint(checkpoint) == {}, "the claim forgotten in the checkpoint")
+        assert list((kubelet.root / "cdi").glob("*_u-1.json")) == []  # its CDI file goes with it (issue 34)
     kubelet.pods_resync = 30.0  # the restarted kubelet's List stays empty: an agent now releases nothing
     kubelet.restart()
     with started(build_agent(topology, config(kubelet))):

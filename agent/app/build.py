@@ -86,13 +86,15 @@ def choose_grouping(fresh: Grouping, files: StateFiles, pod_resources: PodResour
 
 class ReleasedClaims:
     """Device-plugin mode: the claims a DRA agent left prepared that hold nothing any more (no pending hold, no
-    container listed) are forgotten in the checkpoint, so that the next agent does not hold their devices again
-    while kubelet's List settles after a restart (a NodeDevices listener; also run after the first List)."""
+    container listed) are forgotten in the checkpoint, with their CDI files, so that the next agent does not hold
+    their devices again while kubelet's List settles after a restart (a NodeDevices listener; also run after the
+    first List)."""
 
     def __init__(self, devices: NodeDevices[Wire], path: Path, claims: Mapping[str, PreparedClaim],
-                 groups: Sequence[Group]) -> None:
+                 groups: Sequence[Group], cdi_dir: Path) -> None:
         self.devices = devices
         self.path = path
+        self.cdi_dir = cdi_dir  # the forgotten claims' CDI files go with them
         by_id = {g.id: g for g in groups}
         self.holding = {uid: set(keys) for uid in claims if (keys := claim_holds({uid: claims[uid]}, by_id))}
 
@@ -103,7 +105,7 @@ class ReleasedClaims:
             ledger = self.devices.ledger
             still = set(ledger.pending_claims) | set(ledger.listed)
         released = [uid for uid, keys in self.holding.items() if not keys & still]
-        for uid in forget_claims(self.path, released) if released else ():
+        for uid in forget_claims(self.path, released, self.cdi_dir) if released else ():
             del self.holding[uid]
 
 
@@ -171,7 +173,7 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
                         "pod-resources shows or drops them: %s", len(held),
                         ", ".join(f"{r} {d}" for r, d in sorted(held)))
             devices.restore_claims(held)
-            forget = ReleasedClaims(devices, checkpoint_path(config.kubelet_dir), claims, every)
+            forget = ReleasedClaims(devices, checkpoint_path(config.kubelet_dir), claims, every, config.cdi_dir)
             devices.add_listener(forget)
             after_first_sync.append(forget)
         pod_resources.dra_admin = lambda: admin_devices(claims)

@@ -28,6 +28,13 @@ Idempotent and checkpointed: what was prepared is saved (atomically) in the agen
 answer goes out, so a second NodePrepareResources for a prepared claim (a kubelet restart, an agent restart)
 answers from the checkpoint without reading the claim again, and rewrites a CDI file that went missing; unprepare
 removes the files and the entry, and unpreparing an unknown claim succeeds.
+
+**No CDI file outlives its claim** (the soak's ``leaked-cdi-file``, issue 34): a claim's files carry its uid in their
+name (:func:`cdi_file_uid`), so unpreparing a claim the checkpoint does not know still removes this driver's files of
+that uid (a device-plugin agent forgot it after its pod went, and kubelet's DRA manager unprepares it once a DRA
+plugin runs again); the device-plugin agent removes a claim's files when it forgets the claim; and a DRA agent that
+starts from a checkpoint it trusts removes this driver's files of claims the checkpoint does not hold (a prepare
+that wrote its files but could not save the checkpoint, or a checkpoint dropped while no agent ran).
 """
 
 from __future__ import annotations
@@ -200,16 +207,54 @@ def checkpoint_path(kubelet_dir: Path) -> Path:
     return Path(kubelet_dir) / CHECKPOINT_SUBPATH
 
 
+def cdi_file_uid(file_name: str, driver: str) -> str | None:
+    """The claim uid of a CDI spec file this driver writes (``<driver>-<level>_<claim uid>.json``), or None for any
+    other file. Pure."""
+    if not file_name.startswith(f"{driver}-") or not file_name.endswith(".json"):
+        return None
+    level, sep, uid = file_name[len(driver) + 1:-len(".json")].rpartition("_")
+    return uid if sep and level and uid else None
+
+
+def remove_cdi_files(cdi_dir: Path, driver: str, keep: Callable[[str], bool]) -> list[str]:
+    """Remove this driver's CDI spec files in ``cdi_dir`` whose claim uid ``keep`` refuses; the names removed (a
+    directory that cannot be read removes nothing; one warning per file that cannot be removed)."""
+    try:
+        names = sorted(entry.name for entry in Path(cdi_dir).iterdir())
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        uid = cdi_file_uid(name, driver)
+        if uid is None or keep(uid):
+            continue
+        try:
+            (Path(cdi_dir) / name).unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.warning("cannot remove the CDI file %s of claim %s (%s)", name, uid, exc)
+            continue
+        removed.append(name)
+    return removed
+
+
 def read_checkpoint(path: Path) -> dict[str, PreparedClaim]:
     """The prepared claims saved at ``path`` by uid, as saved ({} when there is none; a file that cannot be trusted is
     said and not used)."""
+    return load_checkpoint(path) or {}
+
+
+def load_checkpoint(path: Path) -> dict[str, PreparedClaim] | None:
+    """As :func:`read_checkpoint`, but None when a checkpoint is there and cannot be read or trusted ({} only when
+    there is none), so that nothing is cleaned up on the strength of a checkpoint that was not read."""
     try:
         raw = Path(path).read_bytes()
     except FileNotFoundError:
         return {}
     except OSError as exc:
         log.warning("cannot read the DRA checkpoint %s (%s): starting without prepared claims", path, exc)
-        return {}
+        return None
     try:
         if len(raw) > MAX_CHECKPOINT:
             raise ValueError("too large")
@@ -219,14 +264,15 @@ def read_checkpoint(path: Path) -> dict[str, PreparedClaim]:
         return {c["uid"]: PreparedClaim.from_json(c) for c in doc["claims"]}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         log.warning("the DRA checkpoint %s cannot be trusted (%s): not used", path, exc)
-        return {}
+        return None
 
 
-def forget_claims(path: Path, uids: Iterable[str]) -> list[str]:
+def forget_claims(path: Path, uids: Iterable[str], cdi_dir: Path | None = None) -> list[str]:
     """Device-plugin mode: drop claims from the checkpoint at ``path`` once pod-resources no longer lists their
     containers (the pods went while no DRA plugin ran, so kubelet could not unprepare them; it does once one runs
-    again, and unpreparing a claim the checkpoint does not know succeeds). The uids removed; an unreadable or
-    unwritable checkpoint is left as it is (one warning)."""
+    again, and unpreparing a claim the checkpoint does not know succeeds), and remove their CDI spec files from
+    ``cdi_dir`` (no container of theirs is left to start with them). The uids removed; an unreadable or unwritable
+    checkpoint is left as it is (one warning)."""
     drop = set(uids)
     claims = read_checkpoint(path)
     gone = sorted(uid for uid in claims if uid in drop)
@@ -241,6 +287,10 @@ def forget_claims(path: Path, uids: Iterable[str]) -> list[str]:
         return []
     for uid in gone:
         c = claims[uid]
+        if cdi_dir is not None:
+            for name in c.files:
+                with contextlib.suppress(FileNotFoundError):
+                    (Path(cdi_dir) / name).unlink()
         log.info("forgot claim %s/%s (%s) in the DRA checkpoint: pod-resources lists none of its containers any more",
                  c.namespace, c.name, uid)
     return gone
@@ -269,7 +319,11 @@ class ClaimPreparer:
 
     # --- checkpoint ------------------------------------------------------------------------------
     def _load(self) -> dict[str, PreparedClaim]:
-        restored = read_checkpoint(self.checkpoint)
+        restored = load_checkpoint(self.checkpoint)
+        if restored is None:
+            return {}
+        for name in remove_cdi_files(self.cdi_dir, self.driver, keep=restored.__contains__):
+            log.info("removed the CDI file %s: the DRA checkpoint holds no such claim", name)
         if not restored:
             return {}
         claims = {uid: with_claim_env(c) for uid, c in restored.items()}
@@ -346,7 +400,10 @@ class ClaimPreparer:
     def unprepare(self, uid: str) -> None:
         with self._lock:
             claim = self.claims.get(uid)
-            if claim is None:
+            if claim is None:  # forgotten meanwhile (device-plugin mode, or a lost checkpoint): its files go too
+                for name in remove_cdi_files(self.cdi_dir, self.driver, keep=lambda other: other != uid):
+                    log.info("unprepared claim %s, which the checkpoint does not hold: removed its CDI file %s",
+                             uid, name)
                 return
             self._remove_files(claim)
             self._commit({k: v for k, v in self.claims.items() if k != uid})
