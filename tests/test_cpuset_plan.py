@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.policy.cpuset import RunningContainer, plan_cpusets
-from agent.policy.grouping import GroupingSettings, group_topology
+from agent.policy.grouping import Group, GroupingSettings, group_topology
 from agent.policy.health import DeviceKey
 from agent.topology.embedded import load_embedded
 from tests.conftest import BOOK
@@ -196,3 +196,70 @@ def test_an_offline_holder_without_a_cpuset_of_its_own_gets_the_pool_explicitly(
     online = ONLINE - set(range(12))
     alone = plan_cpusets([container("llm")], {("ns", "llm", "c"): {BOOK0}}, {BOOK0}, GROUPS, online)
     assert [(u.cpus, u.kind) for u in alone.updates] == [("12-81", "offline")]  # the pool is every online CPU
+
+
+def _one_cpu_books(cpus: int) -> dict[DeviceKey, Group]:
+    """The soak's fake topology: ``cpus`` one-CPU books of one socket each, advertised as books and sockets."""
+    groups: dict[DeviceKey, Group] = {}
+    for cpu in range(cpus):
+        for level, resource, gid, key in (("book", BOOK, f"drawer0-book{cpu}", (0, cpu)),
+                                          ("socket", "topology/socket", f"drawer0-book{cpu}-socket0", (0, cpu, 0))):
+            groups[(resource, gid)] = Group(level=level, resource=resource, id=gid, key=key, cpus=(cpu,),
+                                            cores=((cpu,),), threads_per_core=1, polarization=(("horizontal", 1),),
+                                            memory_nodes=(0,), recorded_nodes=())
+    return groups
+
+
+def test_the_soaks_stranded_socket_holder_is_evicted_and_the_new_book_holder_is_untouched() -> None:
+    """Issue 34's soak: the holder of socket drawer0-book0-socket0 (CPU 0) was moved to the pool (CPU 1) when CPU 0
+    went offline; then a book pod took drawer0-book1 (CPU 1). No cpuset keeps the socket holder off the book pod's
+    CPU: its pod is to be evicted, and the book pod keeps its CPU."""
+    groups = _one_cpu_books(2)
+    socket0, book1 = ("topology/socket", "drawer0-book0-socket0"), (BOOK, "drawer0-book1")
+    online = frozenset({1})
+    socket_pod = container("soak-34-0003-socket", mems="0")
+    before = plan_cpusets([socket_pod], {socket_pod.identity: {socket0}}, {socket0}, groups, online)
+    (moved,) = before.updates
+    assert (moved.cpus, moved.kind) == ("1", "offline") and before.evict == ()
+    on_pool = container("soak-34-0003-socket", frozenset({1}), mems="0")
+    book_pod = container("soak-34-0016-book")
+    holders = {on_pool.identity: {socket0}, book_pod.identity: {book1}}
+    plan = plan_cpusets([on_pool, book_pod], holders, {socket0, book1}, groups, online)
+    assert [(u.identity, u.cpus, u.kind) for u in plan.updates] == [(book_pod.identity, "1", "topology")]
+    assert plan.stranded == (on_pool.identity,)
+    (eviction,) = plan.evict
+    assert (eviction.namespace, eviction.pod, eviction.reason) == ("ns", "soak-34-0003-socket", "stranded")
+    assert "offline" in eviction.why
+    pinned = plan_cpusets([on_pool, container("soak-34-0016-book", frozenset({1}), mems="0")], holders,
+                          {socket0, book1}, groups, online)
+    assert pinned.updates == () and [e.pod for e in pinned.evict] == ["soak-34-0003-socket"]
+    back = plan_cpusets([on_pool, container("soak-34-0016-book", frozenset({1}), mems="0")], holders,
+                        {socket0, book1}, groups, frozenset({0, 1}))
+    assert back.evict == () and back.stranded == ()  # CPU 0 back: pinned to it again, nobody evicted
+
+
+def test_an_offline_holder_with_a_pool_left_is_not_evicted() -> None:
+    holders = {("ns", "llm", "c"): {BOOK0}, ("ns", "other", "c"): {BOOK1}}
+    online = ONLINE - set(range(12))
+    other = container("other", frozenset(range(12, 22)), mems="0")
+    for shared_pool in (False, True):
+        plan = plan_cpusets([container("llm", frozenset({0})), other], holders, {BOOK0, BOOK1}, GROUPS, online,
+                            shared_pool=shared_pool)
+        assert plan.offline == (("ns", "llm", "c"),) and plan.stranded == () and plan.evict == ()
+    with_reserved = plan_cpusets([container("llm"), other], holders, {BOOK0, BOOK1}, GROUPS, frozenset(range(12, 22)),
+                                 reserved={12})
+    assert with_reserved.stranded == () and with_reserved.evict == ()  # a reserved CPU is always in the pool
+
+
+def test_a_pod_is_named_once_for_eviction_whatever_its_number_of_stranded_containers() -> None:
+    groups = _one_cpu_books(3)
+    keys = [("topology/socket", f"drawer0-book{i}-socket0") for i in range(3)]
+    a, b = RunningContainer("id-a", ("ns", "two", "a"), frozenset()), RunningContainer("id-b", ("ns", "two", "b"),
+                                                                                        frozenset())
+    other = RunningContainer("id-o", ("ns", "other", "c"), frozenset({2}), mems="0")
+    holders = {a.identity: {keys[0]}, b.identity: {keys[1]}, other.identity: {keys[2]}}
+    plan = plan_cpusets([a, b, other], holders, set(keys), groups, frozenset({2}))
+    assert plan.stranded == (a.identity, b.identity)
+    (eviction,) = plan.evict
+    assert eviction.key == ("ns", "two") and "containers a, b hold" in eviction.why
+    assert plan.updates == ()  # the other pod is untouched

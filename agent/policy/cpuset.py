@@ -16,9 +16,13 @@ container runtime (``--cpuset-enforcement cri`` or ``nri``). Pure: containers, h
   manager keeps its shared pool apart from exclusive CPUs. A pool that would be empty shrinks nobody.
 * A holder whose groups' CPUs are all offline runs on the pool too (kind ``offline``), with or without
   ``--shared-pool``, and is reported: it must never run on CPUs other pods hold. With no pool left it is
-  ``stranded``: left as it is and reported, since nothing can move it anywhere that is not another pod's (NRI
-  defines evictions, but its adaptation drops a plugin's: ``pkg/adaptation/result.go`` ``apply`` takes the
-  adjustment and the updates of a reply only), and a new container of it is refused.
+  ``stranded``: no cpuset can keep it off other pods' CPUs (left as it is, it runs where it last was, or, with a
+  cpuset of offline CPUs only, wherever its parent runs: the pool it was moved to before another pod took that
+  CPU, or every CPU), so its pod is named in ``evict`` (reason ``stranded``, once per pod whatever its number of
+  stranded containers): a held group belongs to one pod, and the pod cannot run anywhere on this node that is not
+  another pod's. The adapter asks the API server for the eviction (``--stranded-policy evict``; ``keep`` only
+  reports it); NRI defines evictions too, but its adaptation drops a plugin's (``pkg/adaptation/result.go``
+  ``apply`` takes the adjustment and the updates of a reply only). A new container of it is refused.
 * Only what differs is changed; a container with no cpuset of its own runs on every CPU, its groups' offline
   ones included (they may come back).
 """
@@ -34,6 +38,7 @@ from agent.topology.cpulist import format_cpulist
 
 Identity = tuple[str, str, str]  # kubelet's namespace, pod, container
 KINDS = ("topology", "shrink", "widen", "offline")  # what an update does (metrics label every one)
+EVICTION_REASONS = ("stranded",)  # why a pod is to be evicted (metrics label every one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +64,18 @@ class Update:
 
 
 @dataclass(frozen=True, slots=True)
+class Eviction:
+    namespace: str
+    pod: str
+    reason: str  # one of EVICTION_REASONS
+    why: str  # one sentence, for the log and the Event
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.namespace, self.pod
+
+
+@dataclass(frozen=True, slots=True)
 class CpusetPlan:
     updates: tuple[Update, ...]
     pool: tuple[int, ...]  # the shared pool now (every online CPU without --shared-pool)
@@ -69,6 +86,20 @@ class CpusetPlan:
     stranded: tuple[Identity, ...] = ()  # of those, the ones no CPU is left for (the pool is empty)
     free: tuple[int, ...] = ()  # the online CPUs of no held or pinned group, reserved ones included (with or
     # without --shared-pool: where an offline holder goes)
+    evict: tuple[Eviction, ...] = ()  # pods to evict, each once: those of stranded holders
+
+
+def stranded_evictions(stranded: Iterable[Identity]) -> tuple[Eviction, ...]:
+    """The pods of stranded holders, each once (in the order of their first stranded container), with why."""
+    containers: dict[tuple[str, str], list[str]] = {}
+    for namespace, pod, name in stranded:
+        containers.setdefault((namespace, pod), []).append(name)
+    return tuple(Eviction(namespace, pod, "stranded",
+                          f"{'container' if len(names) == 1 else 'containers'} {', '.join(names)} "
+                          f"{'holds' if len(names) == 1 else 'hold'} groups whose CPUs are all offline, and every "
+                          "online CPU is in a group another container holds: no cpuset keeps the pod off other "
+                          "pods' CPUs")
+                 for (namespace, pod), names in containers.items())
 
 
 def desired_topology(container: RunningContainer, holders: Mapping[Identity, Iterable[DeviceKey]],
@@ -130,4 +161,4 @@ def plan_cpusets(containers: Iterable[RunningContainer], holders: Mapping[Identi
             updates.append(Update(container.id, container.identity, format_cpulist(sorted(pool)), "", kind,
                                   container.created_at))
     return CpusetPlan(tuple(updates), tuple(sorted(pool if shared_pool else online_set)), topology, pinned,
-                      pool_empty, tuple(offline), tuple(stranded), tuple(sorted(pool)))
+                      pool_empty, tuple(offline), tuple(stranded), tuple(sorted(pool)), stranded_evictions(stranded))
