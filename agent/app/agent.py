@@ -13,6 +13,7 @@ from collections.abc import Callable
 from agent.app.config import AgentConfig
 from agent.app.enforcement import CpusetEnforcement
 from agent.app.enforcement_auto import AutoEnforcement
+from agent.app.evictions import Evictions
 from agent.app.loops import PeriodicLoop, backoff_delay
 from agent.app.nri_enforcement import NriEnforcement
 from agent.devices.table import NodeDevices
@@ -73,7 +74,7 @@ class Agent:
                  metrics: AgentMetrics, http: HttpEndpoint | None, latest: LatestTopology,
                  loader: Callable[[], Topology] | None = None, fingerprint: Callable[[], object] | None = None,
                  first_fingerprint: object = None, enforcement: Enforcement | None = None,
-                 enforcement_mode: str = "none") -> None:
+                 enforcement_mode: str = "none", evictions: Evictions | None = None) -> None:
         self.topology = topology
         self.config = config
         self.grouping = grouping
@@ -86,6 +87,7 @@ class Agent:
         self.loader = loader
         self.latest = latest
         self.enforcement = enforcement
+        self.evictions = evictions  # --stranded-policy evict: the pods the enforcement asks the API server to evict
         self._enforcement_mode = enforcement_mode  # none | cri | nri: the one chosen at start
         self.fingerprint = fingerprint
         self._last_fingerprint = first_fingerprint
@@ -244,7 +246,9 @@ class Agent:
                                  updates=dict(c.updates), pool_cpus=c.pool_cpus, pool_empty=c.pool_empty,
                                  steps=c.steps, container_refusals=c.container_refusals, refusing=c.refusing,
                                  offline=c.offline, stranded=c.stranded, creations_refused=c.creations_refused,
-                                 overridden=c.overridden)
+                                 overridden=c.overridden,
+                                 evictions=self.evictions.counts() if self.evictions is not None else {},
+                                 evictions_pending=self.evictions.pending if self.evictions is not None else 0)
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -267,6 +271,8 @@ class Agent:
     def stop(self) -> None:
         if self.enforcement is not None:
             self.enforcement.stop()
+        if self.evictions is not None:
+            self.evictions.stop()
         self.label_loop.stop()
         self.rescan_loop.stop()
         self.pod_resources_loop.stop()

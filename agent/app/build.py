@@ -216,6 +216,13 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
                         "served", why, extra={"reason": why})
     groups = {(g.resource, g.id): g for g in every}
     cri_socket = cri_socket_of(config)
+    evictions = None
+    if config.cpuset_enforcement != "none" and devices.tables and config.stranded_policy == "evict":
+        from agent.app.evictions import Evictions
+        from agent.node.kubeapi import kube_api_from_environment
+
+        evictions = Evictions(kube_api_from_environment)  # no API client, no thread, before a pod is to be evicted
+    evict = evictions.want if evictions is not None else None
 
     def make_nri(counters: EnforcementCounters | None = None) -> NriEnforcement:
         nri = NriEnforcement(
@@ -224,7 +231,7 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
             cpu_manager_policy=lambda: reporter.cpu_manager_policy, socket_path=config.nri_socket,
             observe_pinned=metrics.pin_latency.observe,
             claims=dra.prepared_requests if dra is not None else None,  # DRA: the claim its CDI env names
-            notify=reporter.warn, counters=counters,
+            notify=reporter.warn, counters=counters, evict=evict,
             verifier=CriClient(cri_socket) if cri_socket.exists() else None)  # reads back what the runtime applied
         log.info("enforcing topology cpusets at creation as an NRI plugin on %s%s", config.nri_socket,
                  " with a shared pool for every other container" if config.shared_pool else "")
@@ -235,7 +242,7 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
             CriClient(cri_socket), devices, groups, config.allocation.annotation_domain, online=latest.online,
             reserved=config.grouping.reserved_cpus, shared_pool=config.shared_pool,
             cpu_manager_policy=lambda: reporter.cpu_manager_policy, interval=config.cpuset_interval,
-            observe_pinned=metrics.pin_latency.observe, notify=reporter.warn, counters=counters)
+            observe_pinned=metrics.pin_latency.observe, notify=reporter.warn, evict=evict, counters=counters)
         log.info("enforcing topology cpusets through the CRI socket %s%s", cri_socket,
                  " with a shared pool for every other container" if config.shared_pool else "")
         return cri
@@ -256,5 +263,5 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
     return Agent(topology=topology, config=config, grouping=grouping, devices=devices, manager=manager,
                  pod_resources=pod_resources, reporter=reporter, metrics=metrics, http=http, loader=loader,
                  fingerprint=fingerprint, first_fingerprint=first_fingerprint, latest=latest,
-                 enforcement=enforcement, enforcement_mode=mode)
+                 enforcement=enforcement, enforcement_mode=mode, evictions=evictions)
 

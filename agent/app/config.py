@@ -40,6 +40,8 @@ class AgentConfig:
     nri_socket: Path = Path(DEFAULT_NRI_SOCKET)  # the runtime's NRI socket
     cri_socket: Path | None = None  # the runtime's CRI socket (None: the first usual one that exists at start)
     shared_pool: bool = False  # with enforcement: confine every other container to the CPUs no held group has
+    stranded_policy: str = "evict"  # with enforcement: "evict" a stranded holder's pod (its groups' CPUs all offline,
+    # every online CPU in other holders' groups) through the API server; "keep": leave it and only report it
     cpuset_interval: float = 2.0  # seconds between looks at the runtime (fast for a while after an Allocate)
     mode: str = "deviceplugin"  # "dra": ResourceSlices and a kubelet DRA plugin instead of the device-plugin API
     dra_registry_dir: Path = Path(DEFAULT_DRA_REGISTRY_DIR)  # kubelet's plugins_registry

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from agent.backoff import Backoff
@@ -24,7 +24,7 @@ from agent.cri.client import ContainerInfo, CriClient
 from agent.devices.table import NodeDevices
 from agent.errors import AgentError, CriError
 from agent.plugin.servicer import Wire
-from agent.policy.cpuset import CpusetPlan, Identity, RunningContainer, plan_cpusets
+from agent.policy.cpuset import CpusetPlan, Eviction, Identity, RunningContainer, plan_cpusets
 from agent.policy.grouping import Group
 from agent.policy.health import DeviceKey
 from agent.topology.cpulist import format_cpulist, parse_cpulist
@@ -57,18 +57,24 @@ class EnforcementCounters:
 
 
 Notify = Callable[[str, str], None]  # (event reason, message): a Warning Event on the Node, sent off this thread
+Evict = Callable[[Iterable[Eviction]], None]  # the pods the plan names for eviction (agent/app/evictions.py; never
+# blocks)
 
 
 class OfflineNotices:
     """Says once per holder (log, Event) that its groups' CPUs are all offline, and again when it is back; keeps
-    the counts of the last plan."""
+    the counts of the last plan; hands the pods to evict (a stranded holder's) to ``evict`` (``--stranded-policy
+    evict``; None: ``keep``)."""
 
-    def __init__(self, notify: Notify | None) -> None:
+    def __init__(self, notify: Notify | None, evict: Evict | None = None) -> None:
         self.notify = notify
+        self.evict = evict
         self._said: dict[Identity, bool] = {}  # holder -> stranded when said
 
     def report(self, plan: CpusetPlan, counters: EnforcementCounters) -> None:
         counters.offline, counters.stranded = len(plan.offline), len(plan.stranded)
+        if self.evict is not None:
+            self.evict(plan.evict)
         stranded = set(plan.stranded)
         for identity in plan.offline:
             now = identity in stranded
@@ -76,10 +82,14 @@ class OfflineNotices:
                 continue
             self._said[identity] = now
             who = "/".join(identity)
-            if now:
+            if now and self.evict is not None:
                 message = (f"{who} holds groups whose CPUs are all offline and no CPU is left outside other holders' "
-                           "groups: it keeps its cpuset (a new container of it is refused) until a CPU comes back "
-                           "or a group is freed")
+                           "groups: no cpuset keeps it off other pods' CPUs, so its pod is evicted "
+                           "(--stranded-policy evict; a new container of it is refused)")
+            elif now:
+                message = (f"{who} holds groups whose CPUs are all offline and no CPU is left outside other holders' "
+                           "groups: it keeps its cpuset, which may be on other pods' CPUs (--stranded-policy keep; a "
+                           "new container of it is refused) until a CPU comes back or a group is freed")
             else:
                 message = (f"{who} holds groups whose CPUs are all offline: it runs on the shared pool "
                            f"({format_cpulist(plan.free)}), never on CPUs other pods hold, until they are back")
@@ -100,7 +110,7 @@ class CpusetEnforcement:
                  shared_pool: bool, cpu_manager_policy: Callable[[], str | None], interval: float = 2.0,
                  fast_interval: float = 0.1, fast_window: float = 15.0,
                  observe_pinned: Callable[[float], None] | None = None, notify: Notify | None = None,
-                 counters: EnforcementCounters | None = None) -> None:
+                 evict: Evict | None = None, counters: EnforcementCounters | None = None) -> None:
         self.client = client
         self.devices = devices
         self.groups = groups
@@ -114,7 +124,7 @@ class CpusetEnforcement:
         self.fast_window = fast_window
         self.observe_pinned = observe_pinned
         self.counters = counters if counters is not None else EnforcementCounters(updates={})
-        self.offline = OfflineNotices(notify)
+        self.offline = OfflineNotices(notify, evict)
         self._cache: dict[str, tuple[frozenset[int], str, float]] = {}  # id -> (cpus, mems, read at)
         self._first_pinned: set[str] = set()
         self._enforced: dict[DeviceKey, list[str]] = {}

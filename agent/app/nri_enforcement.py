@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
-from agent.app.enforcement import EnforcementCounters, Notify, OfflineNotices
+from agent.app.enforcement import EnforcementCounters, Evict, Notify, OfflineNotices
 from agent.app.nri_upkeep import RECHECK, Upkeep, container_update
 from agent.cri.client import CriClient
 from agent.devices.table import NodeDevices
@@ -89,7 +89,7 @@ class NriEnforcement:
                  cpu_manager_policy: Callable[[], str | None], socket_path: Path = Path(DEFAULT_SOCKET),
                  plugin_index: str = "10", observe_pinned: Callable[[float], None] | None = None,
                  claims: Callable[[], Mapping[str, PreparedRequest]] | None = None, notify: Notify | None = None,
-                 verifier: CriClient | None = None, recheck: float | None = None,
+                 verifier: CriClient | None = None, recheck: float | None = None, evict: Evict | None = None,
                  counters: EnforcementCounters | None = None) -> None:
         self.devices = devices
         self.groups = groups
@@ -101,7 +101,7 @@ class NriEnforcement:
         self.observe_pinned = observe_pinned
         self.claims = claims
         self.counters = counters if counters is not None else EnforcementCounters(updates={})
-        self.offline = OfflineNotices(notify)
+        self.offline = OfflineNotices(notify, evict)
         self.plugin = NriPlugin(self, socket_path, index=plugin_index)
         self.upkeep = Upkeep(self, verifier, RECHECK if recheck is None else recheck)
         self._containers: dict[str, RunningContainer] = {}  # what the runtime has, as far as it said

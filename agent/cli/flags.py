@@ -141,6 +141,11 @@ def add_service_flags(parser: argparse.ArgumentParser) -> None:
                        help="with --cpuset-enforcement cri, nri or auto: confine every other container on the node "
                             "to the CPUs of no held group (--reserved-cpus always among them), widened again when a "
                             "group is freed (default: off) [env TOPOLOGY_AGENT_SHARED_POOL=true|false]")
+    _add(group, "--stranded-policy", "evict", choices=("evict", "keep"),
+         help="with --cpuset-enforcement cri, nri or auto, a container holding groups whose CPUs are all offline while "
+              "every online CPU is in other pods' groups (stranded: no cpuset keeps it off them): evict asks the API "
+              "server to evict its pod (the Eviction subresource: PodDisruptionBudgets are honoured; needs RBAC "
+              "create on pods/eviction), keep leaves it where it is and only reports it")
     _add(group, "--cpuset-interval", "2", metavar="SECONDS",
          help="seconds between looks at the runtime for new or restarted containers while a device is held (every "
               "0.1 s for 15 s after devices change hands; every 30 s while none is held)")

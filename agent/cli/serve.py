@@ -98,6 +98,7 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
                        cpuset_enforcement=args.cpuset_enforcement, cri_socket=cri_socket(args.cri_socket),
                        nri_socket=Path(args.nri_socket or DEFAULT_NRI_SOCKET),
                        shared_pool=bool_env("--shared-pool", False) if args.shared_pool is None else args.shared_pool,
+                       stranded_policy=args.stranded_policy,
                        cpuset_interval=positive_seconds("--cpuset-interval", args.cpuset_interval),
                        mode=getattr(args, "mode", None) or "deviceplugin",
                        dra_registry_dir=Path(getattr(args, "dra_registry_dir", None) or DEFAULT_DRA_REGISTRY_DIR),

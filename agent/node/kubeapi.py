@@ -1,8 +1,9 @@
 """The agent's Kubernetes API client, over the standard library: the Node (GET, a JSON merge PATCH of metadata,
 one Event when the node advertises nothing; on a hand-over to the other mode, its extended resources' allocatable
 taken to zero with a merge PATCH of the status, :mod:`agent.policy.handover`), DRA mode's ResourceSlices (list by
-field selector with pagination, create, replace with the resourceVersion read, delete) and ResourceClaims (get), and
-an uninstall's DaemonSet and node list. Raw JSON in and out: the ``kubernetes`` package's API models cost 0.7 s of
+field selector with pagination, create, replace with the resourceVersion read, delete) and ResourceClaims (get), a
+pod's eviction (the policy/v1 Eviction subresource: a stranded holder, :mod:`agent.app.evictions`), and an
+uninstall's DaemonSet and node list. Raw JSON in and out: the ``kubernetes`` package's API models cost 0.7 s of
 import and about 35 MiB kept for the life of the agent.
 
 :class:`KubeApi` holds the calls; a transport sends them. :class:`LeanKubeApi` speaks HTTP/1.1 to the API server with
@@ -45,6 +46,11 @@ class NodeApi(Protocol):
 
     def create_event(self, namespace: str, body: Mapping[str, Any], timeout: float) -> None:
         """POST a core/v1 Event (the Node's "nothing advertised" warning)."""
+
+
+class EvictionApi(Protocol):
+    def evict_pod(self, namespace: str, name: str, timeout: float) -> None:
+        """POST a policy/v1 Eviction of the pod (the API server honours its PodDisruptionBudgets: 429)."""
 
 
 class NodeStatusApi(Protocol):
@@ -132,6 +138,12 @@ class KubeApi:
 
     def create_event(self, namespace: str, body: Mapping[str, Any], timeout: float) -> None:
         self._request("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", dict(body), timeout)
+
+    # --- a pod's eviction (:mod:`agent.app.evictions`) ----------------------------------------------
+    def evict_pod(self, namespace: str, name: str, timeout: float) -> None:
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        self._request("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/eviction",
+                      body, timeout)
 
     # --- an uninstall (:mod:`agent.node.uninstall`) -------------------------------------------------
     def get_daemonset(self, namespace: str, name: str, timeout: float) -> JSON | None:

@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from agent import __version__
 from agent.observe.status import AgentStatus
-from agent.policy.cpuset import KINDS
+from agent.policy.cpuset import EVICTION_REASONS, EVICTION_RESULTS, KINDS
 
 PREFIX = "topology_agent"
 DEVICE_STATES: tuple[str, ...] = ("healthy", "allocated", "held-elsewhere", "blocked-by-overlap", "unhealthy-offline")
@@ -230,6 +230,17 @@ def _enforcement(s: AgentStatus) -> Iterator[Metric]:
         yield CounterMetricFamily(f"{PREFIX}_cpuset_creations_refused",
                                   "Container creations NRI refused rather than create them on every CPU",
                                   value=e.creations_refused)
+        evictions = CounterMetricFamily(f"{PREFIX}_cpuset_evictions",
+                                        "Pod evictions asked of the API server (a stranded holder's pod), by result: "
+                                        "evicted, blocked (429, a PodDisruptionBudget), failed, gone (404)",
+                                        labels=["reason", "result"])
+        for reason in EVICTION_REASONS:
+            for result in EVICTION_RESULTS:
+                evictions.add_metric([reason, result], e.evictions.get((reason, result), 0))
+        yield evictions
+        yield GaugeMetricFamily(f"{PREFIX}_cpuset_evictions_pending",
+                                "Pods to evict whose eviction the API server has not accepted yet (retried with "
+                                "backoff)", value=e.evictions_pending)
         yield CounterMetricFamily(f"{PREFIX}_cpuset_overridden",
                                   "Containers found on another cpuset than the agent set (another NRI plugin, a "
                                   "manual update, a lost update)", value=e.overridden)

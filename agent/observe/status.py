@@ -32,6 +32,8 @@ class EnforcementStatus:
     stranded: int = 0  # of those, the ones no CPU is left for
     creations_refused: int = 0  # NRI: creations refused (empty pool, stranded holder)
     overridden: int = 0  # NRI: containers the re-check found on another cpuset than the agent knew
+    evictions: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (reason, result) -> eviction calls
+    evictions_pending: int = 0  # pods the plan names for eviction that the API server has not accepted yet
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,8 @@ from agent.topology.cpulist import format_cpulist
 Identity = tuple[str, str, str]  # kubelet's namespace, pod, container
 KINDS = ("topology", "shrink", "widen", "offline")  # what an update does (metrics label every one)
 EVICTION_REASONS = ("stranded",)  # why a pod is to be evicted (metrics label every one)
+EVICTION_RESULTS = ("evicted", "blocked", "failed", "gone")  # what the API server made of an eviction: accepted,
+# 429 (a PodDisruptionBudget), any other failure or no answer, 404 (the pod is gone)
 
 
 @dataclass(frozen=True, slots=True)
