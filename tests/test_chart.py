@@ -431,14 +431,18 @@ def test_image_tag_defaults_to_app_version_and_digest_wins(render: Render) -> No
 # ------------------------------------------------------------------------------------------------------ RBAC
 
 
-def test_rbac_is_get_and_patch_on_nodes_and_create_on_events_only(render: Render) -> None:
+EVICTION_RULE = {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}
+
+
+def test_rbac_is_get_and_patch_on_nodes_create_on_events_and_on_evictions_only(render: Render) -> None:
     docs = render()
     role = one(docs, "ClusterRole")
     # nodes/status: patch only, and only beside the node-restriction policy that holds it to lowering the agent's
     # own extended resources to zero (a hand-over to the other mode; test_node_policy_admits_only_our_...)
+    # pods/eviction: create only, for a stranded holder's pod (strandedPolicy evict, the default; below)
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
                              {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
-                             {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+                             {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}, EVICTION_RULE]
     binding = one(docs, "ClusterRoleBinding")
     account = one(docs, "ServiceAccount")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
@@ -456,6 +460,27 @@ def test_rbac_is_get_and_patch_on_nodes_and_create_on_events_only(render: Render
 
 def test_no_rbac_without_node_labels(render: Render) -> None:
     assert not {"ClusterRole", "ClusterRoleBinding"} & set(kinds(render("--set", "agent.nodeLabels=false")))
+
+
+@pytest.mark.parametrize(("args", "policy"), [
+    ((), "evict"),
+    (("--set", "strandedPolicy=keep"), "keep"),
+    (("--set", "cpusetEnforcement=cri"), "evict"),
+    (("--set", "cpusetEnforcement=nri"), "evict"),
+    (("--set", "cpusetEnforcement=none"), None),
+    (("--set", "agent.nodeLabels=false"), "keep"),  # no API access at all: it cannot evict, so it keeps
+], ids=["default", "keep", "cri", "nri", "no-enforcement", "no-api-access"])
+def test_stranded_policy_evict_grants_create_on_pods_eviction_only_where_the_agent_evicts(
+        render: Render, args: tuple[str, ...], policy: str | None) -> None:
+    """Issue 34: the agent evicts a stranded holder's pod (strandedPolicy evict) only with cpuset enforcement and
+    API access; the ClusterRole grants pods/eviction exactly then, and the agent is told keep otherwise."""
+    docs = render(*args)
+    env = env_of(agent_container(docs))
+    assert env.get("TOPOLOGY_AGENT_STRANDED_POLICY") == policy
+    roles = kinds(docs).get("ClusterRole", [])
+    rules = [r for role in roles for r in role["rules"] if "pods/eviction" in r["resources"]]
+    assert rules == ([EVICTION_RULE] if policy == "evict" else [])
+    assert not [r for role in roles for r in role["rules"] if set(r["resources"]) & {"pods", "pods/status"}]
 
 
 def test_service_account_token_only_for_node_labels(render: Render) -> None:
@@ -856,7 +881,7 @@ def test_node_restriction_policy_shape(render: Render) -> None:
 def test_node_restriction_policy_sits_beside_a_patch_only_nodes_role(render: Render) -> None:
     """The policy covers what the role grants on nodes and their status: UPDATE (PATCH); events can only be
     created. Without the policy there is no patch on the status at all (it would be every Node's, unbounded)."""
-    rule, status, events = one(render(), "ClusterRole")["rules"]
+    rule, status, events = one(render("--set", "strandedPolicy=keep"), "ClusterRole")["rules"]
     assert rule["resources"] == ["nodes"] and set(rule["verbs"]) <= {"get", "patch"}
     assert status["resources"] == ["nodes/status"] and status["verbs"] == ["patch"]
     assert events["resources"] == ["events"] and events["verbs"] == ["create"]

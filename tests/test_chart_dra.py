@@ -59,6 +59,8 @@ def test_dra_mode(render: Render, extra: tuple[str, ...]) -> None:
     assert rules[(("resource.k8s.io",), ("resourceclaims",))] == {"get", "list", "watch"}
     assert rules[(("resource.k8s.io",), ("deviceclasses",))] == {"get"}
     assert "get" in rules[(("",), ("nodes",))]
+    assert rules[(("",), ("pods/eviction",))] == {"create"}  # DRA's API access: a stranded holder's pod is evicted
+    assert env["TOPOLOGY_AGENT_STRANDED_POLICY"] == "evict"
     policies = {p["metadata"]["name"]: p for p in kinds(docs)["ValidatingAdmissionPolicy"]}
     slices = policies["t-s390x-topology-agent-resourceslices"]
     rule = slices["spec"]["matchConstraints"]["resourceRules"][0]

@@ -111,6 +111,14 @@ true
 {{- if or .Values.agent.nodeLabels (include "topology-agent.dra" .) -}}true{{- end -}}
 {{- end }}
 
+{{/*
+Whether the agent evicts stranded holders' pods (strandedPolicy evict): with cpuset enforcement and API access only
+(without a token it keeps them, as with strandedPolicy keep).
+*/}}
+{{- define "topology-agent.evictStranded" -}}
+{{- if and (has .Values.cpusetEnforcement (list "cri" "nri" "auto")) (eq (.Values.strandedPolicy | default "evict") "evict") (include "topology-agent.apiAccess" .) -}}true{{- end -}}
+{{- end }}
+
 {{/* The domain of the agent's node labels and annotations (agent/node/labels.py KEY_PREFIX). */}}
 {{- define "topology-agent.nodeKeyPrefix" -}}topology.s390x.ibm.com/{{- end }}
 
