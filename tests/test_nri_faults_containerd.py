@@ -77,6 +77,7 @@ class Node:
         self.groups = {(g.resource, g.id): g for g in self.grouping.groups}
         self.online = set(cpus)
         self.notices: list[tuple[str, str]] = []
+        self.evict: list[tuple[str, str]] = []  # the pods the last plan named for eviction (--stranded-policy evict)
         self.shared_pool = shared_pool
         self.recheck = recheck
         self.enforcement: NriEnforcement | AutoEnforcement
@@ -93,7 +94,8 @@ class Node:
             self.devices, self.groups, DOMAIN, online=lambda: frozenset(self.online), reserved=frozenset(),
             shared_pool=self.shared_pool, cpu_manager_policy=lambda: None, socket_path=self.ctd.nri_socket,
             notify=lambda reason, message: self.notices.append((reason, message)), counters=counters,
-            verifier=CriClient(self.ctd.socket) if self.recheck is not None else None, recheck=self.recheck)
+            verifier=CriClient(self.ctd.socket) if self.recheck is not None else None, recheck=self.recheck,
+            evict=lambda evictions: self.evict.__setitem__(slice(None), [e.key for e in evictions]))
 
     def make_cri(self, counters: EnforcementCounters) -> CpusetEnforcement:
         return CpusetEnforcement(CriClient(self.ctd.socket), self.devices, self.groups, DOMAIN,
@@ -322,12 +324,14 @@ def test_a_plain_container_is_refused_on_an_empty_pool_and_an_offline_holder_run
         made.append(web)
         assert first_line(ctd, web) == str(b)
         # A new holder of book b leaves llm no CPU that no other pod holds. Nothing can take it anywhere that is
-        # not another pod's (NRI's adaptation drops a plugin's evictions): it is said, stranded, not hidden.
+        # not another pod's (NRI's adaptation drops a plugin's evictions): it is said, stranded, and its pod is
+        # handed over for eviction through the API server (agent/app/evictions.py; issue 34's soak).
+        assert node.evict == []
         late = ctd.run_pod("late", container="c", annotations=node.hold(1), command=FIRST_LINE)
         made.append(late)
         assert first_line(ctd, late) == str(b)
-        assert node.nri.counters.stranded == 1
-        assert "keeps its cpuset" in node.notices[-1][1] and "default/llm/c" in node.notices[-1][1]
+        assert node.nri.counters.stranded == 1 and node.evict == [("default", "llm")]
+        assert "its pod is evicted" in node.notices[-1][1] and "default/llm/c" in node.notices[-1][1]
     finally:
         node.close()
 

@@ -3,7 +3,9 @@ that lists the running containers over CRI, plans their cpusets (:mod:`agent.pol
 applies what differs with ``UpdateContainerResources``, as kubelet's CPU manager does.
 
 Never on the Allocate path, and never in the way of device serving: a failing or absent runtime is
-retried with backoff and reported. A runtime that refuses one container's update (a sandboxed
+retried with backoff and reported. The pod of a stranded holder (its groups' CPUs all offline, no CPU left
+outside other holders' groups) is handed to :mod:`agent.app.evictions` (``--stranded-policy evict``), which asks
+the API server on a thread of its own. A runtime that refuses one container's update (a sandboxed
 runtime, say) costs that container only: it is said once, counted, and tried again at the next
 step, while every other container is still updated in the same step. It is refused while kubelet
 runs the static CPU manager policy (kubelet reconciles cpusets itself: the two would fight).

@@ -7,7 +7,9 @@ containers the runtime told about), never from I/O inside a handler.
   ``--shared-pool`` the pool for every other container), and the running containers the new
   holder pushes out of its CPUs, all in the reply. A container the pool cannot take (an ordinary one
   while the shared pool is empty, a holder whose groups are all offline with no pool left) is refused:
-  the runtime fails its creation and kubelet retries it, rather than it running on every CPU.
+  the runtime fails its creation and kubelet retries it, rather than it running on every CPU. A running stranded
+  holder's pod is handed to :mod:`agent.app.evictions` (``--stranded-policy evict``), which asks the API server
+  on a thread of its own: never from a handler (NRI's adaptation drops a plugin's evictions anyway).
 * Synchronize (at registration, and after every reconnect): every existing container reconciled
   as the CRI loop does, which repairs containers created while the plugin was away.
 * UpdateContainer: a topology container keeps its groups' CPUs whatever kubelet updates; Stop and

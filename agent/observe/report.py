@@ -110,8 +110,9 @@ def table(topology: Topology, grouping: Grouping) -> str:
 GONE = ("offline", "standby (deconfigured)")  # grouping's reasons for CPUs that cannot run anything now
 OFFLINE_HOLDERS = ("a pod still holding a group these CPUs were in (advertised before they went away) keeps it, "
                    "Unhealthy; with cpuset enforcement its containers run on the CPUs no other pod holds, never on "
-                   "another pod's (or their creation is refused when none is left): metric "
-                   "topology_agent_cpuset_holders_offline, Warning Event TopologyHolderOffline on the Node")
+                   "another pod's (when none is left their creation is refused, and the pod is evicted with "
+                   "--stranded-policy evict): metric topology_agent_cpuset_holders_offline, Warning Event "
+                   "TopologyHolderOffline on the Node")
 
 
 def explain(topology: Topology, grouping: Grouping, settings: AllocationSettings) -> str:
