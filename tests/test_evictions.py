@@ -59,7 +59,7 @@ def evictions() -> Any:
     made: list[Evictions] = []
 
     def make(api: Any, **kw: Any) -> Evictions:
-        e = Evictions(lambda: api, first=0.05, cap=0.2, **kw)
+        e = Evictions(lambda: api, first=0.05, cap=0.2, **{"settle": 0.0, **kw})
         made.append(e)
         return e
 
@@ -122,6 +122,24 @@ def test_a_pod_no_longer_named_is_not_asked_again_and_a_gone_pod_is_done(evictio
     assert len(api.calls) <= calls + 1 and e.pending == 0  # at most the call under way when it was dropped
 
 
+def test_a_pod_is_asked_for_only_once_the_plans_named_it_for_the_settle_time(evictions: Any) -> None:
+    """A pod stranded between two updates of the plan's sources (a holder that ended but is still listed, a CPU back
+    but not yet rescanned) is not evicted; one the plans keep naming is, once the settle time is over."""
+    now = [100.0]
+    api = FakeApi()
+    e = evictions(api, settle=10.0, clock=lambda: now[0], thread=False)
+    e.want([STRANDED])
+    now[0] += 9.0
+    e.want([STRANDED])
+    e.want([])  # gone from the plan before it settled
+    now[0] += 5.0
+    e.want([STRANDED])  # named anew: its settle time starts again
+    assert e.run_once() == (True, 10.0) and api.calls == []
+    now[0] += 10.0
+    e.want([STRANDED])
+    assert e.run_once() == (True, None) and api.calls == [("ns", "llm", 10.0)]
+
+
 def test_want_never_blocks_on_the_api_server(evictions: Any) -> None:
     api = FakeApi()
     api.release.clear()  # the API server does not answer
@@ -140,7 +158,7 @@ def test_no_api_configuration_is_a_failure_retried_not_a_crash(evictions: Any) -
     def no_api() -> Any:
         raise NodeLabelerError("no Kubernetes API configuration")
 
-    e = Evictions(no_api, first=0.05, cap=0.1)
+    e = Evictions(no_api, first=0.05, cap=0.1, settle=0.0)
     try:
         e.want([STRANDED])
         wait_for(lambda: e.counts().get(("stranded", "failed"), 0) >= 2)

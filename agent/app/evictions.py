@@ -4,11 +4,14 @@ so that the pod's PodDisruptionBudgets and its termination grace are honoured (`
 
 Never in the way of anything: :meth:`Evictions.want` only records what the plan names (the NRI handlers and the CRI
 loop call it at every plan) and wakes a thread of its own, started for the first pod to evict, which makes the calls.
-Each pod is asked once: an accepted eviction is remembered while the plan still names the pod (it terminates
-meanwhile), and forgotten once it does not. A refusal (429: a PodDisruptionBudget allows no disruption now; any
-other answer or no answer) is logged once per pod and reason and tried again with backoff
-(:class:`agent.backoff.Backoff`) for as long as the plan names the pod; a pod the plan no longer names (a CPU came
-back, a group was freed) is not asked again. A pod the API server does not know (404) is gone already.
+A pod is asked for once the plans have named it for ``settle`` seconds in a row (10 s): what the plan knows comes
+from several sources (the rescan's online CPUs, pod-resources' holders every 2 s, the runtime's containers), and a
+pod stranded only between two of their updates (a holder that ended but is still listed, a CPU back but not yet
+rescanned) is not evicted for it. Each pod is asked once: an accepted eviction is remembered while the plan still
+names the pod (it terminates meanwhile), and forgotten once it does not. A refusal (429: a PodDisruptionBudget
+allows no disruption now; any other answer or no answer) is logged once per pod and reason and tried again with
+backoff (:class:`agent.backoff.Backoff`) for as long as the plan names the pod; a pod the plan no longer names (a CPU
+came back, a group was freed) is not asked again. A pod the API server does not know (404) is gone already.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import http.client
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -30,19 +34,25 @@ log = logging.getLogger("topology-agent.cpuset")
 
 TIMEOUT = 10.0  # seconds for one eviction call
 FIRST_RETRY, MAX_RETRY = 5.0, 120.0  # the backoff of refused or failed evictions
+SETTLE = 10.0  # seconds a pod must stay named before it is asked for
 
 
 class Evictions:
     """The pods to evict, and the thread that asks for them."""
 
     def __init__(self, api: Callable[[], EvictionApi], *, first: float = FIRST_RETRY, cap: float = MAX_RETRY,
-                 timeout: float = TIMEOUT) -> None:
+                 timeout: float = TIMEOUT, settle: float = SETTLE, clock: Callable[[], float] = time.monotonic,
+                 thread: bool = True) -> None:
         self._make_api = api  # called on the thread, at the first eviction: no API client before one is needed
         self._api: EvictionApi | None = None
         self.backoff = Backoff(first, cap)
         self.timeout = timeout
+        self.settle = settle
+        self.clock = clock
+        self.threaded = thread  # False: no thread, the caller runs run_once (tests)
         self._counts: dict[tuple[str, str], int] = {}  # (reason, result) -> calls
         self._wanted: dict[tuple[str, str], Eviction] = {}  # what the last plan names
+        self._since: dict[tuple[str, str], float] = {}  # of those, when the plans began to name each (clock)
         self._asked: set[tuple[str, str]] = set()  # of those, the ones the API server accepted (or does not know)
         self._said: dict[tuple[str, str], str] = {}  # pod -> the last failure logged for it
         self._lock = threading.Lock()
@@ -53,18 +63,20 @@ class Evictions:
     def want(self, evictions: Iterable[Eviction]) -> None:
         """The pods the plan names now (never blocks: any thread may call it)."""
         wanted = {e.key: e for e in evictions}
+        now = self.clock()
         with self._lock:
             new = wanted.keys() - self._wanted.keys() - self._asked
             self._asked &= wanted.keys()
+            self._since = {k: self._since.get(k, now) for k in wanted}
             self._said = {k: v for k, v in self._said.items() if k in wanted}
             self._wanted = wanted
-            start = bool(new) and self._thread is None and not self._stop.is_set()
+            start = bool(new) and self.threaded and self._thread is None and not self._stop.is_set()
             if start:
                 self._thread = threading.Thread(target=self._run, name="evictions", daemon=True)
         if start and self._thread is not None:
             self._thread.start()
         if new:
-            self._wake.set()  # a new pod is asked for at once; the ones refused keep their backoff
+            self._wake.set()  # the thread looks when a new pod is due; the ones refused keep their backoff
 
     @property
     def pending(self) -> int:
@@ -83,14 +95,19 @@ class Evictions:
         if self._thread is not None:
             self._thread.join(timeout=TIMEOUT + 1)
 
-    def run_once(self) -> bool:
-        """Ask for every pod the plan names and the API server has not accepted; True when none was left to retry."""
+    def run_once(self) -> tuple[bool, float | None]:
+        """Ask for every pod the plans have named for ``settle`` seconds and the API server has not accepted: (none
+        was left to retry, the seconds until the next pod is due; None: none is waiting)."""
+        now = self.clock()
         with self._lock:
-            todo = [e for k, e in self._wanted.items() if k not in self._asked]
+            waiting = {k: self._since[k] + self.settle - now for k in self._wanted if k not in self._asked}
+            todo = [self._wanted[k] for k, left in waiting.items() if left <= 0]
+            later = [left for left in waiting.values() if left > 0]
+        due = min(later) if later else None
         done = True
         for eviction in todo:
             if self._stop.is_set():
-                return False
+                return False, due
             result = self._ask(eviction)
             with self._lock:
                 self._counts[(eviction.reason, result)] = self._counts.get((eviction.reason, result), 0) + 1
@@ -99,20 +116,22 @@ class Evictions:
                         self._asked.add(eviction.key)
                     self._said.pop(eviction.key, None)
             done = done and result in ("evicted", "gone")
-        return done
+        return done, due
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                done = self.run_once()
+                done, due = self.run_once()
             except Exception:  # the thread must go on whatever one call does
                 log.exception("evicting pods failed")
-                done = False
+                done, due = False, None
             if done:
                 self.backoff.reset()
-                self._wake.wait()  # until the plan names a new pod, or a stop
+                delay = due  # None: until the plan names a new pod, or a stop
             else:
-                self._wake.wait(self.backoff.next())
+                retry = self.backoff.next()
+                delay = retry if due is None else min(retry, due)
+            self._wake.wait(delay)
             self._wake.clear()
 
     def _ask(self, eviction: Eviction) -> str:
