@@ -257,3 +257,35 @@ def test_the_soak_under_nri_the_new_book_pod_is_created_and_the_stranded_pod_evi
     wait_for(lambda: api.calls == [("default", "llm", 10.0)])
     api.release.set()
     wait_for(lambda: evict.counts() == {("stranded", "evicted"): 1} and evict.pending == 0)
+
+
+@pytest.mark.parametrize("policy", ["evict", "keep"])
+def test_the_composition_root_wires_the_evictions_into_the_enforcement_and_the_metrics(policy: str) -> None:
+    """--stranded-policy evict: one Evictions, fed by the enforcement's plans and read by the metrics; keep: none
+    (nothing is made, no API client, no thread)."""
+    from prometheus_client import generate_latest
+
+    from agent.app.build import build_agent
+    from agent.app.config import AgentConfig
+    from agent.app.nri_enforcement import NriEnforcement
+    from tests.plugin_harness import short_tmpdir
+    from tests.test_nri_enforcement import two_books
+
+    root = short_tmpdir()
+    config = AgentConfig(kubelet_dir=root / "kubelet", grouping=GroupingSettings(levels=("book",)),
+                         cpuset_enforcement="nri", stranded_policy=policy, pod_resources_interval=0,
+                         pod_resources_socket=root / "no-pod-resources.sock", nri_socket=root / "nri.sock",
+                         cpu_manager_state=root / "no-cpu-manager-state")
+    (root / "kubelet").mkdir()
+    agent = build_agent(two_books(), config)
+    enforcement = agent.enforcement
+    assert isinstance(enforcement, NriEnforcement)
+    if policy == "keep":
+        assert agent.evictions is None and enforcement.offline.evict is None
+        return
+    assert agent.evictions is not None and enforcement.offline.evict == agent.evictions.want
+    assert agent.evictions._thread is None  # no thread before a pod is to be evicted
+    agent.evictions._counts[("stranded", "blocked")] = 2
+    text = generate_latest(agent.metrics.registry).decode()
+    assert 'topology_agent_cpuset_evictions_total{reason="stranded",result="blocked"} 2.0' in text
+    assert "topology_agent_cpuset_evictions_pending 0.0" in text
