@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from agent.app.evictions import SETTLE
 from agent.backoff import Backoff
 from agent.cri.client import ContainerInfo, CriClient
 from agent.devices.table import NodeDevices
@@ -86,8 +87,8 @@ class OfflineNotices:
             who = "/".join(identity)
             if now and self.evict is not None:
                 message = (f"{who} holds groups whose CPUs are all offline and no CPU is left outside other holders' "
-                           "groups: no cpuset keeps it off other pods' CPUs, so its pod is evicted "
-                           "(--stranded-policy evict; a new container of it is refused)")
+                           f"groups: no cpuset keeps it off other pods' CPUs, so its pod is evicted if it stays so for "
+                           f"{SETTLE:g} s (--stranded-policy evict; a new container of it is refused)")
             elif now:
                 message = (f"{who} holds groups whose CPUs are all offline and no CPU is left outside other holders' "
                            "groups: it keeps its cpuset, which may be on other pods' CPUs (--stranded-policy keep; a "
