@@ -263,3 +263,17 @@ def test_a_pod_is_named_once_for_eviction_whatever_its_number_of_stranded_contai
     (eviction,) = plan.evict
     assert eviction.key == ("ns", "two") and "containers a, b hold" in eviction.why
     assert plan.updates == ()  # the other pod is untouched
+
+
+def test_with_no_pool_left_an_offline_holder_runs_on_its_own_pods_groups_rather_than_be_evicted() -> None:
+    """A pod's other container holds an online group: the offline holder runs there (its pod's CPUs, nobody else's),
+    is not stranded, and the pod is not evicted."""
+    groups = _one_cpu_books(3)
+    keys = [(BOOK, f"drawer0-book{i}") for i in range(3)]
+    a, b = RunningContainer("id-a", ("ns", "two", "a"), frozenset()), RunningContainer("id-b", ("ns", "two", "b"),
+                                                                                        frozenset({1}), mems="0")
+    other = RunningContainer("id-o", ("ns", "other", "c"), frozenset({2}), mems="0")
+    holders = {a.identity: {keys[0]}, b.identity: {keys[1]}, other.identity: {keys[2]}}
+    plan = plan_cpusets([a, b, other], holders, set(keys), groups, frozenset({1, 2}))
+    assert [(u.identity, u.cpus, u.kind) for u in plan.updates] == [(a.identity, "1", "offline")]
+    assert plan.offline == (a.identity,) and plan.stranded == () and plan.evict == ()

@@ -15,14 +15,15 @@ container runtime (``--cpuset-enforcement cri`` or ``nri``). Pure: containers, h
   every group held or pinned right now, with ``reserved`` CPUs always in it, as kubelet's static CPU
   manager keeps its shared pool apart from exclusive CPUs. A pool that would be empty shrinks nobody.
 * A holder whose groups' CPUs are all offline runs on the pool too (kind ``offline``), with or without
-  ``--shared-pool``, and is reported: it must never run on CPUs other pods hold. With no pool left it is
-  ``stranded``: no cpuset can keep it off other pods' CPUs (left as it is, it runs where it last was, or, with a
-  cpuset of offline CPUs only, wherever its parent runs: the pool it was moved to before another pod took that
-  CPU, or every CPU), so its pod is named in ``evict`` (reason ``stranded``, once per pod whatever its number of
-  stranded containers): a held group belongs to one pod, and the pod cannot run anywhere on this node that is not
-  another pod's. The adapter asks the API server for the eviction (``--stranded-policy evict``; ``keep`` only
-  reports it); NRI defines evictions too, but its adaptation drops a plugin's (``pkg/adaptation/result.go``
-  ``apply`` takes the adjustment and the updates of a reply only). A new container of it is refused.
+  ``--shared-pool``, and is reported: it must never run on CPUs other pods hold. With no pool left it runs on the
+  online CPUs of the groups its own pod's other containers hold, if any (its pod's, nobody else's). Else it is
+  ``stranded``: no cpuset can keep it off other pods' CPUs (left as it is, it runs where it last was: the pool it
+  was moved to before another pod took that CPU, or every CPU), so its pod is named in ``evict`` (reason
+  ``stranded``, once per pod whatever its number of stranded containers): a held group belongs to one pod, and the
+  pod cannot run anywhere on this node that is not another pod's. The adapter asks the API server for the eviction
+  (``--stranded-policy evict``; ``keep`` only reports it); NRI defines evictions too, but its adaptation drops a
+  plugin's (``pkg/adaptation/result.go`` ``apply`` takes the adjustment and the updates of a reply only). A new
+  container of it is refused.
 * Only what differs is changed; a container with no cpuset of its own runs on every CPU, its groups' offline
   ones included (they may come back).
 """
@@ -135,6 +136,9 @@ def plan_cpusets(containers: Iterable[RunningContainer], holders: Mapping[Identi
     taken |= {c for _, mine in running for g in mine for c in g.cpus}
     pool = (online_set - taken) | (frozenset(reserved) & online_set)
     pool_empty = shared_pool and not pool
+    pods: dict[tuple[str, str], set[int]] = {}  # each pod's online CPUs of the groups its containers hold
+    for c, mine in running:
+        pods.setdefault(c.identity[:2], set()).update(x for g in mine for x in g.cpus if x in online_set)
     updates: list[Update] = []
     offline: list[Identity] = []
     stranded: list[Identity] = []
@@ -145,12 +149,13 @@ def plan_cpusets(containers: Iterable[RunningContainer], holders: Mapping[Identi
             topology += 1
             cpus = frozenset(c for g in mine for c in g.cpus) & online_set
             mems = ",".join(map(str, sorted({n for g in mine for n in g.memory_nodes})))
-            if not cpus:  # every CPU of its groups went offline: the pool, never another holder's CPUs
+            if not cpus:  # every CPU of its groups went offline: the pool, never another pod's CPUs
                 offline.append(container.identity)
-                if not pool:
+                home = pool or frozenset(pods.get(container.identity[:2], ()))  # else its own pod's groups
+                if not home:
                     stranded.append(container.identity)
-                elif current != pool:
-                    updates.append(Update(container.id, container.identity, format_cpulist(sorted(pool)), "",
+                elif current != home:
+                    updates.append(Update(container.id, container.identity, format_cpulist(sorted(home)), "",
                                           "offline", container.created_at))
                 continue
             if current == cpus and (not mems or container.mems == mems):
