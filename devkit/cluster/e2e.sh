@@ -12,8 +12,13 @@
 # of the suite: SOAK_SECONDS (1800) of pod churn and seeded faults (SOAK_SEED; random and printed when unset), the
 # truth checked every second; its figures also go to $CLUSTER_DIR/soak-<seed>.json.
 #
+# E2E_PRELOAD_VLLM=1 (.ci/run, with KEEP_CLUSTER=1 before make e2e-vllm): when the vLLM image is built for its pins,
+# the main suite imports it into containerd in the background while its tests run (about 90 s of the lane's mostly
+# idle CPU), and waits for it before it ends, so that make e2e-vllm finds it there. Its output goes to $CLUSTER_DIR/logs/vllm-preload.log; a
+# failed preload fails nothing here (make e2e-vllm imports it again and says why).
+#
 # Environment: CLUSTER_DIR (.cluster), CLUSTER_CACHE, KEEP_CLUSTER=1 (leave a cluster this script started
-# running), PYTEST_ARGS (extra pytest arguments), HELM, E2E_SUITE (main or vllm),
+# running), PYTEST_ARGS (extra pytest arguments), HELM, E2E_SUITE (main or vllm), E2E_PRELOAD_VLLM,
 # SOAK_SECONDS, SOAK_SEED.
 set -euo pipefail
 WHAT=${1:-test}
@@ -48,6 +53,7 @@ export KUBECONFIG
 kubectl() { "$BIN/kubectl" "$@"; }
 
 started=0
+preload_pid=
 if ! "$PYTHON" -m topology_devkit.realcluster status >/dev/null 2>&1; then
   echo "==> cluster-up (after cleaning what an earlier cluster may have left on the host)"
   "$PYTHON" -m topology_devkit.realcluster down >/dev/null
@@ -59,6 +65,7 @@ else
 fi
 cleanup() {
   local rc=$?
+  if [ -n "$preload_pid" ]; then kill "$preload_pid" 2>/dev/null || true; wait "$preload_pid" 2>/dev/null || true; fi
   if [ "$rc" != 0 ]; then
     echo "--- diagnostics (exit $rc)"
     kubectl get nodes -o wide || true
@@ -81,6 +88,19 @@ echo "==> helm upgrade --install $RELEASE (fake topology: one book per CPU of th
 "$HELM" upgrade --install "$RELEASE" deploy/helm/s390x-topology-agent --namespace "$NAMESPACE" \
   -f devkit/cluster/e2e-values.yaml --set-file "fakeTopology.snapshots.default\.json=$SNAPSHOTS/default.json" \
   --wait --timeout 180s
+
+if [ "$SUITE" = main ] && [ "$WHAT" = test ] && [ "${E2E_PRELOAD_VLLM:-0}" = 1 ]; then
+  vllm_archive=$("$PYTHON" -m topology_devkit.realcluster.vllm_image key | cut -f2)
+  if [ -f "$vllm_archive" ]; then
+    echo "==> the vLLM image into containerd in the background, for make e2e-vllm ($CLUSTER_DIR/logs/vllm-preload.log)"
+    "$PYTHON" -m topology_devkit.realcluster.vllm_image import --ctr "$BIN/ctr" \
+      >"$CLUSTER_DIR/logs/vllm-preload.log" 2>&1 &
+    preload_pid=$!
+    preload_t=$SECONDS
+  else  # a build (about 10 minutes of both CPUs) would load the suite: make e2e-vllm builds it after
+    echo "==> the vLLM image is not built for these pins yet: make e2e-vllm builds and imports it"
+  fi
+fi
 
 if [ "$SUITE" = vllm ]; then
   echo "==> the vLLM image into containerd (built once per pins, then cached)"
@@ -106,4 +126,15 @@ export TOPOLOGY_E2E_KUBECONFIG=$KUBECONFIG TOPOLOGY_E2E_LANE=local TOPOLOGY_E2E_
        TOPOLOGY_E2E_DRA=${TOPOLOGY_E2E_DRA:-1} TOPOLOGY_E2E_VLLM_IMAGE=localhost/topology-e2e-vllm:0.32.0
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
 "$PYTHON" -m pytest -m "$MARKS" tests/e2e -v -rA --durations=12 -p no:cacheprovider ${PYTEST_ARGS:-}
+if [ -n "$preload_pid" ]; then
+  preload_rc=0
+  wait "$preload_pid" || preload_rc=$?
+  preload_pid=
+  if [ "$preload_rc" = 0 ]; then
+    echo "e2e: the vLLM image preloaded in the background (done $((SECONDS - preload_t)) s after it began)"
+  else
+    echo "e2e: the vLLM image preload failed (exit $preload_rc; make e2e-vllm imports it again):" >&2
+    tail -n 5 "$CLUSTER_DIR/logs/vllm-preload.log" >&2 || true
+  fi
+fi
 echo "e2e ($SUITE): passed in $((SECONDS - T0)) s"
