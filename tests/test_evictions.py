@@ -14,7 +14,7 @@ import pytest
 
 from agent.app.enforcement import CpusetEnforcement
 from agent.app.evictions import Evictions
-from agent.cri.client import ContainerInfo, ContainerStatusInfo, CriClient
+from agent.cri.client import ContainerStatusInfo, CriClient
 from agent.devices.table import NodeDevices
 from agent.errors import KubeApiError, NodeLabelerError
 from agent.node.kubeapi import KubeApi
@@ -23,7 +23,7 @@ from agent.policy.allocation import AllocationSettings
 from agent.policy.cpuset import Eviction
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology.embedded import load_embedded
-from tests.conftest import BOOK
+from tests.test_cpuset_enforcement import OfflineHolderRuntime
 
 STRANDED = Eviction("ns", "llm", "stranded", "container c holds groups whose CPUs are all offline")
 OTHER = Eviction("ns", "other", "stranded", "container c holds groups whose CPUs are all offline")
@@ -167,25 +167,8 @@ def test_no_api_configuration_is_a_failure_retried_not_a_crash(evictions: Any) -
         e.stop()
 
 
-class StrandedRuntime:
+class StrandedRuntime(OfflineHolderRuntime):
     """llm holds book 0, whose CPUs are all offline; other holds book 1, the only one online: llm is stranded."""
-
-    def __init__(self) -> None:
-        self.updates: list[tuple[str, str]] = []
-
-    def update_cpuset(self, container: str, cpus: str, mems: str = "") -> None:
-        self.updates.append((container, cpus))
-
-    def close(self) -> None:
-        pass
-
-    def list_containers(self, running_only: bool = True) -> list[ContainerInfo]:
-        return [ContainerInfo(id=c, pod_sandbox_id=f"s-{c}", name=c, attempt=0, state="CONTAINER_RUNNING",
-                              created_at=0, labels={"io.kubernetes.pod.name": c, "io.kubernetes.pod.namespace": "ns",
-                                                    "io.kubernetes.container.name": c},
-                              annotations={"topology.s390x.ibm.com/groups": book,
-                                           "topology.s390x.ibm.com/resource": BOOK})
-                for c, book in (("llm", "drawer0-book0"), ("other", "drawer0-book1"))]
 
     def container_status(self, container: str) -> ContainerStatusInfo:
         cpus = "12-21" if container in ("llm", "other") else ""  # llm was moved to the pool before other came
