@@ -82,7 +82,7 @@ def _why_not(image: str) -> str | None:
     nodes = json.loads(done.stdout)["items"]
     if not nodes or int(nodes[0]["status"].get("capacity", {}).get("topology/book", "0")) < 1:
         return "the node advertises no topology/book: install the chart as devkit/cluster/e2e.sh does"
-    images = [i for n in nodes for img in n["status"].get("images", []) for i in img.get("names", [])]
+    images = [i for n in nodes for img in n["status"].get("images") or [] for i in img.get("names") or []]
     if image not in images:
         return f"{image} is not in the node's containerd (make e2e-vllm imports it)"
     return None
