@@ -241,3 +241,55 @@ def test_truth_reads_kubelets_checkpoint_cdi_names_and_the_agents_state(tmp_path
     (state / "dra" / "claims.json").write_text(json.dumps({"version": 1, "claims": [{"uid": "c1"}]}))
     assert agent_hold_groups(state) == (frozenset({"drawer0-book0", "drawer0-book1"}), frozenset({"c1"}))
     assert agent_hold_groups(tmp_path / "none") == (frozenset(), frozenset())
+
+
+def test_a_claim_is_held_by_the_containers_that_use_it_not_by_the_whole_pod() -> None:
+    """The 30-minute soak's seed 713 (2026-12-03): in DRA mode an init container asked for `topology/book` (the
+    scheduler's claim for the extended resource) and ended; pod-resources then lists nobody for the claim, and the
+    checker, which read its reservation as the whole pod's, judged the pod's plain main container a holder outside
+    its book (`holder-outside-group`, `shared-held-cpu`). kubelet hands a claim's devices only to the containers
+    that use it: the request mappings of the extended-resource claim, or `resources.claims`."""
+    from kubernetes.client import CoreV1ResourceClaim as V1ResourceClaim
+    from kubernetes.client import (
+        V1Container,
+        V1ObjectMeta,
+        V1Pod,
+        V1PodExtendedResourceClaimStatus,
+        V1PodResourceClaim,
+        V1PodResourceClaimStatus,
+        V1PodSpec,
+        V1PodStatus,
+        V1ResourceRequirements,
+    )
+    from kubernetes.client import V1ContainerExtendedResourceRequest as Mapping
+
+    from bench.soak.truth import claim_containers
+
+    init_holder = V1Pod(
+        metadata=V1ObjectMeta(name="soak-713-0153-init", uid="uid-i"),
+        spec=V1PodSpec(init_containers=[V1Container(name="hold")], containers=[V1Container(name="main")]),
+        status=V1PodStatus(extended_resource_claim_status=V1PodExtendedResourceClaimStatus(
+            resource_claim_name="soak-713-0153-init-extended-resources-x7k2p",
+            request_mappings=[Mapping(container_name="hold", resource_name="topology/book",
+                                      request_name="container-0-request-0")])))
+    assert claim_containers(init_holder, "soak-713-0153-init-extended-resources-x7k2p") == ("hold",)
+    assert claim_containers(init_holder, "another") == ()
+    uses = V1ResourceRequirements(claims=[V1ResourceClaim(name="c")])
+    claim_pod = V1Pod(
+        metadata=V1ObjectMeta(name="p", uid="uid-c"),
+        spec=V1PodSpec(containers=[V1Container(name="main", resources=uses), V1Container(name="side")],
+                       resource_claims=[V1PodResourceClaim(name="c", resource_claim_template_name="t")]),
+        status=V1PodStatus(resource_claim_statuses=[V1PodResourceClaimStatus(name="c", resource_claim_name="p-c-9x")]))
+    assert claim_containers(claim_pod, "p-c-9x") == ("main",)
+
+    # what the checker then sees: main is no holder; on its own pod's book or the pool it is in order
+    snap = clean(holds=(Hold("drawer0-book1", "uid-b", "main", "pod-resources"),
+                        Hold("drawer0-book0", "uid-i", "hold", "claim")),
+                 containers=(Container("uid-b", "b", "main", T0, box({1})),
+                             Container("uid-i", "soak-713-0153-init", "main", T0, box({0}))),
+                 shared_pool=True)
+    assert kinds(Checker(), snap) == []
+    pod_wide = dataclasses.replace(snap, holds=(snap.holds[0], Hold("drawer0-book0", "uid-i", "", "claim")),
+                                   containers=(snap.containers[0],
+                                               Container("uid-i", "soak-713-0153-init", "main", T0, box({1}))))
+    assert "holder-outside-group" in kinds(Checker(), pod_wide)  # the old reading of the same pod on CPU 1

@@ -92,6 +92,24 @@ def checkpoint_holds(text: str, uids: dict[str, str]) -> list[Hold]:
     return holds
 
 
+def claim_containers(pod: Any, claim_name: str) -> tuple[str, ...]:
+    """The containers (init containers too) of ``pod`` that use the ResourceClaim named ``claim_name``: kubelet hands
+    a claim's devices only to those (their CDI devices, their pod-resources rows), not to the pod's other containers.
+    They are the containers naming the pod's entry for it in ``resources.claims``, and, for the claim the scheduler
+    made for extended resources (a DeviceClass's ``extendedResourceName``), the containers its request mappings name
+    (``status.extendedResourceClaimStatus``). Pure (a V1Pod in)."""
+    spec, status = pod.spec, pod.status
+    entries = {rc.name for rc in spec.resource_claims or [] if rc.resource_claim_name == claim_name}
+    entries |= {st.name for st in (status.resource_claim_statuses if status else None) or []
+                if st.resource_claim_name == claim_name}
+    users = [c.name for c in [*(spec.init_containers or []), *(spec.containers or [])]
+             if any(ref.name in entries for ref in ((c.resources.claims if c.resources else None) or []))]
+    extended = status.extended_resource_claim_status if status else None
+    if extended is not None and extended.resource_claim_name == claim_name:
+        users += [m.container_name for m in extended.request_mappings or []]
+    return tuple(dict.fromkeys(users))
+
+
 def cdi_files(folder: Path = CDI_DIR) -> dict[str, str]:
     """The driver's CDI spec files -> the claim uid in their name (``<driver>-<level>_<uid>.json``)."""
     if not folder.is_dir():
@@ -227,13 +245,18 @@ class Truth:
         except Exception:
             self.errors.add("claims")
         listed = {(h.group, h.pod_uid) for h in holds}
+        by_uid = {p.metadata.uid: p for p in pods}
         for c in claims:
             results = (c.get("status", {}).get("allocation") or {}).get("devices", {}).get("results", [])
             for ref in c.get("status", {}).get("reservedFor") or []:
+                uid = ref.get("uid", "")
+                pod = by_uid.get(uid)
+                # the containers using it (an init container that ended among them); the pod as a whole ("") when
+                # the pod is not known or names none of its containers
+                users = (claim_containers(pod, c["metadata"]["name"]) if pod is not None else ()) or ("",)
                 for r in results:
-                    if r.get("driver") == DRIVER and not r.get("adminAccess") and \
-                            (r["device"], ref.get("uid", "")) not in listed:
-                        holds.append(Hold(r["device"], ref.get("uid", ""), "", "claim"))
+                    if r.get("driver") == DRIVER and not r.get("adminAccess") and (r["device"], uid) not in listed:
+                        holds += [Hold(r["device"], uid, user, "claim") for user in users]
         slices = 0
         try:
             slices = self._slices()
