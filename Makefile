@@ -90,7 +90,8 @@ e2e-vllm: $(STAMP) cluster-build
 ## The soak (bench/soak, issue 34) on the same cluster and install as e2e: SOAK_SECONDS (1800) of pod churn and
 ## seeded faults (SOAK_SEED replays a schedule), every CPU checked every second; 0 violations or exit 1.
 soak: $(STAMP) cluster-build
-	PYTHON=$(CURDIR)/$(BIN)/python SOAK_SECONDS=$(SOAK_SECONDS) SOAK_SEED=$(SOAK_SEED) devkit/cluster/e2e.sh soak
+	PYTHON=$(CURDIR)/$(BIN)/python SOAK_SECONDS=$(SOAK_SECONDS) SOAK_SEED=$(SOAK_SEED) SOAK_QUIET_PODS=$(SOAK_QUIET_PODS) \
+	  devkit/cluster/e2e.sh soak
 
 ## s390x smoke test in a debootstrap root under qemu-user-static (as root; ~7 min first run, ~1.5 min later).
 s390x-smoke: $(STAMP)

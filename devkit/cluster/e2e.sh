@@ -19,7 +19,7 @@
 #
 # Environment: CLUSTER_DIR (.cluster), CLUSTER_CACHE, KEEP_CLUSTER=1 (leave a cluster this script started
 # running), PYTEST_ARGS (extra pytest arguments), HELM, E2E_SUITE (main or vllm), E2E_PRELOAD_VLLM,
-# SOAK_SECONDS, SOAK_SEED.
+# SOAK_SECONDS, SOAK_SEED, SOAK_QUIET_PODS (8: the quiet run's book pods, for the pod start baseline).
 set -euo pipefail
 WHAT=${1:-test}
 case "$WHAT" in test|soak) ;; *) echo "usage: e2e.sh [test|soak]" >&2; exit 2 ;; esac
@@ -114,7 +114,7 @@ if [ "$WHAT" = soak ]; then
   echo "==> soak: ${SOAK_SECONDS:-1800} s, seed $SOAK_SEED"
   "$PYTHON" -m bench.soak.run --seconds "${SOAK_SECONDS:-1800}" --seed "$SOAK_SEED" --kubeconfig "$KUBECONFIG" \
     --namespace "$NAMESPACE" --release "$RELEASE" --helm "$HELM" --snapshots "$SNAPSHOTS" \
-    --workload-image "$WORKLOAD" --report "$CLUSTER_DIR/soak-$SOAK_SEED.json"
+    --workload-image "$WORKLOAD" --quiet-pods "${SOAK_QUIET_PODS:-8}" --report "$CLUSTER_DIR/soak-$SOAK_SEED.json"
   echo "soak: done in $((SECONDS - T0)) s"
   exit 0
 fi
