@@ -390,7 +390,8 @@ def test_a_claim_whose_pod_went_in_device_plugin_mode_is_forgotten_and_held_no_m
         kubelet.remove_claim_pod("ns", "llm")
         kubelet.wait_for(lambda: not kubelet.unhealthy_devices(BOOK), what="the book free again")
         wait_until(lambda: read_checkpoint(checkpoint) == {}, "the claim forgotten in the checkpoint")
-        assert list((kubelet.root / "cdi").glob("*_u-1.json")) == []  # its CDI file goes with it (issue 34)
+        # its CDI file goes with it (issue 34), right after the checkpoint is written
+        wait_until(lambda: list((kubelet.root / "cdi").glob("*_u-1.json")) == [], "the claim's CDI file removed")
     kubelet.pods_resync = 30.0  # the restarted kubelet's List stays empty: an agent now releases nothing
     kubelet.restart()
     with started(build_agent(topology, config(kubelet))):

@@ -239,6 +239,13 @@ def remove_cdi_files(cdi_dir: Path, driver: str, keep: Callable[[str], bool]) ->
     return removed
 
 
+def remove_claim_files(cdi_dir: Path, claim: PreparedClaim) -> None:
+    """Remove the CDI spec files a prepared claim wrote (one already gone is fine)."""
+    for name in claim.files:
+        with contextlib.suppress(FileNotFoundError):
+            (Path(cdi_dir) / name).unlink()
+
+
 def read_checkpoint(path: Path) -> dict[str, PreparedClaim]:
     """The prepared claims saved at ``path`` by uid, as saved ({} when there is none; a file that cannot be trusted is
     said and not used)."""
@@ -288,9 +295,7 @@ def forget_claims(path: Path, uids: Iterable[str], cdi_dir: Path | None = None) 
     for uid in gone:
         c = claims[uid]
         if cdi_dir is not None:
-            for name in c.files:
-                with contextlib.suppress(FileNotFoundError):
-                    (Path(cdi_dir) / name).unlink()
+            remove_claim_files(cdi_dir, c)
         log.info("forgot claim %s/%s (%s) in the DRA checkpoint: pod-resources lists none of its containers any more",
                  c.namespace, c.name, uid)
     return gone
@@ -360,11 +365,6 @@ class ClaimPreparer:
                 pass
             write_atomically(path, data)
 
-    def _remove_files(self, claim: PreparedClaim) -> None:
-        for name in claim.files:
-            with contextlib.suppress(FileNotFoundError):
-                (self.cdi_dir / name).unlink()
-
     # --- the calls -----------------------------------------------------------------------------
     def prepare(self, namespace: str, name: str, uid: str) -> PreparedClaim:
         with self._lock:
@@ -405,7 +405,7 @@ class ClaimPreparer:
                     log.info("unprepared claim %s, which the checkpoint does not hold: removed its CDI file %s",
                              uid, name)
                 return
-            self._remove_files(claim)
+            remove_claim_files(self.cdi_dir, claim)
             self._commit({k: v for k, v in self.claims.items() if k != uid})
             self.unprepares += 1
         log.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, uid)
