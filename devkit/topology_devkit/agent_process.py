@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from agent.plugin.server import socket_name
 from topology_devkit.kubelet_emulator import KubeletEmulator
+from topology_devkit.testing.wait import wait_until
 
 
 def free_port() -> int:
@@ -30,15 +31,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str, step: float = 0.02) -> None:
-    """Poll ``predicate`` until true; TimeoutError(what) after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout:.0f}s for {what}")
-        time.sleep(step)
 
 
 class AgentProcess:
@@ -95,7 +87,7 @@ class AgentProcess:
                         self._port = int(msg.rsplit(" ", 1)[1])
                         return True
                 return False
-            wait_until(found, 30, "the agent's HTTP port in its log")
+            wait_until("the agent's HTTP port in its log", found, 30)
         assert self._port is not None
         return self._port
 

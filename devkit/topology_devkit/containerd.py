@@ -59,6 +59,7 @@ from agent._proto.runtime.v1 import api_pb2 as cri
 from agent._proto.runtime.v1 import api_pb2_grpc as cri_grpc
 from agent.topology.cpulist import parse_cpulist
 from topology_devkit import oci
+from topology_devkit.testing.wait import poll_until
 
 # handler -> runtime binary: where Debian and Ubuntu put them, else wherever PATH has them
 HANDLERS: dict[str, str] = {name: default if Path(default).is_file() else shutil.which(name) or default
@@ -168,18 +169,6 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
-
-
-def poll_until(condition: Callable[[], bool], timeout: float, step: float = 0.01) -> bool:
-    """Poll ``condition`` until it holds or ``timeout`` seconds pass; the last answer (a best effort:
-    :func:`topology_devkit.agent_process.wait_until` is the one that raises)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if condition():
-            return True
-        if time.monotonic() >= deadline:
-            return condition()
-        time.sleep(step)
 
 
 def status_cpus_allowed(pid: int) -> str:
@@ -479,7 +468,7 @@ class Containerd:
                                 service="image")
             return bool(status.image.id)
 
-        if not poll_until(seen, IMAGE_TIMEOUT, step=0.05):
+        if not poll_until(seen, IMAGE_TIMEOUT, every=0.05):
             raise ContainerdUnavailable(f"the CRI plugin does not see the imported image {self.image} "
                                         f"within {IMAGE_TIMEOUT:.0f} s")
 
@@ -794,7 +783,7 @@ class Containerd:
                 continue
             below = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
             for directory in [*below, top]:
-                poll_until(functools.partial(_rmdir, directory), 2.0, step=0.05)
+                poll_until(functools.partial(_rmdir, directory), 2.0, every=0.05)
 
     def _remove_shim_sockets(self) -> None:
         """A shim's socket is /run/containerd/s/<sha256(address/namespace/id)>; the hash includes our
