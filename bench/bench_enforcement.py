@@ -33,9 +33,10 @@ from agent.topology import snapshot
 from agent.topology.cpulist import parse_cpulist
 from agent.topology.model import Cpu, Machine, Topology
 from bench.common import INFO, Row, at_most, bench_main, median, percentile, skipped
-from topology_devkit.agent_process import AgentProcess, wait_until
+from topology_devkit.agent_process import AgentProcess
 from topology_devkit.containerd import Containerd, ContainerdUnavailable, status_cpus_allowed
 from topology_devkit.kubelet_emulator import Container, KubeletEmulator
+from topology_devkit.testing.wait import wait_until
 
 BENCH = "enforcement"
 SOCKET = "topology/socket"
@@ -114,7 +115,7 @@ def idle_cost(ctd: Containerd, root: Path, topology: Path, seconds: float) -> tu
             try:
                 k_on.wait_registered(SOCKET, timeout=30)
                 k_off.wait_registered(SOCKET, timeout=30)
-                wait_until(lambda: on.metric("topology_agent_cpuset_enforcement_steps_total") >= 1, 30, "settled")
+                wait_until("settled", lambda: on.metric("topology_agent_cpuset_enforcement_steps_total") >= 1, 30)
                 time.sleep(3.0)  # the start-up tail is not idle time
                 a0, b0, t0 = on.cpu_seconds(), off.cpu_seconds(), time.monotonic()
                 time.sleep(seconds)  # the measurement window itself

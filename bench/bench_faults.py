@@ -63,9 +63,10 @@ from bench.common import (
     spread,
 )
 from bench.production import Production
-from topology_devkit.agent_process import AgentProcess, wait_until
+from topology_devkit.agent_process import AgentProcess
 from topology_devkit.kubelet_emulator import AdmissionError, Container, KubeletEmulator
 from topology_devkit.sysfs_writer import write_sysfs_tree
+from topology_devkit.testing.wait import wait_until
 
 BENCH = "faults"
 SHAPE = "z16-400"
@@ -285,8 +286,9 @@ def restart_bursts(prod: Production, tree: Path, tmp: Path, bursts: int) -> list
                     kubelet.restart()
                 back = time.monotonic()
                 try:
-                    wait_until(lambda b=before: kubelet.registrations(BOOK) > b  # type: ignore[misc]
-                               and kubelet.allocatable(BOOK) > 0, 15, "re-registration", step=0.001)
+                    wait_until("re-registration",
+                               lambda b=before: kubelet.registrations(BOOK) > b  # type: ignore[misc]
+                               and kubelet.allocatable(BOOK) > 0, 15, every=0.001)
                 except (AssertionError, TimeoutError) as exc:
                     raise BenchError(f"no re-registration within 15 s of a burst: {exc}") from None
                 took.append(time.monotonic() - back)

@@ -47,10 +47,11 @@ from bench.bench_allocate import spawn_echo
 from bench.common import INFO, BenchError, Row, at_most, bench_main, skipped, stop_process
 from bench.production import NODE_NAME, Prober, Production
 from bench.shapes import Z17_382
-from topology_devkit.agent_process import AgentProcess, cpu_seconds, status_kib, wait_until
+from topology_devkit.agent_process import AgentProcess, cpu_seconds, status_kib
 from topology_devkit.kubelet_emulator import KubeletEmulator
 from topology_devkit.synthetic import build_topology
 from topology_devkit.sysfs_writer import write_sysfs_tree
+from topology_devkit.testing.wait import wait_until
 
 BENCH = "idle"
 SHAPE = "z16-400"
@@ -198,7 +199,7 @@ def run(quick: bool) -> list[Row]:
             for r in running:
                 fake = r.prod.api
                 if r.prod.api_up and fake is not None:
-                    wait_until(functools.partial(lambda f: f.count("PATCH") >= 1, fake), 30, "the agent's node labels")
+                    wait_until("the agent's node labels", functools.partial(lambda f: f.count("PATCH") >= 1, fake), 30)
                     labels = fake.labels()
                     if labels.get("topology.s390x.ibm.com/books") != "16":
                         raise BenchError(f"the node labels are wrong: {labels}")

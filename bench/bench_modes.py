@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agent.topology.embedded import load_embedded
 from bench.common import INFO, BenchError, Row, at_most, bench_main
 from bench.production import SLICES, FakeApiServer, Prober, Production
-from topology_devkit.agent_process import wait_until
 from topology_devkit.kubelet_emulator import KubeletEmulator
 from topology_devkit.sysfs_writer import write_sysfs_tree
+from topology_devkit.testing.wait import wait_until
 
 BENCH = "modes"
 SHAPE = "z16-400"
@@ -72,7 +72,7 @@ def run(quick: bool) -> list[Row]:
                     if mode == "deviceplugin":
                         kubelet.wait_registered(RESOURCE, 60)
                     else:
-                        wait_until(functools.partial(published, prod.api), 60, "the DRA agent's ResourceSlices")
+                        wait_until("the DRA agent's ResourceSlices", functools.partial(published, prod.api), 60)
                 except TimeoutError:
                     said = [str(e.get("msg", "")) for e in agent.log() if e.get("level") in ("warning", "error")]
                     raise BenchError(f"the {mode} agent did not come up: {' | '.join(said[-2:])[-600:]}") from None

@@ -17,6 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import shutil
+import tempfile
+
 from bench.common import INFO, BenchError, Row, at_most, bench_main, median, skipped, spread
 from topology_devkit.agent_process import AgentProcess
 
@@ -35,10 +38,9 @@ def run(quick: bool) -> list[Row]:
     from agent.topology import snapshot
     from agent.topology.cpulist import parse_cpulist
     from agent.topology.model import Cpu, Machine, Topology
-    from tests.plugin_harness import short_tmpdir
-    from topology_devkit.agent_process import wait_until
     from topology_devkit.containerd import Containerd, ContainerdUnavailable, PodContainer
     from topology_devkit.kubelet_emulator import Container, KubeletEmulator
+    from topology_devkit.testing.wait import wait_until
 
     root_dir = Path(__file__).resolve().parent.parent
     folder = Path(subprocess.run([str(root_dir / "devkit/cluster/build.sh"), "--print"], capture_output=True,
@@ -50,11 +52,12 @@ def run(quick: bool) -> list[Row]:
     except ContainerdUnavailable as exc:
         return [skipped(NAME, "NRI create -> first instruction", "<= 1.1x", exc.reason)]
     rounds = 4 if quick else 12
+    root: Path | None = None
     try:
         cpus = parse_cpulist(ctd.default_cpus())
         if len(cpus) < 2:
             return [skipped(NAME, "NRI create -> first instruction", "<= 1.1x", "needs 2 CPUs")]
-        root = short_tmpdir()
+        root = Path(tempfile.mkdtemp(prefix="bnr-", dir="/tmp"))  # short: Unix socket paths < 108 bytes
         machine = Machine(arch="s390x", machine_type="3931", environment="lpar", topology_facility=True,
                           dispatching="horizontal", smt_threads=1)
         topology = Topology(machine=machine, cpus=tuple(
@@ -96,7 +99,7 @@ def run(quick: bool) -> list[Row]:
                                          topology=str(tree))
                     try:
                         k.wait_registered(BOOK, timeout=30)
-                        wait_until(functools.partial(_registered, agent), 20, "the NRI plugin registered")
+                        wait_until("the NRI plugin registered", functools.partial(_registered, agent), 20)
                         admitted = k.admit_pod("default", f"p{n}", [Container("c", {BOOK: 1})])
                         env = k.start_container("default", f"p{n}", "c")
                         annotations = admitted.annotations("c")
@@ -112,6 +115,8 @@ def run(quick: bool) -> list[Row]:
                         agent.stop()
     finally:
         ctd.close()
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
     ratio = median(on) / median(off)
     pairs = [a / b for a, b in zip(on, off, strict=True)]
     return [

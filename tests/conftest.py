@@ -1,60 +1,18 @@
-"""Shared test helpers: where the real s390x dumps live, and skipping cleanly without them."""
+"""The fixtures every folder of the suite may use: a private real containerd per module, its runtime handlers, and
+the short /tmp folders of the running-agent harness removed with the session. Helpers live in tests/support/."""
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.support.env import RUNTIME_HANDLERS, missing
+
 if TYPE_CHECKING:
     from topology_devkit.containerd import Containerd
-
-REPO = Path(__file__).resolve().parent.parent
-IN_CI = os.environ.get("CI", "").lower() == "true"
-BOOK, SOCKET = "topology/book", "topology/socket"  # the resources under the default prefix
-REAL_FIXTURES = Path(os.environ.get("S390X_FIXTURES", REPO.parent / "shared" / "fixtures" / "s390x-real"))
-
-# Each real dump: name -> (dump dir holding lscpu outputs, host root holding sys/ and proc/)
-REAL_DUMPS: dict[str, tuple[str, str]] = {
-    "s390-kvm": ("util-linux/s390-kvm", "util-linux/s390-kvm"),
-    "s390-lpar": ("util-linux/s390-lpar", "util-linux/s390-lpar"),
-    "s390-lpar-drawer": ("util-linux/s390-lpar-drawer", "util-linux/s390-lpar-drawer"),
-    "s390-nested-virt": ("util-linux/s390-nested-virt", "util-linux/s390-nested-virt"),
-    "s390-zvm": ("util-linux/s390-zvm", "util-linux/s390-zvm"),
-    "hwloc-20s390-2g6s4c": ("hwloc/hwloc-20s390-2g6s4c", "hwloc/hwloc-20s390-2g6s4c/20s390-2g2g2s4co"),
-    "hwloc-2s390-2c": ("hwloc/hwloc-2s390-2c", "hwloc/hwloc-2s390-2c/2s390-2c"),
-}
-
-
-def real_fixtures_available() -> bool:
-    return REAL_FIXTURES.is_dir()
-
-
-def real_fixtures() -> Path:
-    """The folder of real s390x dumps; when absent the test is skipped here and fails under CI=true."""
-    if not REAL_FIXTURES.is_dir():
-        missing(f"real s390x dumps at {REAL_FIXTURES}", "they live in ../shared/fixtures, or set S390X_FIXTURES")
-    return REAL_FIXTURES
-
-
-def real_dump(name: str) -> tuple[Path, Path]:
-    """(dump dir, host root) of a real dump (see :func:`real_fixtures`)."""
-    dump_dir, root = REAL_DUMPS[name]
-    return real_fixtures() / dump_dir, real_fixtures() / root
-
-
-def missing(what: str, how: str) -> NoReturn:
-    """A tool or library a test needs is absent: skip here, fail under CI=true (CI installs it)."""
-    if IN_CI:
-        pytest.fail(f"{what} is missing under CI=true: {how}", pytrace=False)
-    pytest.skip(f"{what} not available ({how})")
-
-
-RUNTIME_HANDLERS = ("runc", "crun")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -64,8 +22,8 @@ def _remove_short_tmpdirs() -> Iterator[None]:
 
     yield
     # Only if a test imported the harness: importing it here would pull in grpc, which the s390x smoke's root lacks
-    # (every test there was reported "skipped: needs grpc" at this fixture's setup).
-    harness = sys.modules.get("tests.plugin_harness")
+    # (every test there would be reported "skipped: needs grpc" at this fixture's setup).
+    harness = sys.modules.get("tests.support.harness")
     for path in getattr(harness, "MADE", ()):
         shutil.rmtree(path, ignore_errors=True)
 

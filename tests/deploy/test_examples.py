@@ -12,7 +12,7 @@ from agent.node import seccomp
 from agent.policy.allocation import BINDING_ENV_KEYS
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology.embedded import load_embedded
-from tests.conftest import REPO
+from tests.support.env import REPO
 
 EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
 

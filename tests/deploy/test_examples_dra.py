@@ -14,7 +14,7 @@ from celpy.adapter import json_to_cel
 from agent.policy.dra import DRIVER, SliceSettings, build_pool
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology.embedded import load_embedded
-from tests.conftest import REPO
+from tests.support.env import REPO
 
 EXAMPLES = sorted((REPO / "deploy" / "examples" / "dra").glob("*.yaml"))
 

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import missing
+from tests.support.env import missing
 from topology_devkit import containerd as harness
-from topology_devkit.containerd import Containerd, ContainerdUnavailable, alive, build_image, poll_until
+from topology_devkit.containerd import Containerd, ContainerdUnavailable, alive, build_image
+from topology_devkit.testing.wait import poll_until
 
 
 def test_the_image_is_a_reproducible_oci_layout_of_busybox(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support.env import REPO
 
 SCRIPT = REPO / "tools" / "get-helm.sh"
 

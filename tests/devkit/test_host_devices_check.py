@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import missing
+from tests.support.env import REPO, missing
 
-REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tools" / "check-host-devices.sh"
 KERNEL = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9)}
 

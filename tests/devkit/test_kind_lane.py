@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.support.env import REPO
 from topology_devkit import kindnode, oci
 
 

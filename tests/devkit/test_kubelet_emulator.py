@@ -25,7 +25,7 @@ from agent._proto.deviceplugin.v1beta1 import api_pb2 as dp
 from agent._proto.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from agent._proto.podresources.v1 import api_pb2 as pr
 from agent._proto.podresources.v1 import api_pb2_grpc as pr_grpc
-from tests.conftest import BOOK, SOCKET
+from tests.support.env import BOOK, SOCKET
 from topology_devkit.kubelet_emulator import (
     AdmissionError,
     Container,

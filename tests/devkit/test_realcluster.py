@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.env import REPO
 from topology_devkit.realcluster import configs, pki
 from topology_devkit.realcluster.cluster import reachable_state_folder, remove_cdi_specs
 from topology_devkit.realcluster.layout import Layout
 from topology_devkit.realcluster.procs import ClusterError, crash, running, start, stop, wait_until
 
-REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "devkit" / "cluster"
 
 
@@ -142,7 +142,7 @@ def test_cluster_down_removes_the_drivers_cdi_specs_and_keeps_others(tmp_path: P
 
 
 def test_a_tree_with_a_bind_mount_inside_is_removed_without_touching_what_is_mounted(tmp_path: Path) -> None:
-    from tests.conftest import missing
+    from tests.support.env import missing
     from topology_devkit.realcluster.mounts import mounts_under, remove_tree
 
     if os.geteuid() != 0:
@@ -166,7 +166,7 @@ def test_a_mount_reached_through_a_symbolic_link_is_found_and_unmounted(tmp_path
 
     Before, the netns file stayed mounted and its unlink failed with EBUSY (a traceback ended `make e2e` in CI).
     """
-    from tests.conftest import missing
+    from tests.support.env import missing
     from topology_devkit.realcluster.mounts import mounts_under, unmount
 
     if os.geteuid() != 0:

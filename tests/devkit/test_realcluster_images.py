@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 
 from agent._proto.runtime.v1 import api_pb2 as cri
-from tests.conftest import missing
+from tests.support.env import missing
 from topology_devkit import containerd as harness
 from topology_devkit import oci
-from topology_devkit.containerd import Containerd, ContainerdUnavailable, PodContainer, alive, poll_until
+from topology_devkit.containerd import Containerd, ContainerdUnavailable, PodContainer, alive
 from topology_devkit.realcluster import images
+from topology_devkit.testing.wait import poll_until
 
 pytestmark = pytest.mark.slow
 
@@ -78,7 +79,7 @@ def _log(ctd: Containerd, pod: PodContainer) -> str:
 
 
 def _wait_log(ctd: Containerd, pod: PodContainer, text: str, timeout: float = 30.0) -> str:
-    poll_until(lambda: text in _log(ctd, pod), timeout, step=0.1)
+    poll_until(lambda: text in _log(ctd, pod), timeout, every=0.1)
     return _log(ctd, pod)
 
 
@@ -197,7 +198,7 @@ def test_pause_is_the_sandbox_and_a_pause_container_stops_cleanly_on_sigterm(ctd
         # sigaction (a loaded machine) is dropped and the stop ends in SIGKILL after 20 s (exit 137). Stop it once
         # its handler is in, as kubelet, which stops pods seconds after their start, always does.
         pid = ctd.container_pid(pod.container_id)
-        assert poll_until(lambda: _catches(pid, signal.SIGTERM), 30.0, step=0.05), "pause never caught SIGTERM"
+        assert poll_until(lambda: _catches(pid, signal.SIGTERM), 30.0, every=0.05), "pause never caught SIGTERM"
         started = time.monotonic()
         ctd.stop_container(pod.container_id, timeout=20)  # SIGTERM, SIGKILL only after 20 s
         assert ctd.wait_exited(pod.container_id) == 0

@@ -15,7 +15,7 @@ from types import ModuleType
 import pytest
 from packaging.requirements import Requirement
 
-from tests.conftest import REPO
+from tests.support.env import REPO
 from topology_devkit.realcluster import vllm_image
 from topology_devkit.realcluster.images import ImageError
 

@@ -17,7 +17,7 @@ import pytest
 
 from agent.cli import build_parser
 from agent.node.labels import KEY_PREFIX, LABEL_KEYS
-from tests.conftest import REPO
+from tests.support.env import REPO
 
 DOCS = REPO / "docs"
 CONFIGURATION = DOCS / "admin" / "configuration.md"

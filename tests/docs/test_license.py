@@ -8,7 +8,7 @@ import tomllib
 
 import yaml
 
-from tests.conftest import REPO
+from tests.support.env import REPO
 
 LICENSE = REPO / "LICENSE"
 # SHA-256 of the canonical text as the ASF publishes it (LICENSE-2.0.txt, 11358 bytes; Debian's

@@ -9,8 +9,8 @@ import yaml
 from agent.errors import SocketInUseError
 from agent.node.labels import KEY_PREFIX, LABEL_KEYS, NOT_ADVERTISED_CODES
 from agent.plugin.server import clear_stale_socket
-from tests.conftest import REPO
-from tests.plugin_harness import short_tmpdir
+from tests.support.env import REPO
+from tests.support.harness import short_tmpdir
 
 DOCS = REPO / "docs"
 RUNNING = " ".join((DOCS / "admin" / "running.md").read_text(encoding="utf-8").split())
@@ -42,7 +42,7 @@ def test_the_docs_say_one_thing_about_a_second_instance() -> None:
 
 
 def test_every_node_label_and_its_values_are_documented() -> None:
-    from tests.test_readme_contract import names
+    from tests.support.docs import names
 
     text = LABELS[LABELS.index("Every label, under"):].splitlines()[1:]
     table = [line.strip() for line in text if line.strip().startswith("|")][:20]

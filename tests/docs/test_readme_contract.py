@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 from typing import Any
 
 from agent.cli import build_parser
@@ -14,27 +13,10 @@ from agent.policy.claims import ADMIN_ENV, CLAIM_ENV
 from agent.policy.dra import DRIVER
 from agent.policy.grouping import group_topology
 from agent.topology.embedded import load_embedded
-from tests.conftest import REPO
+from tests.support.docs import CONTAINER, names, table_after
+from tests.support.env import REPO
 
-CONTAINER = (REPO / "docs" / "inference" / "what-a-container-gets.md").read_text(encoding="utf-8")
 CONFIGURATION = (REPO / "docs" / "admin" / "configuration.md").read_text(encoding="utf-8")
-
-
-def table_after(heading: str, doc: str) -> list[list[str]]:
-    """The rows of the first Markdown table after ``heading`` in ``doc`` (header and rule left out)."""
-    text = doc[doc.index(heading):]
-    rows: list[list[str]] = []
-    for line in text.splitlines()[1:]:
-        if line.startswith("|"):
-            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
-            rows.append(cells)
-        elif rows:
-            break
-    return rows[2:]
-
-
-def names(cell: str) -> list[str]:
-    return re.findall(r"`([^`]+)`", cell)
 
 
 def test_the_environment_table_is_what_allocate_returns() -> None:

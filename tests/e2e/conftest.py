@@ -25,150 +25,15 @@ must not pass by skipping.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-DEFAULT_CLUSTER = "topology-e2e"
-HOW = ("run `make e2e` (a real cluster on this machine) or `make kind-test` (tests/e2e/run.sh, needs Docker, kind "
-       "and kubectl)")
-REPO = Path(__file__).resolve().parents[2]
-WORKER_LABEL = "topology-e2e/worker"
-
-
-def _run(argv: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")[:200]
-
-
-def probe(cluster: str) -> str | None:
-    """None when the kind cluster is usable, else why not (in the order a person would fix it)."""
-    if shutil.which("docker") is None:
-        return "no TOPOLOGY_E2E_KUBECONFIG and docker is not on PATH"
-    try:
-        info = _run(["docker", "info", "--format", "{{.ServerVersion}}"])
-    except subprocess.TimeoutExpired:
-        return "Docker engine not reachable (docker info timed out)"
-    if info.returncode != 0:
-        return f"Docker engine not reachable (docker info: {_first_line(info.stderr or info.stdout)})"
-    for tool in ("kind", "kubectl"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not on PATH"
-    clusters = _run(["kind", "get", "clusters"]).stdout.split()
-    if cluster not in clusters:
-        return f"kind cluster {cluster!r} not found (have: {', '.join(clusters) or 'none'})"
-    ready = _run(["kubectl", "--context", f"kind-{cluster}", "get", "--raw", "/readyz"])
-    if ready.returncode != 0:
-        return f"API server of kind-{cluster} not ready: {_first_line(ready.stderr)}"
-    return None
-
-
-def probe_kubeconfig(kubeconfig: Path) -> str | None:
-    if not kubeconfig.is_file():
-        return f"TOPOLOGY_E2E_KUBECONFIG={kubeconfig} does not exist (is the cluster up? make cluster-up)"
-    try:
-        from kubernetes import client, config
-
-        api = config.new_client_from_config(config_file=str(kubeconfig),
-                                            context=os.environ.get("TOPOLOGY_E2E_CONTEXT") or None)
-        client.VersionApi(api).get_code(_request_timeout=10)
-    except Exception as exc:
-        return f"the API server of {kubeconfig} does not answer: {_first_line(str(exc))}"
-    return None
-
-
-@dataclass(frozen=True)
-class E2EEnv:
-    lane: str  # local | kind | remote
-    kubeconfig: Path | None
-    context: str | None
-    cluster: str
-    namespace: str
-    release: str
-    image: str
-    workload_image: str
-    snapshots: Path
-    prefix: str = "topology"
-
-    def node_shell(self, node: str, script: str, timeout: float = 30) -> str:
-        """Run ``script`` with sh on ``node`` (here, or in the kind node's container) and return its stdout."""
-        if self.lane == "local":
-            argv = ["sh", "-c", script]
-        elif self.lane == "kind":
-            argv = [os.environ.get("TOPOLOGY_E2E_ENGINE") or "docker", "exec", node, "sh", "-c", script]
-        else:
-            pytest.skip(f"the {self.lane} lane has no access to the node's shell")
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True).stdout
-
-    def kubectl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """The lane's kubectl against its cluster (the local lane's own build, else kubectl on PATH)."""
-        binary = os.environ.get("TOPOLOGY_E2E_KUBECTL") or "kubectl"
-        where = ["--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else []
-        where += ["--context", self.context] if self.context else []
-        return subprocess.run([binary, *where, *args], capture_output=True, text=True, timeout=timeout, check=True)
-
-    def owns_install(self) -> bool:
-        """The lane installed the release and says how (the local lane; the kind lane with TOPOLOGY_E2E_VALUES)."""
-        return self.lane == "local" or (self.lane == "kind" and bool(os.environ.get("TOPOLOGY_E2E_VALUES")))
-
-    def helm(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-        """helm against the lane's cluster, in the release's namespace (a lane whose install this suite owns)."""
-        if not self.owns_install():
-            pytest.skip(f"the {self.lane} lane's install is not this suite's to change")
-        return subprocess.run([os.environ.get("TOPOLOGY_E2E_HELM") or "helm", *args, "--namespace", self.namespace,
-                               "--kubeconfig", str(self.kubeconfig)], check=True, timeout=timeout,
-                              capture_output=True, text=True)
-
-    def helm_upgrade(self, *extra: str, install: bool = False) -> None:
-        """``helm upgrade`` (``--install``: also when the release is gone) the release with the lane's own values
-        plus ``extra`` (the local lane; the kind lane: the values file it installed with, TOPOLOGY_E2E_VALUES)."""
-        if not self.owns_install():
-            pytest.skip(f"the {self.lane} lane's install is not this suite's to change")
-        values = os.environ.get("TOPOLOGY_E2E_VALUES")
-        if values:
-            lane_values = ["-f", values]
-        else:
-            snapshot = self.snapshots / "default.json"
-            lane_values = ["-f", str(REPO / "devkit" / "cluster" / "e2e-values.yaml"),
-                           "--set-file", f"fakeTopology.snapshots.default\\.json={snapshot}"]
-        subprocess.run([os.environ.get("TOPOLOGY_E2E_HELM") or "helm", "upgrade", *(["--install"] if install else []),
-                        self.release,
-                        str(REPO / "deploy" / "helm" / "s390x-topology-agent"), "--namespace", self.namespace,
-                        "--kubeconfig", str(self.kubeconfig), *lane_values, *extra,
-                        "--wait", "--timeout", "180s"], check=True, timeout=240, capture_output=True, text=True)
-        self.wait_for_rollout()
-
-    def wait_for_rollout(self) -> None:
-        """Until every node runs a ready agent of the release's current revision. helm's --wait does not wait for
-        that: it counts a DaemonSet ready once NumberReady >= desired - maxUnavailable, which is 0 on one node
-        (helm pkg/kube/ready.go daemonSetReady), so a pod created right after the upgrade met kubelet with the old
-        agent gone and the new one not registered: "UnexpectedAdmissionError ... no healthy devices present"."""
-        for daemonset in self.kubectl("-n", self.namespace, "get", "daemonset", "-o", "name", "-l",
-                                      f"app.kubernetes.io/instance={self.release}").stdout.split():
-            self.kubectl("-n", self.namespace, "rollout", "status", daemonset, "--timeout=180s", timeout=200)
-
-    def restart_kubelet(self, node: str, cpu_manager_policy: str | None = None) -> None:
-        if self.lane == "local":
-            policy = ["--cpu-manager-policy", cpu_manager_policy] if cpu_manager_policy else []
-            subprocess.run([sys.executable, "-m", "topology_devkit.realcluster", "restart-kubelet", *policy],
-                           check=True, timeout=180, cwd=REPO,
-                           env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'devkit'}"})
-        elif cpu_manager_policy is not None:
-            pytest.skip(f"the {self.lane} lane cannot change the kubelet's CPU manager policy")
-        elif self.lane == "kind":
-            subprocess.run([os.environ.get("TOPOLOGY_E2E_ENGINE") or "docker", "exec", node, "systemctl", "restart",
-                            "kubelet"], check=True, timeout=120)
-        else:
-            pytest.skip(f"the {self.lane} lane cannot restart a kubelet")
+from tests.support.e2e.cluster import DEFAULT_CLUSTER, HOW, WORKER_LABEL, E2EEnv, probe, probe_kubeconfig
+from tests.support.e2e.kube import delete_pods
 
 
 def _require() -> bool:
@@ -270,3 +135,33 @@ def _e2e_gate(request: pytest.FixtureRequest) -> None:
     """Every ``e2e``-marked test needs the cluster: skip (or fail under REQUIRE_E2E=1) before it starts."""
     if request.node.get_closest_marker("e2e"):
         request.getfixturevalue("e2e_env")
+
+
+@pytest.fixture()
+def pods(core: Any, pod_namespace: str, e2e_env: E2EEnv, node: str) -> Iterator[Callable[..., str]]:
+    """pods({resource: n}, cpu="1") -> pod name; the pod prints its environment, then its cpuset, and sleeps."""
+    from kubernetes import client
+
+    created: list[str] = []
+
+    def _make(extended: dict[str, int], cpu: str | None = "1", name: str | None = None) -> str:
+        name = name or f"real-{uuid.uuid4().hex[:8]}"
+        limits = {k: str(v) for k, v in extended.items()}
+        requests: dict[str, str] = {"memory": "16Mi"}
+        if cpu is not None:
+            requests["cpu"] = cpu
+        script = "env; echo ENV-END; exec sleep 3600"
+        core.create_namespaced_pod(pod_namespace, client.V1Pod(
+            metadata=client.V1ObjectMeta(name=name),
+            spec=client.V1PodSpec(
+                restart_policy="Never", termination_grace_period_seconds=1,
+                node_selector={"kubernetes.io/hostname": node},
+                containers=[client.V1Container(
+                    name="main", image=e2e_env.workload_image, image_pull_policy="Never",
+                    command=["/bin/sh", "-c", script],
+                    resources=client.V1ResourceRequirements(requests=requests, limits=limits or None))])))
+        created.append(name)
+        return name
+
+    yield _make
+    delete_pods(core, pod_namespace, created)

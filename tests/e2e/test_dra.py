@@ -21,7 +21,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,60 +30,25 @@ import pytest
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology import snapshot
 from agent.topology.model import Topology
-from tests.e2e.conftest import E2EEnv
+from tests.support.e2e.cluster import E2EEnv
+from tests.support.e2e.dra import (
+    DRA_VALUES,
+    DRIVER,
+    agent_pod,
+    agent_ready,
+    allocated_device,
+    claim,
+    delete,
+    pod,
+    slices,
+)
+from tests.support.e2e.kube import apply, kjson, wait_kubectl
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(os.environ.get("TOPOLOGY_E2E_DRA") != "1", reason="DRA mode e2e: set TOPOLOGY_E2E_DRA=1"),
 ]
 
-DRIVER = "topology.s390x.ibm.com"
-DRA_VALUES = ("--set", "mode=dra", "--set-json", 'agent.levels=["book","socket"]')
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 90, every: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except subprocess.CalledProcessError as exc:
-            last = exc.stderr
-        else:
-            if last:
-                return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
-
-
-def kjson(env: E2EEnv, *args: str) -> Any:
-    return json.loads(env.kubectl(*args, "-o", "json").stdout)
-
-
-def apply(env: E2EEnv, doc: dict[str, Any]) -> None:
-    subprocess.run([os.environ.get("TOPOLOGY_E2E_KUBECTL") or "kubectl", "--kubeconfig", str(env.kubeconfig),
-                    "apply", "-f", "-"], input=json.dumps(doc), text=True, check=True, capture_output=True,
-                   timeout=60)
-
-
-def agent_pod(env: E2EEnv) -> dict[str, Any]:
-    pods = kjson(env, "-n", env.namespace, "get", "pods", "-l", f"app.kubernetes.io/instance={env.release}")["items"]
-    running = [p for p in pods if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
-    assert running, "no running agent pod"
-    return running[0]
-
-
-def agent_ready(env: E2EEnv) -> bool:
-    try:
-        pod = agent_pod(env)
-    except AssertionError:
-        return False
-    return all(c.get("ready") for c in pod["status"].get("containerStatuses", []))
-
-
-def slices(env: E2EEnv, node: str) -> list[dict[str, Any]]:
-    items = kjson(env, "get", "resourceslices", "--field-selector", f"spec.nodeName={node},spec.driver={DRIVER}")
-    return sorted(items["items"], key=lambda s: s["metadata"]["name"])
 
 
 @pytest.fixture(scope="module")
@@ -91,45 +56,21 @@ def dra(local: E2EEnv, node: str, pod_namespace: str) -> Iterator[E2EEnv]:
     """The release in DRA mode for this module; device-plugin mode again afterwards."""
     local.helm_upgrade(*DRA_VALUES)
     try:
-        wait_for("the agent in DRA mode to be ready", lambda: agent_ready(local) and len(slices(local, node)) == 2,
-                 timeout=180)
+        wait_kubectl("the agent in DRA mode to be ready", lambda: agent_ready(local) and len(slices(local, node)) == 2,
+                     timeout=180)
         yield local
     finally:
         local.kubectl("delete", "pods,resourceclaims", "--all", "-n", "topology-e2e-pods", "--wait=true",
                       "--ignore-not-found", timeout=120)
         local.helm_upgrade()
-        wait_for("the agent in device-plugin mode to be ready", lambda: agent_ready(local), timeout=180)
-
-
-def claim(name: str, device_class: str, selector: str | None = None) -> dict[str, Any]:
-    exactly: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": 1}
-    if selector:
-        exactly["selectors"] = [{"cel": {"expression": selector}}]
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "topology-e2e-pods"},
-            "spec": {"devices": {"requests": [{"name": "r", "exactly": exactly}]}}}
-
-
-def pod(name: str, image: str, claim_name: str | None = None, limits: dict[str, Any] | None = None,
-        cpu: str = "100m") -> dict[str, Any]:
-    container: dict[str, Any] = {
-        "name": "main", "image": image, "imagePullPolicy": "IfNotPresent",
-        "command": ["sh", "-c", "sleep 3600"],
-        "resources": {"requests": {"cpu": cpu, "memory": "16Mi"}, "limits": {"memory": "32Mi", **(limits or {})}}}
-    spec: dict[str, Any] = {"containers": [container], "terminationGracePeriodSeconds": 1,
-                            "nodeSelector": {"topology-e2e/worker": "true"}}
-    if claim_name:
-        spec["resourceClaims"] = [{"name": "c", "resourceClaimName": claim_name}]
-        container["resources"]["claims"] = [{"name": "c"}]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "topology-e2e-pods"},
-            "spec": spec}
+        wait_kubectl("the agent in device-plugin mode to be ready", lambda: agent_ready(local), timeout=180)
 
 
 def running(env: E2EEnv, name: str) -> dict[str, Any]:
     def check() -> Any:
         p = kjson(env, "-n", "topology-e2e-pods", "get", "pod", name)
         return p if p["status"].get("phase") == "Running" else None
-    return wait_for(f"pod {name} Running", check, timeout=120)
+    return wait_kubectl(f"pod {name} Running", check, timeout=120)
 
 
 def container_view(env: E2EEnv, name: str) -> tuple[dict[str, str], str]:
@@ -138,19 +79,6 @@ def container_view(env: E2EEnv, name: str) -> tuple[dict[str, str], str]:
     envs = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     allowed = next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Cpus_allowed_list"))
     return envs, allowed
-
-
-def allocated_device(env: E2EEnv, claim_name: str) -> str:
-    c = wait_for(f"claim {claim_name} allocated", lambda: (lambda c: c if c.get("status", {}).get("allocation")
-                                                            else None)(kjson(env, "-n", "topology-e2e-pods", "get",
-                                                                              "resourceclaim", claim_name)))
-    (result,) = c["status"]["allocation"]["devices"]["results"]
-    assert result["driver"] == DRIVER
-    return str(result["device"])
-
-
-def delete(env: E2EEnv, *what: str) -> None:
-    env.kubectl("-n", "topology-e2e-pods", "delete", *what, "--wait=true", "--ignore-not-found", timeout=120)
 
 
 def test_slices_validate_with_attributes_and_counters(dra: E2EEnv, node: str) -> None:
@@ -214,8 +142,8 @@ def test_book_claim_prepared_with_environment_and_cpuset(dra: E2EEnv, node: str)
     envs, _ = container_view(dra, "book-pod")
     assert envs["TOPOLOGY_GROUPS"] == device and envs["TOPOLOGY_CPUS"] == book_cpu
     assert envs["TOPOLOGY_RANKS"] == "1" and envs["CPU_VISIBLE_MEMORY_NODES"] == "0"
-    wait_for("the container's cpuset to be the book's CPUs",
-             lambda: container_view(dra, "book-pod")[1] == book_cpu, timeout=60)
+    wait_kubectl("the container's cpuset to be the book's CPUs",
+                 lambda: container_view(dra, "book-pod")[1] == book_cpu, timeout=60)
     cdi = f"/var/run/cdi/{DRIVER}-book_{uid}.json"
     spec = json.loads(dra.node_shell(node, f"cat {cdi}"))
     assert spec["kind"] == f"{DRIVER}/book"
@@ -237,7 +165,7 @@ def test_socket_inside_the_held_book_stays_pending_another_is_allocated(dra: E2E
         conds = [c for c in p["status"].get("conditions", []) if c["type"] == "PodScheduled"]
         return conds[0] if conds and conds[0]["status"] == "False" and conds[0].get("message") else None
 
-    cond = wait_for("the scheduler's reason for inside-pod", unschedulable, timeout=60)
+    cond = wait_kubectl("the scheduler's reason for inside-pod", unschedulable, timeout=60)
     print(f"inside-pod Pending: {cond['reason']}: {cond['message']}")
     time.sleep(5)
     assert kjson(dra, "-n", "topology-e2e-pods", "get", "pod", "inside-pod")["status"]["phase"] == "Pending"
@@ -250,7 +178,8 @@ def test_agent_restart_same_slices_no_reprepare(dra: E2EEnv, node: str) -> None:
     before = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in slices(dra, node)}
     old = agent_pod(dra)["metadata"]["name"]
     dra.kubectl("-n", dra.namespace, "delete", "pod", old, "--wait=true", timeout=120)
-    wait_for("a new agent ready", lambda: agent_ready(dra) and agent_pod(dra)["metadata"]["name"] != old, timeout=180)
+    wait_kubectl("a new agent ready", lambda: agent_ready(dra) and agent_pod(dra)["metadata"]["name"] != old,
+                 timeout=180)
     time.sleep(3)
     after = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in slices(dra, node)}
     print(f"slices before the agent restart {before}, after {after}")
@@ -266,13 +195,14 @@ def test_kubelet_restart_keeps_the_claim_and_restores_the_slices(dra: E2EEnv, no
     """kubelet wipes every driver's slices of its node at its start: the registration that follows republishes."""
     registered_before = agent_pod(dra)["metadata"]["name"]
     dra.restart_kubelet(node)
-    wait_for("the node's slices back", lambda: len(slices(dra, node)) == 2, timeout=120)
-    wait_for("the agent ready again", lambda: agent_ready(dra), timeout=120)
+    wait_kubectl("the node's slices back", lambda: len(slices(dra, node)) == 2, timeout=120)
+    wait_kubectl("the agent ready again", lambda: agent_ready(dra), timeout=120)
     assert agent_pod(dra)["metadata"]["name"] == registered_before  # the same agent, not restarted
     assert kjson(dra, "-n", "topology-e2e-pods", "get", "pod", "book-pod")["status"]["phase"] == "Running"
     # Right after its start kubelet answers exec with "unable to upgrade connection: pod does not exist" until it
     # has synced its pods: wait for that, then the claim's environment and cpuset are still there.
-    envs, allowed = wait_for("exec into book-pod after the kubelet restart", lambda: container_view(dra, "book-pod"))
+    envs, allowed = wait_kubectl("exec into book-pod after the kubelet restart",
+                                 lambda: container_view(dra, "book-pod"))
     device = allocated_device(dra, "one-book")
     assert envs["TOPOLOGY_GROUPS"] == device and allowed == device.removeprefix("drawer0-book")
 
@@ -281,8 +211,8 @@ def test_claim_deleted_unprepared_and_cdi_file_gone(dra: E2EEnv, node: str) -> N
     uid = kjson(dra, "-n", "topology-e2e-pods", "get", "resourceclaim", "one-book")["metadata"]["uid"]
     cdi = f"/var/run/cdi/{DRIVER}-book_{uid}.json"
     delete(dra, "pod/book-pod", "resourceclaim/one-book")
-    wait_for("the CDI file removed", lambda: dra.node_shell(node, f"test -e {cdi} && echo present || echo gone")
-             .strip() == "gone", timeout=60)
+    wait_kubectl("the CDI file removed", lambda: dra.node_shell(node, f"test -e {cdi} && echo present || echo gone")
+                 .strip() == "gone", timeout=60)
 
 
 def test_extended_resource_pod_served_through_dra(dra: E2EEnv, node: str) -> None:
@@ -293,7 +223,8 @@ def test_extended_resource_pod_served_through_dra(dra: E2EEnv, node: str) -> Non
     envs, _ = container_view(dra, "ext-pod")
     assert envs["TOPOLOGY_GROUPS"] in ("drawer0-book0", "drawer0-book1")
     book_cpu = envs["TOPOLOGY_GROUPS"].removeprefix("drawer0-book")
-    wait_for("the extended-resource pod's cpuset", lambda: container_view(dra, "ext-pod")[1] == book_cpu, timeout=60)
+    wait_kubectl("the extended-resource pod's cpuset", lambda: container_view(dra, "ext-pod")[1] == book_cpu,
+                 timeout=60)
     delete(dra, "pod/ext-pod")
 
 
@@ -363,23 +294,23 @@ def test_a_book_gone_unhealthy_shows_in_its_pods_status(dra: E2EEnv, node: str) 
     cpus = cpus_of(topology, device)
 
     # The stream's first report: Healthy, under the claim's CDI device id (kubelet's ResourceID).
-    healthy = wait_for("the claim Healthy in the pod's status", lambda: health_is(dra, "health-pod", "Healthy"),
-                       timeout=120)
+    healthy = wait_kubectl("the claim Healthy in the pod's status", lambda: health_is(dra, "health-pod", "Healthy"),
+                           timeout=120)
     print(f"before: {healthy}")
     (resource,) = healthy
     assert resource["resourceID"].startswith(f"{DRIVER}/book="), resource
 
     set_snapshot(dra, offline(topology, cpus))
     try:
-        got = wait_for(f"{device} Unhealthy in the pod's status", lambda: health_is(dra, "health-pod", "Unhealthy"),
-                       timeout=180)
+        got = wait_kubectl(f"{device} Unhealthy in the pod's status", lambda: health_is(dra, "health-pod", "Unhealthy"),
+                           timeout=180)
         print(f"CPUs {cpus} offline: {got}")
         (resource,) = got
         assert "offline" in resource.get("message", ""), resource  # ResourceHealthStatusMessage (beta, on)
         assert kjson(dra, "-n", NS, "get", "pod", "health-pod")["status"]["phase"] == "Running"  # nothing stops it
     finally:
         set_snapshot(dra, snapshot.dumps(topology))
-    wait_for(f"{device} Healthy again", lambda: health_is(dra, "health-pod", "Healthy"), timeout=180)
+    wait_kubectl(f"{device} Healthy again", lambda: health_is(dra, "health-pod", "Healthy"), timeout=180)
     delete(dra, "pod/health-pod", "resourceclaim/health-book")
 
 
@@ -400,12 +331,12 @@ def test_a_restart_on_a_changed_topology_keeps_the_groups_a_claim_holds(dra: E2E
     topology = lane_topology(dra)
     set_snapshot(dra, offline(topology, cpus_of(topology, other)))
     try:
-        wait_for(f"{other} tainted in the slices", lambda: published(dra, node).get(other, {}).get("taints"),
-                 timeout=180)
+        wait_kubectl(f"{other} tainted in the slices", lambda: published(dra, node).get(other, {}).get("taints"),
+                     timeout=180)
         old = agent_pod(dra)["metadata"]["name"]
         dra.kubectl("-n", dra.namespace, "delete", "pod", old, "--wait=true", timeout=120)
-        wait_for("a new agent ready", lambda: agent_ready(dra) and agent_pod(dra)["metadata"]["name"] != old,
-                 timeout=180)
+        wait_kubectl("a new agent ready", lambda: agent_ready(dra) and agent_pod(dra)["metadata"]["name"] != old,
+                     timeout=180)
         devices = published(dra, node)
         print(f"after the restart: {sorted(devices)}; {other} taints {devices.get(other, {}).get('taints')}")
         assert sorted(devices) == sorted([held, f"{held}-socket0", other, f"{other}-socket0"])
@@ -414,7 +345,7 @@ def test_a_restart_on_a_changed_topology_keeps_the_groups_a_claim_holds(dra: E2E
         assert "keeping the 4 groups advertised before the restart" in logs, logs[-2000:]
     finally:
         set_snapshot(dra, snapshot.dumps(topology))
-    wait_for(f"{other} whole again", lambda: not published(dra, node).get(other, {}).get("taints"), timeout=180)
+    wait_kubectl(f"{other} whole again", lambda: not published(dra, node).get(other, {}).get("taints"), timeout=180)
     delete(dra, "pod/kept-pod", "resourceclaim/kept-book")
 
 
@@ -448,14 +379,14 @@ def test_an_admin_access_claim_is_observed_not_pinned(dra: E2EEnv, node: str) ->
         running(dra, "socket-holder")
         assert allocated_device(dra, "holds-socket") == f"{book}-socket0"
         cpu = str(index)
-        wait_for("the socket's holder pinned", lambda: container_view(dra, "socket-holder")[1] == cpu, timeout=60)
+        wait_kubectl("the socket's holder pinned", lambda: container_view(dra, "socket-holder")[1] == cpu, timeout=60)
         envs, allowed = container_view(dra, "observer")
         print(f"observer: TOPOLOGY_GROUPS={envs.get('TOPOLOGY_GROUPS')} Cpus_allowed_list={allowed}")
         assert envs.get("TOPOLOGY_ADMIN_ACCESS") == "true" and envs.get("TOPOLOGY_GROUPS") == book
         assert "TOPOLOGY_DRA_CLAIM" not in envs and "VLLM_CPU_OMP_THREADS_BIND" not in envs
         # Two more looks at the runtime by the enforcement loop (every 2 s), and it is still not pinned.
         steps = enforcement_steps(dra)
-        wait_for("two enforcement steps", lambda: enforcement_steps(dra) >= steps + 2, timeout=60)
+        wait_kubectl("two enforcement steps", lambda: enforcement_steps(dra) >= steps + 2, timeout=60)
         assert container_view(dra, "observer")[1] != cpu
     finally:
         delete(dra, "pod/observer", "pod/socket-holder", "resourceclaim/observes-book", "resourceclaim/holds-socket")

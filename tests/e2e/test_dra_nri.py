@@ -26,20 +26,9 @@ from typing import Any
 import pytest
 
 from agent.topology.cpulist import parse_cpulist
-from tests.e2e.conftest import E2EEnv
-from tests.e2e.test_dra import (
-    DRA_VALUES,
-    DRIVER,
-    agent_pod,
-    agent_ready,
-    allocated_device,
-    apply,
-    claim,
-    delete,
-    kjson,
-    slices,
-    wait_for,
-)
+from tests.support.e2e.cluster import E2EEnv
+from tests.support.e2e.dra import DRA_VALUES, DRIVER, agent_pod, agent_ready, allocated_device, claim, delete, slices
+from tests.support.e2e.kube import apply, kjson, wait_kubectl
 
 pytestmark = [
     pytest.mark.e2e,
@@ -56,20 +45,22 @@ def dra_nri(local: E2EEnv, node: str, pod_namespace: str) -> Iterator[E2EEnv]:
     """The release in DRA mode with NRI enforcement and the shared pool; device-plugin mode again afterwards."""
     local.helm_upgrade(*DRA_VALUES, "--set", "cpusetEnforcement=nri", "--set", "sharedPool=true")
     try:
-        wait_for("the agent in DRA mode to be ready", lambda: agent_ready(local) and len(slices(local, node)) == 2,
-                 timeout=180)
-        wait_for("the agent's NRI plugin synchronized with the runtime", lambda: "NRI: synchronized" in local.kubectl(
-            "-n", local.namespace, "logs", agent_pod(local)["metadata"]["name"]).stdout or None, timeout=60)
+        wait_kubectl("the agent in DRA mode to be ready", lambda: agent_ready(local) and len(slices(local, node)) == 2,
+                     timeout=180)
+        wait_kubectl("the agent's NRI plugin synchronized with the runtime",
+                     lambda: "NRI: synchronized" in local.kubectl(
+                         "-n", local.namespace, "logs", agent_pod(local)["metadata"]["name"]).stdout or None,
+                     timeout=60)
         apply(local, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": FOREIGN}})
-        wait_for(f"the default service account of {FOREIGN}",
-                 lambda: kjson(local, "-n", FOREIGN, "get", "serviceaccount", "default"), timeout=60)
+        wait_kubectl(f"the default service account of {FOREIGN}",
+                     lambda: kjson(local, "-n", FOREIGN, "get", "serviceaccount", "default"), timeout=60)
         yield local
     finally:
         local.kubectl("delete", "pods,resourceclaims", "--all", "-n", PODS, "--wait=true", "--ignore-not-found",
                       timeout=120)
         local.kubectl("delete", "namespace", FOREIGN, "--wait=true", "--ignore-not-found", timeout=120)
         local.helm_upgrade()
-        wait_for("the agent in device-plugin mode to be ready", lambda: agent_ready(local), timeout=180)
+        wait_kubectl("the agent in device-plugin mode to be ready", lambda: agent_ready(local), timeout=180)
 
 
 def first_line_pod(name: str, image: str, namespace: str = PODS, claim_name: str | None = None,
@@ -95,7 +86,7 @@ def printed(env: E2EEnv, name: str, namespace: str = PODS) -> tuple[str, str]:
         text = env.kubectl("-n", namespace, "logs", name).stdout
         return text if "END" in text else None
 
-    lines = wait_for(f"pod {namespace}/{name} to print its first lines", log, timeout=120).splitlines()
+    lines = wait_kubectl(f"pod {namespace}/{name} to print its first lines", log, timeout=120).splitlines()
     assert lines[0].startswith("Cpus_allowed_list:"), lines
     return lines[0].split(":", 1)[1].strip(), lines[1].removeprefix("claim=")
 
@@ -142,6 +133,6 @@ def test_the_book_returns_to_the_pool_when_the_claim_is_unprepared(dra_nri: E2EE
         allowed = out.split(":", 1)[1].strip()
         return allowed if int(book_cpu) in parse_cpulist(allowed) else None
 
-    allowed = wait_for("the plain pod widened onto the freed book", widened, timeout=60)
+    allowed = wait_kubectl("the plain pod widened onto the freed book", widened, timeout=60)
     print(f"after the claim was unprepared the plain pod runs on {allowed}")
     delete(dra_nri, "pod/nri-plain")

@@ -25,8 +25,10 @@ import pytest
 import yaml
 
 from agent.topology import snapshot
-from tests.e2e.conftest import REPO, E2EEnv
-from tests.e2e.test_dra import DRIVER, agent_ready, allocated_device, apply, delete, kjson, slices, wait_for
+from tests.support.e2e.cluster import E2EEnv
+from tests.support.e2e.dra import DRIVER, agent_ready, allocated_device, delete, slices
+from tests.support.e2e.kube import apply, kjson, wait_kubectl
+from tests.support.env import REPO
 
 pytestmark = [
     pytest.mark.e2e,
@@ -68,14 +70,14 @@ def shaped(local: E2EEnv, node: str, pod_namespace: str, tmp_path_factory: pytes
     local.helm_upgrade("--set", "mode=dra", "--set", "agent.levels=book", "--set", "agent.minGroupCores=0",
                        "--set", "cpusetEnforcement=none", "--set-file", f"fakeTopology.snapshots.default\\.json={path}")
     try:
-        wait_for("the agent in DRA mode with the pr40714 books", lambda: agent_ready(local) and published(local, node)
-                 == set(BOOKS), timeout=180)
+        wait_kubectl("the agent in DRA mode with the pr40714 books",
+                     lambda: agent_ready(local) and published(local, node) == set(BOOKS), timeout=180)
         yield local
     finally:
         local.kubectl("delete", "pods,resourceclaims,resourceclaimtemplates", "--all", "-n", NS, "--wait=true",
                       "--ignore-not-found", timeout=120)
         local.helm_upgrade()
-        wait_for("the agent in device-plugin mode to be ready", lambda: agent_ready(local), timeout=180)
+        wait_kubectl("the agent in device-plugin mode to be ready", lambda: agent_ready(local), timeout=180)
 
 
 def devices(env: E2EEnv, node: str) -> dict[str, dict[str, Any]]:
@@ -115,7 +117,7 @@ def pod_claim_device(env: E2EEnv, pod_name: str) -> str:
     def claim_name() -> Any:
         statuses = kjson(env, "-n", NS, "get", "pod", pod_name)["status"].get("resourceClaimStatuses") or []
         return statuses[0].get("resourceClaimName") if statuses else None
-    return allocated_device(env, wait_for(f"the claim of {pod_name}", claim_name, timeout=60))
+    return allocated_device(env, wait_kubectl(f"the claim of {pod_name}", claim_name, timeout=60))
 
 
 def unschedulable(env: E2EEnv, pod_name: str) -> dict[str, Any]:
@@ -123,7 +125,7 @@ def unschedulable(env: E2EEnv, pod_name: str) -> dict[str, Any]:
         p = kjson(env, "-n", NS, "get", "pod", pod_name)
         conds = [c for c in p["status"].get("conditions", []) if c["type"] == "PodScheduled"]
         return conds[0] if conds and conds[0]["status"] == "False" and conds[0].get("message") else None
-    cond: dict[str, Any] = wait_for(f"the scheduler's reason for {pod_name}", check, timeout=90)
+    cond: dict[str, Any] = wait_kubectl(f"the scheduler's reason for {pod_name}", check, timeout=90)
     print(f"{pod_name} Pending: {cond['reason']}: {cond['message']}")
     assert cond["reason"] == "Unschedulable"
     assert "cannot allocate all claims" in cond["message"], cond["message"]
@@ -195,7 +197,7 @@ def test_cpu_offline_taints_its_book_and_nothing_new_lands_on_it(shaped: E2EEnv,
     try:
         # The kubelet rewrites the ConfigMap volume (syncFrequency 10 s here), the agent's rescan (5 s) sees the
         # snapshot changed, the group is no longer whole, and the publisher replaces the slices.
-        got = wait_for("book 1 tainted in the ResourceSlice", lambda: tainted(shaped, node), timeout=150)
+        got = wait_kubectl("book 1 tainted in the ResourceSlice", lambda: tainted(shaped, node), timeout=150)
         assert got == {"drawer0-book1": [TAINT]}, got
         apply(shaped, selector_claim("on-book1", f'device.attributes["{DRIVER}"].book == 1'))
         apply(shaped, claim_pod("on-book1-pod", shaped.workload_image, "on-book1"))
@@ -207,7 +209,7 @@ def test_cpu_offline_taints_its_book_and_nothing_new_lands_on_it(shaped: E2EEnv,
         assert allocated_device(shaped, "big") == "drawer0-book0"
     finally:
         set_snapshot(shaped, pr40714())
-    wait_for("the taint gone with the CPU back", lambda: not tainted(shaped, node), timeout=150)
+    wait_kubectl("the taint gone with the CPU back", lambda: not tainted(shaped, node), timeout=150)
     # Nothing new landed on it while it was tainted; now the waiting claim gets it.
     assert allocated_device(shaped, "on-book1") == "drawer0-book1"
     delete(shaped, "pod/on-book1-pod", "pod/big-pod", "resourceclaim/on-book1", "resourceclaim/big")

@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import E2EEnv
-from tests.e2e.test_dra import DRA_VALUES, DRIVER, agent_ready, kjson, slices, wait_for
+from tests.support.e2e.cluster import E2EEnv
+from tests.support.e2e.dra import DRA_VALUES, DRIVER, agent_ready, slices
+from tests.support.e2e.kube import kjson, wait_kubectl
 
 pytestmark = [
     pytest.mark.e2e,
@@ -34,8 +35,8 @@ def release_pods(env: E2EEnv) -> list[str]:
 def test_helm_uninstall_removes_the_nodes_slices_and_the_device_classes(local: E2EEnv, node: str) -> None:
     local.helm_upgrade(*DRA_VALUES)
     try:
-        wait_for("the agent in DRA mode with its slices", lambda: agent_ready(local) and len(slices(local, node)) == 2,
-                 timeout=180)
+        wait_kubectl("the agent in DRA mode with its slices",
+                     lambda: agent_ready(local) and len(slices(local, node)) == 2, timeout=180)
         started = time.monotonic()
         out = local.helm("uninstall", local.release, "--wait", "--timeout", "180s")
         took = time.monotonic() - started
@@ -45,12 +46,12 @@ def test_helm_uninstall_removes_the_nodes_slices_and_the_device_classes(local: E
             return not slices(local, node)
 
         returned = time.monotonic()
-        wait_for(f"the node's {DRIVER} slices gone", gone, timeout=SLICES_GONE_WITHIN, every=0.25)
+        wait_kubectl(f"the node's {DRIVER} slices gone", gone, timeout=SLICES_GONE_WITHIN, every=0.25)
         print(f"slices gone {time.monotonic() - returned:.1f} s after helm uninstall returned")
         assert not release_pods(local)
         classes = [c["metadata"]["name"] for c in kjson(local, "get", "deviceclasses")["items"]]
         assert not [c for c in classes if c.endswith(f".{DRIVER}")], classes
     finally:
         local.helm_upgrade(install=True)
-        wait_for("the agent reinstalled in device-plugin mode and ready", lambda: agent_ready(local), timeout=180)
+        wait_kubectl("the agent reinstalled in device-plugin mode and ready", lambda: agent_ready(local), timeout=180)
     assert not slices(local, node)

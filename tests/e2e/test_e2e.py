@@ -15,29 +15,14 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import E2EEnv
 from tests.e2e.snapshots import Expected, expected
+from tests.support.e2e.cluster import E2EEnv
+from tests.support.e2e.kube import ENV_CONTRACT, delete_pods, free_cpu_millis, wait_for
 
 pytestmark = pytest.mark.e2e
 
 WORKER_LABEL = "topology-e2e/worker"
-ENV_CONTRACT = ("TOPOLOGY_CPUS", "TOPOLOGY_GROUPS", "CPU_VISIBLE_MEMORY_NODES", "VLLM_CPU_OMP_THREADS_BIND",
-                "TOPOLOGY_RANKS", "OMP_NUM_THREADS", "TOPOLOGY_OMP_NUM_THREADS", "TOPOLOGY_OMP_PLACES",
-                "TOPOLOGY_OMP_PLACES_BY_GROUP")
 BINDING = ("OMP_PLACES", "OMP_PROC_BIND", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 120, interval: float = 2) -> Any:
-    """Poll ``check`` until it returns something truthy; fail with ``what`` and the last value otherwise."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
-        time.sleep(interval)
 
 
 @pytest.fixture(scope="module")
@@ -114,39 +99,6 @@ def make_pod(core: Any, pod_namespace: str, e2e_env: E2EEnv) -> Iterator[Callabl
 
     yield _make
     delete_pods(core, pod_namespace, created)
-
-
-def delete_pods(core: Any, namespace: str, names: list[str], timeout: float = 90) -> None:
-    """Delete the pods and wait until they are gone: the next test must find their devices free."""
-    from kubernetes.client.exceptions import ApiException
-
-    for name in names:
-        try:
-            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
-    def gone() -> bool:
-        left = {p.metadata.name for p in core.list_namespaced_pod(namespace).items}
-        return not left & set(names)
-
-    wait_for(f"pods {names} to be deleted", gone, timeout=timeout, interval=0.5)
-
-
-def cpu_millis(quantity: str | None) -> int:
-    if not quantity:
-        return 0
-    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
-
-
-def free_cpu_millis(core: Any, node: str) -> int:
-    """The node's allocatable CPU less what its running and pending pods request."""
-    total = cpu_millis(core.read_node(node).status.allocatable["cpu"])
-    pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
-    used = sum(cpu_millis((c.resources.requests or {}).get("cpu")) for p in pods
-               if p.status.phase not in ("Succeeded", "Failed") for c in p.spec.containers if c.resources)
-    return total - used
 
 
 def pod_env(core: Any, namespace: str, name: str) -> dict[str, str]:

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import E2EEnv
 from tests.e2e.snapshots import Expected
-from tests.e2e.test_e2e import delete_pods, wait_for
-from tests.e2e.test_real_node import agent_pod, running_env, settle_after_kubelet_restart
+from tests.support.e2e.cluster import E2EEnv
+from tests.support.e2e.kube import delete_pods, wait_for
+from tests.support.e2e.node import agent_pod, running_env, settle_after_kubelet_restart
 
 pytestmark = pytest.mark.e2e
 

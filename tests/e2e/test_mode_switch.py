@@ -28,19 +28,9 @@ import pytest
 from agent.cri.client import POD_NAMESPACE, CriClient
 from agent.policy.dra import IN_USE_TAINT_KEY
 from agent.topology.cpulist import parse_cpulist
-from tests.e2e.conftest import E2EEnv
-from tests.e2e.test_dra import (
-    DRA_VALUES,
-    DRIVER,
-    agent_ready,
-    apply,
-    claim,
-    delete,
-    kjson,
-    pod,
-    slices,
-    wait_for,
-)
+from tests.support.e2e.cluster import E2EEnv
+from tests.support.e2e.dra import DRA_VALUES, DRIVER, agent_ready, claim, delete, pod, slices
+from tests.support.e2e.kube import apply, kjson, wait_kubectl
 
 pytestmark = [
     pytest.mark.e2e,
@@ -80,7 +70,7 @@ def running_after(env: E2EEnv, name: str, timeout: float = 120) -> None:
         assert seen != "Failed", f"pod {name} failed: {why}"
         return seen == "Running"
 
-    wait_for(f"pod {name} Running (never Failed)", check, timeout=timeout, every=0.5)
+    wait_kubectl(f"pod {name} Running (never Failed)", check, timeout=timeout, every=0.5)
 
 
 def holders() -> dict[str, tuple[str, frozenset[int], frozenset[int]]]:
@@ -118,7 +108,7 @@ def no_cpu_pinned_to_two_holders(expected: set[str]) -> dict[str, str]:
         ok = expected <= set(now) and all(cpus == allowed for _, cpus, allowed in now.values())
         return now if ok else None
 
-    now = wait_for(f"{sorted(expected)} pinned to their groups", pinned, timeout=60)
+    now = wait_kubectl(f"{sorted(expected)} pinned to their groups", pinned, timeout=60)
     for (a, (_, _, cpus_a)), (b, (_, _, cpus_b)) in itertools.combinations(now.items(), 2):
         assert not cpus_a & cpus_b, f"CPUs {sorted(cpus_a & cpus_b)} pinned to both {a} and {b}: {now}"
     print("holders (pod: groups, Cpus_allowed_list):",
@@ -136,7 +126,7 @@ def lane(local: E2EEnv, node: str, pod_namespace: str) -> Iterator[E2EEnv]:
         local.kubectl("delete", "pods,resourceclaims", "--all", "-n", NS, "--wait=true", "--ignore-not-found",
                       "--grace-period=0", "--force", timeout=120)
         local.helm_upgrade()
-        wait_for("the agent in device-plugin mode to be ready", lambda: agent_ready(local), timeout=180)
+        wait_kubectl("the agent in device-plugin mode to be ready", lambda: agent_ready(local), timeout=180)
 
 
 def test_deviceplugin_to_dra_and_back_with_a_pod_running_through_both(lane: E2EEnv, node: str) -> None:
@@ -171,7 +161,7 @@ def test_deviceplugin_to_dra_and_back_with_a_pod_running_through_both(lane: E2EE
         conds = [c for c in p["status"].get("conditions", []) if c["type"] == "PodScheduled"]
         return conds[0] if conds and conds[0]["status"] == "False" and conds[0].get("message") else None
 
-    cond = wait_for("the scheduler's reason for inside-held-pod", unschedulable, timeout=60)
+    cond = wait_kubectl("the scheduler's reason for inside-held-pod", unschedulable, timeout=60)
     print(f"a claim for the socket inside the device-plugin pod's book: {cond['reason']}: {cond['message']}")
     assert "cannot allocate all claims" in cond["message"]
     delete(env, "pod/inside-held-pod", "resourceclaim/inside-held")

@@ -21,15 +21,16 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.policy.grouping import Grouping, GroupingSettings, group_topology
-from tests.e2e.conftest import WORKER_LABEL, E2EEnv
 from tests.e2e.snapshots import expected
+from tests.support.e2e.cluster import WORKER_LABEL, E2EEnv
+from tests.support.e2e.kube import wait_kubectl
 
 pytestmark = pytest.mark.e2e
 
@@ -39,20 +40,6 @@ PODS = "topology-e2e-pods"
 BOTH_LEVELS = ("--set-json", 'agent.levels=["book","socket"]')
 DRA_VALUES = ("--set", "mode=dra", *BOTH_LEVELS)
 
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 120, every: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except subprocess.CalledProcessError as exc:
-            last = exc.stderr
-        else:
-            if last:
-                return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
 
 
 def kjson(env: E2EEnv, *args: str) -> Any:
@@ -138,11 +125,11 @@ def running(env: E2EEnv, name: str, timeout: float = 120) -> dict[str, Any]:
     def check() -> Any:
         p = kjson(env, "-n", PODS, "get", "pod", name)
         return p if p["status"].get("phase") == "Running" else None
-    return wait_for(f"pod {name} Running", check, timeout=timeout)
+    return wait_kubectl(f"pod {name} Running", check, timeout=timeout)
 
 
 def held_cpus(env: E2EEnv, name: str) -> str:
-    log = wait_for(f"pod {name} to print its CPUs", lambda: (
+    log = wait_kubectl(f"pod {name} to print its CPUs", lambda: (
         text := env.kubectl("-n", PODS, "logs", name).stdout) and "CPUS=" in text and text, timeout=60)
     return next(line.split("=", 1)[1] for line in log.splitlines() if line.startswith("CPUS="))
 
@@ -170,7 +157,7 @@ def books(e2e_env: E2EEnv, nodes: dict[str, str], pod_namespace: str) -> Iterato
     e2e_env.helm_upgrade(*BOTH_LEVELS)
     try:
         book = f"{e2e_env.prefix}/book"
-        wait_for("both nodes to advertise their books", lambda: rolled_out(e2e_env, nodes) and all(
+        wait_kubectl("both nodes to advertise their books", lambda: rolled_out(e2e_env, nodes) and all(
             allocatable(e2e_env, n).get(book) == str(count(e2e_env, n, book))
             for n in nodes.values()), timeout=240)
         yield e2e_env
@@ -179,7 +166,7 @@ def books(e2e_env: E2EEnv, nodes: dict[str, str], pod_namespace: str) -> Iterato
             delete_all(e2e_env)
         finally:
             e2e_env.helm_upgrade()
-            wait_for("the release back on its lane values", lambda: rolled_out(e2e_env, nodes), timeout=240)
+            wait_kubectl("the release back on its lane values", lambda: rolled_out(e2e_env, nodes), timeout=240)
 
 
 @pytest.mark.usefixtures("books")
@@ -203,7 +190,7 @@ class TestBooksAcrossNodes:
         kubectl_input(env, book_pod(env, f"rest-z16-{tag}", books=z16_books - 1, node=nodes["z16"]), "create")
         running(env, f"rest-z16-{tag}")
         kubectl_input(env, book_pod(env, f"none-{tag}"), "create")
-        reason = wait_for("the scheduler's reason", lambda: f"2 Insufficient {book}" in (
+        reason = wait_kubectl("the scheduler's reason", lambda: f"2 Insufficient {book}" in (
             r := pending_reason(env, f"none-{tag}")) and r, timeout=60)
         print(f"scheduler: {reason}")
         assert kjson(env, "-n", PODS, "get", "pod", f"none-{tag}")["status"]["phase"] == "Pending"
@@ -223,7 +210,7 @@ class TestBooksAcrossNodes:
         uids = {shape: running(env, name)["metadata"]["uid"] for shape, name in holders.items()}
         before = {n: p["metadata"]["uid"] for n, p in agents(env).items()}
         env.helm_upgrade(*BOTH_LEVELS, "--set-string", f"podAnnotations.e2e-rollout={tag}")
-        wait_for("the DaemonSet rolled on both nodes", lambda: rolled_out(env, nodes) and all(
+        wait_kubectl("the DaemonSet rolled on both nodes", lambda: rolled_out(env, nodes) and all(
             p["metadata"]["uid"] != before[n] for n, p in agents(env).items()), timeout=240)
         for shape, name in holders.items():  # no hold lost: the same pods, running, never restarted
             pod = kjson(env, "-n", PODS, "get", "pod", name)
@@ -231,12 +218,12 @@ class TestBooksAcrossNodes:
             assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
         # the new agents registered and kubelet's node status says so again (it lags the rollout by up to its
         # nodeStatusUpdateFrequency; until then allocatable reads 0 and a Pending pod would prove nothing)
-        wait_for("both nodes to advertise their books again", lambda: all(
+        wait_kubectl("both nodes to advertise their books again", lambda: all(
             allocatable(env, n).get(book) == str(count(env, n, book)) for n in nodes.values()), timeout=120)
         # no book shared: the z13 node's one book stays held (a new pod there is Pending), the z16 node hands out
         # another book than the held one
         kubectl_input(env, book_pod(env, f"new-z13-{tag}", node=nodes["z13"]), "create")
-        wait_for("a second book pod on the z13 node Pending", lambda: f"Insufficient {book}" in pending_reason(
+        wait_kubectl("a second book pod on the z13 node Pending", lambda: f"Insufficient {book}" in pending_reason(
             env, f"new-z13-{tag}"), timeout=60)
         kubectl_input(env, book_pod(env, f"new-z16-{tag}", node=nodes["z16"]), "create")
         running(env, f"new-z16-{tag}")
@@ -266,7 +253,7 @@ def agent_kubeconfig(env: E2EEnv, node: str, path: Path) -> Path:
 def test_agent_token_of_one_node_cannot_patch_the_other(e2e_env: E2EEnv, nodes: dict[str, str],
                                                         tmp_path: Path) -> None:
     env = e2e_env
-    wait_for("an agent on each node", lambda: set(agents(env)) >= set(nodes.values()), timeout=180)
+    wait_kubectl("an agent on each node", lambda: set(agents(env)) >= set(nodes.values()), timeout=180)
     a, b = nodes["z16"], nodes["z13"]
     as_a = agent_kubeconfig(env, a, tmp_path / "agent-a")
     kubectl = os.environ.get("TOPOLOGY_E2E_KUBECTL") or "kubectl"
@@ -312,7 +299,7 @@ def complete_pool(items: list[dict[str, Any]]) -> bool:
 def dra(e2e_env: E2EEnv, nodes: dict[str, str], pod_namespace: str) -> Iterator[E2EEnv]:
     e2e_env.helm_upgrade(*DRA_VALUES)
     try:
-        wait_for("both agents in DRA mode with their slices", lambda: rolled_out(e2e_env, nodes) and all(
+        wait_kubectl("both agents in DRA mode with their slices", lambda: rolled_out(e2e_env, nodes) and all(
             complete_pool(slices(e2e_env, n)) for n in nodes.values()), timeout=240)
         yield e2e_env
     finally:
@@ -320,7 +307,7 @@ def dra(e2e_env: E2EEnv, nodes: dict[str, str], pod_namespace: str) -> Iterator[
             delete_all(e2e_env)
         finally:
             e2e_env.helm_upgrade(install=True)
-            wait_for("the release back in device-plugin mode", lambda: rolled_out(e2e_env, nodes), timeout=240)
+            wait_kubectl("the release back in device-plugin mode", lambda: rolled_out(e2e_env, nodes), timeout=240)
 
 
 def claim(name: str, selector: str) -> dict[str, Any]:
@@ -369,8 +356,8 @@ class TestDraAcrossNodes:
         assert nodes["z13"] in json.dumps(terms)
         assert held_cpus(env, f"big-1-{tag}") == "0-7"
         # the only such book is taken: the second stays Pending although the z16 node has 8 free books
-        reason = wait_for("the second big claim unschedulable", lambda: pending_reason(env, f"big-2-{tag}"),
-                          timeout=60)
+        reason = wait_kubectl("the second big claim unschedulable", lambda: pending_reason(env, f"big-2-{tag}"),
+                              timeout=60)
         print(f"scheduler: {reason}")
         time.sleep(3)
         assert kjson(env, "-n", PODS, "get", "pod", f"big-2-{tag}")["status"]["phase"] == "Pending"
@@ -380,4 +367,4 @@ class TestDraAcrossNodes:
         delete_all(e2e_env)  # no claim left prepared: its pod could not be torn down without the agent
         assert {s["spec"]["nodeName"] for s in slices(e2e_env)} == set(nodes.values())
         e2e_env.helm("uninstall", e2e_env.release, "--wait", "--timeout", "180s")
-        wait_for("every node's slices gone", lambda: not slices(e2e_env), timeout=30, every=0.25)
+        wait_kubectl("every node's slices gone", lambda: not slices(e2e_env), timeout=30, every=0.25)

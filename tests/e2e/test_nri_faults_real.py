@@ -25,9 +25,9 @@ import pytest
 
 from agent.topology import snapshot
 from agent.topology.cpulist import parse_cpulist
-from tests.e2e.conftest import E2EEnv
-from tests.e2e.test_e2e import delete_pods, wait_for
-from tests.e2e.test_real_node import agent_pod, metric, metrics, proc_status
+from tests.support.e2e.cluster import E2EEnv
+from tests.support.e2e.kube import delete_pods, wait_for
+from tests.support.e2e.node import agent_pod, metric, metrics, proc_status
 
 pytestmark = pytest.mark.e2e
 

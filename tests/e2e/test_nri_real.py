@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from agent.topology.cpulist import parse_cpulist
-from tests.e2e.conftest import E2EEnv
 from tests.e2e.snapshots import Expected
-from tests.e2e.test_e2e import delete_pods, wait_for
-from tests.e2e.test_real_node import agent_pod, metric, metrics
+from tests.support.e2e.cluster import E2EEnv
+from tests.support.e2e.kube import delete_pods, wait_for
+from tests.support.e2e.node import agent_pod, metric, metrics
 
 pytestmark = pytest.mark.e2e
 FIRST_LINE = "grep Cpus_allowed_list /proc/self/status; echo END; exec sleep 3600"

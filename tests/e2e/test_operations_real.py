@@ -19,12 +19,11 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import REPO, E2EEnv
 from tests.e2e.snapshots import Expected
-from tests.e2e.test_e2e import wait_for
-from tests.e2e.test_real_node import AGENT_PREFIX, KUBELET_ROOT, agent_pod, book_pods_running, http_get, pods
-
-__all__ = ["pods"]  # the fixture
+from tests.support.e2e.cluster import E2EEnv
+from tests.support.e2e.kube import wait_for
+from tests.support.e2e.node import AGENT_PREFIX, KUBELET_ROOT, agent_pod, book_pods_running, http_get
+from tests.support.env import REPO
 
 pytestmark = pytest.mark.e2e
 

@@ -8,167 +8,33 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
 import tempfile
 import time
-import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import E2EEnv
 from tests.e2e.snapshots import Expected
-from tests.e2e.test_e2e import ENV_CONTRACT, delete_pods, free_cpu_millis, wait_for
+from tests.support.e2e.cluster import E2EEnv
+from tests.support.e2e.kube import ENV_CONTRACT, delete_pods, free_cpu_millis, wait_for
+from tests.support.e2e.node import (
+    AGENT_PREFIX,
+    agent_pod,
+    book_pods_running,
+    http_get,
+    metric,
+    metrics,
+    pinned_to,
+    pod_resources,
+    proc_status,
+    running_env,
+    settle_after_kubelet_restart,
+)
+from topology_devkit.testing.wait import poll_until
 
 pytestmark = pytest.mark.e2e
-
-KUBELET_ROOT = Path("/var/lib/kubelet")
-POD_RESOURCES = KUBELET_ROOT / "pod-resources" / "kubelet.sock"
-AGENT_PREFIX = "topology.s390x.ibm.com"
-
-
-def agent_pod(core: Any, env: E2EEnv, node: str, timeout: float = 120) -> Any:
-    """The Ready agent pod on ``node``."""
-    def ready() -> Any:
-        pods = core.list_namespaced_pod(env.namespace, field_selector=f"spec.nodeName={node}",
-                                        label_selector=f"app.kubernetes.io/instance={env.release}").items
-        for pod in pods:
-            statuses = pod.status.container_statuses or []
-            if pod.metadata.deletion_timestamp is None and statuses and all(s.ready for s in statuses):
-                return pod
-        return None
-
-    return wait_for(f"the agent pod on {node} to be Ready", ready, timeout=timeout, interval=0.5)
-
-
-def http_get(url: str, timeout: float = 5) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-
-
-def metrics(pod: Any) -> str:
-    port = next(p.container_port for p in pod.spec.containers[0].ports if p.name == "metrics")
-    return http_get(f"http://{pod.status.pod_ip}:{port}/metrics")[1]
-
-
-def metric(text: str, name: str, labels: dict[str, str] | None = None) -> float | None:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and (labels or {}).items() <= sample.labels.items():
-                return float(sample.value)
-    return None
-
-
-def pod_resources() -> dict[tuple[str, str, str], dict[str, list[str]]]:
-    """The real kubelet's pod-resources List: (namespace, pod, container) -> resource -> device ids."""
-    import grpc
-
-    from agent._proto.podresources.v1 import api_pb2, api_pb2_grpc
-
-    with grpc.insecure_channel(f"unix://{POD_RESOURCES}") as channel:
-        answer = api_pb2_grpc.PodResourcesListerStub(channel).List(api_pb2.ListPodResourcesRequest(), timeout=10)
-    held: dict[tuple[str, str, str], dict[str, list[str]]] = {}
-    for pod in answer.pod_resources:
-        for container in pod.containers:
-            devices = {d.resource_name: sorted(d.device_ids) for d in container.devices if d.device_ids}
-            if devices:
-                held[(pod.namespace, pod.name, container.name)] = devices
-    return held
-
-
-@pytest.fixture()
-def pods(core: Any, pod_namespace: str, e2e_env: E2EEnv, node: str) -> Iterator[Callable[..., str]]:
-    """pods({resource: n}, cpu="1") -> pod name; the pod prints its environment, then its cpuset, and sleeps."""
-    from kubernetes import client
-
-    created: list[str] = []
-
-    def _make(extended: dict[str, int], cpu: str | None = "1", name: str | None = None) -> str:
-        name = name or f"real-{uuid.uuid4().hex[:8]}"
-        limits = {k: str(v) for k, v in extended.items()}
-        requests: dict[str, str] = {"memory": "16Mi"}
-        if cpu is not None:
-            requests["cpu"] = cpu
-        script = "env; echo ENV-END; exec sleep 3600"
-        core.create_namespaced_pod(pod_namespace, client.V1Pod(
-            metadata=client.V1ObjectMeta(name=name),
-            spec=client.V1PodSpec(
-                restart_policy="Never", termination_grace_period_seconds=1,
-                node_selector={"kubernetes.io/hostname": node},
-                containers=[client.V1Container(
-                    name="main", image=e2e_env.workload_image, image_pull_policy="Never",
-                    command=["/bin/sh", "-c", script],
-                    resources=client.V1ResourceRequirements(requests=requests, limits=limits or None))])))
-        created.append(name)
-        return name
-
-    yield _make
-    delete_pods(core, pod_namespace, created)
-
-
-def running_env(core: Any, namespace: str, name: str, timeout: float = 90) -> dict[str, str]:
-    def run() -> Any:
-        pod = core.read_namespaced_pod(name, namespace)
-        if pod.status.phase == "Failed":
-            pytest.fail(f"pod {name} failed: {pod.status.reason}: {pod.status.message}")
-        return pod if pod.status.phase == "Running" else None
-
-    wait_for(f"pod {name} to run", run, timeout=timeout, interval=0.3)
-    log = wait_for(f"pod {name} to print its environment",
-                   lambda: (text := core.read_namespaced_pod_log(name, namespace)) and "ENV-END" in text and text,
-                   interval=0.3)
-    return dict(line.split("=", 1) for line in log.split("ENV-END")[0].splitlines() if "=" in line)
-
-
-def proc_status(env: E2EEnv, namespace: str, pod: str, field: str) -> str:
-    """A field of the container's PID 1 /proc status via kubectl exec ("" while exec does not answer yet)."""
-    try:
-        out = env.kubectl("exec", "-n", namespace, pod, "--", "grep", f"^{field}:", "/proc/1/status").stdout
-    except subprocess.CalledProcessError:
-        return ""
-    return out.split(":", 1)[1].strip()
-
-
-def pinned_to(env: E2EEnv, namespace: str, pod: str, cpus: str | None) -> Callable[[], bool]:
-    """A condition: the pod's cpuset reads ``cpus`` (None: reads at all)."""
-    def check() -> bool:
-        seen = proc_status(env, namespace, pod, "Cpus_allowed_list")
-        return bool(seen) and (cpus is None or seen == cpus)
-
-    return check
-
-
-def settle_after_kubelet_restart(core: Any, node: str, since: float) -> None:
-    """Wait until the restarted kubelet has the API server's pods again.
-
-    Until then it is not safe to admit a pod: kubelet's device manager keeps every checkpointed allocation,
-    even of pods deleted meanwhile, while its pod sources are not ready (devicemanager/manager.go,
-    UpdateAllocatedDevices: ``if !m.sourcesReady.AllReady() { return }``), and answers a new pod with
-    UnexpectedAdmissionError "requested number of devices unavailable". Seen here on the first run of this
-    suite; ready means the node's Ready heartbeat is newer than the restart and pod-resources lists every
-    running pod that holds a device.
-    """
-    def settled() -> bool:
-        ready = [c for c in core.read_node(node).status.conditions or [] if c.type == "Ready"]
-        if not ready or ready[0].status != "True" or ready[0].last_heartbeat_time.timestamp() < int(since):
-            return False
-        listed = {(k[0], k[1]) for k in pod_resources()}
-        holders = {(p.metadata.namespace, p.metadata.name)
-                   for p in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
-                   if p.status.phase == "Running" and any(
-                       r.startswith("topology/") for c in p.spec.containers
-                       for r in ((c.resources.limits or {}) if c.resources else {}))}
-        return holders <= listed
-
-    wait_for(f"the restarted kubelet on {node} to settle", settled, timeout=90, interval=0.5)
 
 
 def pending_reason(core: Any, namespace: str, name: str) -> str:
@@ -177,13 +43,6 @@ def pending_reason(core: Any, namespace: str, name: str) -> str:
         if cond.type == "PodScheduled" and cond.status == "False":
             return cond.message or ""
     return ""
-
-
-def book_pods_running(core: Any, namespace: str, pods: Callable[..., str], env: E2EEnv, count: int,
-                      ) -> list[tuple[str, dict[str, str]]]:
-    book = f"{env.prefix}/book"
-    made = [pods({book: 1}) for _ in range(count)]
-    return [(name, running_env(core, namespace, name)) for name in made]
 
 
 # -------------------------------------------------------------------------------------------------- the tests
@@ -281,17 +140,14 @@ def test_a_recreated_agent_hands_out_no_held_book_twice(core: Any, pod_namespace
         p := agent_pod(core, e2e_env, node)) and p.metadata.uid != old.metadata.uid and p, timeout=120, interval=0.5)
     assert new.metadata.uid != old.metadata.uid
     others = [pods({book: 1}) for _ in range(exp.allocatable[book])]  # one more than the books left
-    deadline = time.monotonic() + 30
     groups: list[str] = []
-    while time.monotonic() < deadline:
-        groups = []
-        for name in others:
-            pod = core.read_namespaced_pod(name, pod_namespace)
-            if pod.status.phase == "Running":
-                groups.append(running_env(core, pod_namespace, name)["TOPOLOGY_GROUPS"])
-        if len(groups) >= exp.allocatable[book] - 1:
-            break
-        time.sleep(0.5)
+
+    def the_free_books_running() -> bool:
+        groups[:] = [running_env(core, pod_namespace, name)["TOPOLOGY_GROUPS"] for name in others
+                     if core.read_namespaced_pod(name, pod_namespace).status.phase == "Running"]
+        return len(groups) >= exp.allocatable[book] - 1
+
+    poll_until(the_free_books_running, 30, every=0.5)
     assert held[0][1]["TOPOLOGY_GROUPS"] not in groups, "a held book was handed out again"
     assert len(groups) == len(set(groups)) == exp.allocatable[book] - 1, groups
 

@@ -12,9 +12,10 @@ from collections.abc import Iterator
 import pytest
 
 from agent.topology.cpulist import parse_cpulist
-from tests.e2e.conftest import E2EEnv
-from tests.e2e.test_dra import DRA_VALUES, DRIVER, agent_ready, allocated_device, apply, claim, slices, wait_for
-from tests.e2e.test_vllm import (
+from tests.support.e2e.cluster import E2EEnv
+from tests.support.e2e.dra import DRA_VALUES, DRIVER, agent_ready, allocated_device, claim, slices
+from tests.support.e2e.kube import apply, wait_kubectl
+from tests.support.e2e.vllm import (
     PODS,
     SECCOMP_VALUES,
     complete,
@@ -44,7 +45,7 @@ def nri(local: E2EEnv, pod_namespace: str) -> Iterator[E2EEnv]:
     """The release with NRI enforcement and the shared pool (and the seccomp profile); the lane's values after."""
     local.helm_upgrade(*SECCOMP_VALUES, *NRI_VALUES)
     try:
-        wait_for("the agent's NRI plugin synchronized with the runtime", lambda: agent_ready(local) and (
+        wait_kubectl("the agent's NRI plugin synchronized with the runtime", lambda: agent_ready(local) and (
             "NRI: synchronized" in local.kubectl("-n", local.namespace, "logs", "-l",
                                                  f"app.kubernetes.io/instance={local.release}",
                                                  "--tail=-1").stdout), timeout=120)
@@ -59,13 +60,13 @@ def dra(local: E2EEnv, node: str, pod_namespace: str) -> Iterator[E2EEnv]:
     """The release in DRA mode (and the seccomp profile); device-plugin mode again afterwards."""
     local.helm_upgrade(*SECCOMP_VALUES, *DRA_VALUES)
     try:
-        wait_for("the agent in DRA mode to be ready", lambda: agent_ready(local) and len(slices(local, node)) == 2,
-                 timeout=180)
+        wait_kubectl("the agent in DRA mode to be ready", lambda: agent_ready(local) and len(slices(local, node)) == 2,
+                     timeout=180)
         yield local
     finally:
         _cleanup(local)
         local.helm_upgrade()
-        wait_for("the agent in device-plugin mode to be ready", lambda: agent_ready(local), timeout=180)
+        wait_kubectl("the agent in device-plugin mode to be ready", lambda: agent_ready(local), timeout=180)
 
 
 def test_one_book_vllm_with_nri_enforcement(nri: E2EEnv, node: str) -> None:

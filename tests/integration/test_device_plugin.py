@@ -16,8 +16,8 @@ from agent.devices.table import UNHEALTHY
 from agent.errors import SocketInUseError
 from agent.policy.allocation import plan_allocation
 from agent.topology.embedded import load_embedded
-from tests.conftest import BOOK, SOCKET
-from tests.plugin_harness import FAST, running_node, short_tmpdir
+from tests.support.env import BOOK, SOCKET
+from tests.support.harness import FAST, running_node, short_tmpdir
 from topology_devkit.kubelet_emulator import AdmissionError, Container, KubeletEmulator
 
 

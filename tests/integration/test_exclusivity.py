@@ -22,8 +22,8 @@ from agent.policy.health import overlaps
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
 from agent.topology.sysfs import read_sysfs, sysfs_fingerprint
-from tests.conftest import BOOK, SOCKET
-from tests.plugin_harness import running_node, short_tmpdir
+from tests.support.env import BOOK, SOCKET
+from tests.support.harness import running_node, short_tmpdir
 from topology_devkit.kubelet_emulator import AdmissionError, Container, KubeletEmulator
 from topology_devkit.sysfs_writer import write_sysfs_tree
 

@@ -13,10 +13,11 @@ import os
 import grpc
 import pytest
 
-from tests.conftest import BOOK, SOCKET
-from tests.plugin_harness import short_tmpdir
-from topology_devkit.agent_process import AgentProcess, wait_until
+from tests.support.env import BOOK, SOCKET
+from tests.support.harness import short_tmpdir
+from topology_devkit.agent_process import AgentProcess
 from topology_devkit.kubelet_emulator import Container, KubeletEmulator
+from topology_devkit.testing.wait import wait_until
 
 
 def test_without_pod_resources_a_hold_survives_an_agent_restart_and_readiness_says_so() -> None:
@@ -30,7 +31,7 @@ def test_without_pod_resources_a_hold_survives_an_agent_restart_and_readiness_sa
             k.wait_registered(SOCKET, timeout=30)
             first.allocate(BOOK, ["drawer0-book0"])  # what kubelet would do for a pod
             inside = {"drawer0-book0-socket0", "drawer0-book0-socket1"}
-            wait_until(lambda: k.unhealthy_devices(SOCKET) == inside, 10, "the book's sockets blocked")
+            wait_until("the book's sockets blocked", lambda: k.unhealthy_devices(SOCKET) == inside, 10)
             # Readiness gates DaemonSet rollouts only: devices are served, so ready, and the body says the rest.
             status, body = first.get("/readyz")
             assert status == 200 and "exclusivity unconfirmed" in body
@@ -45,7 +46,7 @@ def test_without_pod_resources_a_hold_survives_an_agent_restart_and_readiness_sa
         second = AgentProcess(k, root, "--levels", "book,socket", "--pod-resources-interval", "0.1",
                               pod_resources=missing)
         try:
-            wait_until(lambda: k.registrations(SOCKET) >= 2 and bool(k.devices(SOCKET)), 30, "re-registered")
+            wait_until("re-registered", lambda: k.registrations(SOCKET) >= 2 and bool(k.devices(SOCKET)), 30)
             assert k.unhealthy_devices(SOCKET) == inside  # still blocked by the hold from before the restart
             with pytest.raises(grpc.RpcError) as refused:
                 second.allocate(SOCKET, ["drawer0-book0-socket0"])
@@ -53,8 +54,8 @@ def test_without_pod_resources_a_hold_survives_an_agent_restart_and_readiness_sa
             # pod-resources appears and answers: kubelet holds nothing, so the hold is released.
             missing.parent.mkdir()
             os.symlink(k.pod_resources_socket, missing)
-            wait_until(lambda: second.get("/readyz") == (200, "ready\n"), 30, "confirmed once pod-resources answers")
-            wait_until(lambda: not k.unhealthy_devices(SOCKET), 10, "the sockets released")
+            wait_until("confirmed once pod-resources answers", lambda: second.get("/readyz") == (200, "ready\n"), 30)
+            wait_until("the sockets released", lambda: not k.unhealthy_devices(SOCKET), 10)
             assert second.metric("topology_agent_exclusivity_confirmed") == 1
             assert second.metric("topology_agent_pending_holds") == 0
         finally:
@@ -83,17 +84,17 @@ def test_a_confirmed_hold_survives_an_agent_restart_while_pod_resources_is_away(
             k.wait_registered(SOCKET, timeout=30)
             k.admit_pod("ml", "llm", [Container("c", {BOOK: 1})])
             assert k.allocated(BOOK) == {"drawer0-book0"}
-            wait_until(lambda: first.metric("topology_agent_pending_holds") == 0 and
-                       k.unhealthy_devices(SOCKET) == inside, 10, "the hold confirmed by List")
+            wait_until("the hold confirmed by List", lambda: first.metric("topology_agent_pending_holds") == 0 and
+                       k.unhealthy_devices(SOCKET) == inside, 10)
         finally:
             first.kill()
         seen = k.snapshots(SOCKET)  # cumulative: the second instance's first list is the next one
         second = AgentProcess(k, root, "--levels", "book,socket", "--pod-resources-interval", "0.1",
                               pod_resources=away)
         try:
-            wait_until(lambda: k.registrations(SOCKET) >= 2 and k.snapshots(SOCKET) > seen, 30,
-                       "re-registered and listed")
-            wait_until(lambda: second.get("/readyz")[0] in (200, 503), 10, "serving /readyz")
+            wait_until("re-registered and listed",
+                       lambda: k.registrations(SOCKET) >= 2 and k.snapshots(SOCKET) > seen, 30)
+            wait_until("serving /readyz", lambda: second.get("/readyz")[0] in (200, 503), 10)
             assert k.unhealthy_devices(SOCKET) == inside
             with pytest.raises(grpc.RpcError) as refused:
                 second.allocate(SOCKET, ["drawer0-book0-socket1"])

@@ -10,10 +10,11 @@ import grpc
 import pytest
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2
-from tests.conftest import BOOK
-from tests.plugin_harness import running_node, short_tmpdir
-from topology_devkit.agent_process import AgentProcess, wait_until
+from tests.support.env import BOOK
+from tests.support.harness import running_node, short_tmpdir
+from topology_devkit.agent_process import AgentProcess
 from topology_devkit.kubelet_emulator import KubeletEmulator
+from topology_devkit.testing.wait import wait_until
 
 MAX_DETAILS = 2048
 MAX_LOG_LINE = 4096
@@ -54,7 +55,7 @@ def test_a_preferred_allocation_with_absurd_ids_gets_a_short_invalid_argument(ag
 def test_no_log_line_echoes_a_whole_request(agent: AgentProcess) -> None:
     with pytest.raises(grpc.RpcError):
         agent.allocate(BOOK, ["z" * 1_000_000])
-    wait_until(lambda: agent.logged("Allocate refused"), 5, "the refusal logged")
+    wait_until("the refusal logged", lambda: agent.logged("Allocate refused"), 5)
     longest = max(len(line) for line in agent.log_path.read_text().splitlines())
     assert longest < MAX_LOG_LINE
 

@@ -14,10 +14,11 @@ import grpc
 import pytest
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from tests.conftest import BOOK, SOCKET
-from tests.plugin_harness import short_tmpdir
-from topology_devkit.agent_process import AgentProcess, wait_until
+from tests.support.env import BOOK, SOCKET
+from tests.support.harness import short_tmpdir
+from topology_devkit.agent_process import AgentProcess
 from topology_devkit.kubelet_emulator import KubeletEmulator
+from topology_devkit.testing.wait import wait_until
 
 
 def test_an_undrained_stderr_bounds_memory_and_never_blocks_allocate() -> None:
@@ -61,13 +62,13 @@ def test_many_list_and_watch_streams_never_starve_allocate() -> None:
             for stream in streams[-4:]:
                 next(stream)  # the newest streams are served
             # The older ones were ended: four stay open while all twenty are still held by the client.
-            wait_until(lambda: agent.metric("topology_agent_list_and_watch_streams", resource=BOOK) == 4, 10,
-                       "four streams open, kubelet's among them")
+            wait_until("four streams open, kubelet's among them",
+                       lambda: agent.metric("topology_agent_list_and_watch_streams", resource=BOOK) == 4, 10)
             assert stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=3).get_preferred_allocation_available
             answer = stub.Allocate(request(["drawer0-book0"]), timeout=3)
             assert answer.container_responses[0].envs["TOPOLOGY_GROUPS"] == "drawer0-book0"
             # kubelet's own stream was never ended: it still sees the new blocked sockets.
-            wait_until(lambda: k.devices(SOCKET).get("drawer0-book0-socket0") == "Unhealthy", 10, "kubelet's stream")
+            wait_until("kubelet's stream", lambda: k.devices(SOCKET).get("drawer0-book0-socket0") == "Unhealthy", 10)
             assert k.registrations(BOOK) == 1
         finally:
             for stream in streams:

@@ -16,10 +16,11 @@ from agent.errors import SavedStateError
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.policy.saved import grouping_from_dict, grouping_to_dict
 from agent.topology.embedded import load_embedded
-from tests.conftest import BOOK
-from tests.plugin_harness import short_tmpdir
-from topology_devkit.agent_process import AgentProcess, wait_until
+from tests.support.env import BOOK
+from tests.support.harness import short_tmpdir
+from topology_devkit.agent_process import AgentProcess
 from topology_devkit.kubelet_emulator import Container, KubeletEmulator
+from topology_devkit.testing.wait import wait_until
 
 STATE = "s390x-topology-agent"
 
@@ -52,8 +53,9 @@ def test_a_broken_groups_file_is_said_and_replaced(content: str, said: str) -> N
         path.write_text(content)
         agent = run_once(k, root)
         try:
-            wait_until(lambda: agent.logged(said) and agent.logged("not trusting the saved groups"), 10,
-                       "the distrust said")  # (log lines are written in batches)
+            # (log lines are written in batches)
+            wait_until("the distrust said",
+                       lambda: agent.logged(said) and agent.logged("not trusting the saved groups"), 10)
             assert not [line for line in agent.log() if line.get("level") == "error" or "Traceback" in str(line)]
             assert json.loads(path.read_text())["groups"]  # written afresh
         finally:
@@ -73,8 +75,8 @@ def test_a_cpu_the_machine_lacks_never_reaches_a_container() -> None:
         path.write_text(json.dumps(data))
         second = run_once(k, root)
         try:
-            wait_until(lambda: second.logged("9999") and second.logged("that this machine does not have"), 10,
-                       "the foreign CPU said")
+            wait_until("the foreign CPU said",
+                       lambda: second.logged("9999") and second.logged("that this machine does not have"), 10)
             k.admit_pod("default", "next", [Container("c", {BOOK: 1})])
             env = k.start_container("default", "next", "c")
             assert "9999" not in env["TOPOLOGY_CPUS"]
@@ -97,7 +99,7 @@ def test_the_kept_reason_does_not_grow_and_a_wiped_directory_is_written_again() 
             for f in groups_file(k).parent.iterdir():
                 f.unlink()
             groups_file(k).parent.rmdir()
-            wait_until(lambda: groups_file(k).exists(), 20, "the groups written again")
+            wait_until("the groups written again", lambda: groups_file(k).exists(), 20)
         finally:
             assert agent.stop() == 0
 
@@ -110,8 +112,8 @@ def test_two_resource_prefixes_keep_separate_files() -> None:
         try:
             k.wait_for(lambda: k.registrations(BOOK) >= 1 and k.registrations("other.example.com/book") >= 1,
                        timeout=30, what="both registered")
-            wait_until(lambda: groups_file(k).exists() and groups_file(k, "other.example.com").exists(), 10,
-                       "both files")
+            wait_until("both files",
+                       lambda: groups_file(k).exists() and groups_file(k, "other.example.com").exists(), 10)
             assert json.loads(groups_file(k).read_text())["settings"]["resource_prefix"] == "topology"
             other = json.loads(groups_file(k, "other.example.com").read_text())
             assert other["settings"]["resource_prefix"] == "other.example.com"

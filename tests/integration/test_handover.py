@@ -20,8 +20,8 @@ from agent.app.handover import hand_over_if_last
 from agent.errors import KubeApiError
 from agent.policy.handover import is_zero, still_allocatable, zero_patch
 from agent.policy.uninstall import handing_over, template_mode
-from tests.conftest import BOOK, SOCKET
-from tests.plugin_harness import Node, running_node
+from tests.support.env import BOOK, SOCKET
+from tests.support.harness import Node, running_node
 from topology_devkit.kubelet_emulator import Container
 
 NODE = "node-a"
@@ -147,10 +147,10 @@ def dra_manager_with(monkeypatch: pytest.MonkeyPatch, api: ApiServer) -> Iterato
     from agent.policy.dra import DRIVER
     from agent.policy.grouping import GroupingSettings
     from agent.topology.embedded import load_embedded
-    from tests.plugin_harness import short_tmpdir
-    from tests.test_dra_publisher import FakeApi
+    from tests.support.harness import short_tmpdir
+    from tests.support.kubeapi import SliceApi
 
-    monkeypatch.setattr(dra, "dra_api", FakeApi)
+    monkeypatch.setattr(dra, "dra_api", SliceApi)
     monkeypatch.setattr(dra, "kube_api_from_environment", lambda: api)
     root = short_tmpdir()
     (root / "kubelet").mkdir()

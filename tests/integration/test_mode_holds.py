@@ -12,8 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -36,10 +35,11 @@ from agent.policy.dra import DRIVER, IN_USE_TAINT_KEY
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
-from tests.conftest import BOOK, SOCKET
-from tests.plugin_harness import FAST, short_tmpdir
-from tests.test_dra_publisher import FakeApi
+from tests.support.env import BOOK, SOCKET
+from tests.support.harness import FAST, short_tmpdir
+from tests.support.kubeapi import SliceApi
 from topology_devkit.kubelet_emulator import Container, KubeletEmulator
+from topology_devkit.testing.wait import wait_until
 
 NODE = "node-a"
 LEVELS = ("book", "socket")
@@ -53,7 +53,7 @@ def claim(uid: str, device: str, *, name: str = "c", namespace: str = "ns", admi
             "status": {"allocation": {"devices": {"results": [result]}}}}
 
 
-class ClaimsApi(FakeApi):
+class ClaimsApi(SliceApi):
     """The publisher tests' API server, with ResourceClaims to read."""
 
     def __init__(self) -> None:
@@ -118,14 +118,6 @@ def preparer_of(agent: Agent) -> ClaimPreparer:
     return preparer
 
 
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 def inside(grouping_ids: Any, book: str) -> set[str]:
     return {d for d in grouping_ids if d.startswith(book + "-")}
 
@@ -161,7 +153,8 @@ def test_after_a_switch_to_dra_what_device_plugin_pods_hold_is_tainted_and_refus
         kubelet.wait_registered(BOOK)
         pod = kubelet.admit_pod("default", "dp", [Container("c", {BOOK: 1})])
         (book,) = pod.devices("c", BOOK)
-        wait_until(lambda: before.devices.holders().get((BOOK, book)) == ["default/dp/c"], "the hold listed")
+        wait_until("the hold listed", lambda: before.devices.holders().get((BOOK, book)) == ["default/dp/c"], 10,
+                   every=0.02)
     sockets = inside(kubelet.devices(SOCKET), book)
     # helm upgrade --set mode=dra: the new agent holds what the device-plugin pod holds from its first publication.
     with started(build_agent(topology, config(kubelet, mode="dra"))) as agent:
@@ -177,7 +170,8 @@ def test_after_a_switch_to_dra_what_device_plugin_pods_hold_is_tainted_and_refus
         other = next(d for d in devices if d not in tainted and d.count("-") == 1)
         preparer.prepare(*api.add(claim("u-2", other, name="elsewhere")))  # a free book is prepared as ever
         kubelet.delete_pod("default", "dp")
-        wait_until(lambda: not any(d.get("taints") for d in api.published().values()), "the taints gone")
+        wait_until("the taints gone", lambda: not any(d.get("taints") for d in api.published().values()), 10,
+                   every=0.02)
         preparer.prepare(*api.add(claim("u-3", socket, name="later")))
 
 
@@ -322,12 +316,12 @@ def test_with_cri_enforcement_a_prepare_holds_at_once_and_wakes_the_loop(
                                               cri_socket=cri_socket, cpuset_interval=30.0))) as agent:
         enforcement = agent.enforcement
         assert isinstance(enforcement, CpusetEnforcement)
-        wait_until(lambda: enforcement.counters.steps >= 1, "the first look at the runtime")
+        wait_until("the first look at the runtime", lambda: enforcement.counters.steps >= 1, 10, every=0.02)
         book = next(g for g in agent.grouping.groups if g.level == "book")
         preparer_of(agent).prepare(*api.add(claim("u-1", book.id)))
         assert (BOOK, book.id) in agent.devices.held_keys()  # at once: no pod-resources List lists it yet
         # The loop (idle: it looks every 30 s) is woken, and keeps every other container off the claimed book.
-        wait_until(lambda: any(cid == "c-web" for cid, _ in RecordingRuntime.updates), "web confined", timeout=5)
+        wait_until("web confined", lambda: any(cid == "c-web" for cid, _ in RecordingRuntime.updates), 5, every=0.02)
         cpus = {int(c) for part in RecordingRuntime.updates[-1][1].split(",") for c in
                 (range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1))}
         assert not cpus & set(book.cpus)
@@ -389,9 +383,10 @@ def test_a_claim_whose_pod_went_in_device_plugin_mode_is_forgotten_and_held_no_m
         assert len(list((kubelet.root / "cdi").glob("*_u-1.json"))) == 1
         kubelet.remove_claim_pod("ns", "llm")
         kubelet.wait_for(lambda: not kubelet.unhealthy_devices(BOOK), what="the book free again")
-        wait_until(lambda: read_checkpoint(checkpoint) == {}, "the claim forgotten in the checkpoint")
+        wait_until("the claim forgotten in the checkpoint", lambda: read_checkpoint(checkpoint) == {}, 10, every=0.02)
         # its CDI file goes with it (issue 34), right after the checkpoint is written
-        wait_until(lambda: list((kubelet.root / "cdi").glob("*_u-1.json")) == [], "the claim's CDI file removed")
+        wait_until("the claim's CDI file removed", lambda: list((kubelet.root / "cdi").glob("*_u-1.json")) == [], 10,
+                   every=0.02)
     kubelet.pods_resync = 30.0  # the restarted kubelet's List stays empty: an agent now releases nothing
     kubelet.restart()
     with started(build_agent(topology, config(kubelet))):

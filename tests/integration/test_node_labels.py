@@ -4,8 +4,6 @@ one GET and one PATCH, then no request at all while nothing changes."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from typing import Any
 
 import kmock
@@ -16,16 +14,10 @@ from agent.app.config import AgentConfig
 from agent.node.kube import MERGE_PATCH, NodeLabeler
 from agent.node.kubeapi import LeanKubeApi
 from agent.topology.embedded import load_embedded
-from tests.plugin_harness import short_tmpdir
+from tests.support.harness import short_tmpdir
+from topology_devkit.testing.wait import await_until
 
 NODE = "s390x-worker-7"
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)  # yields to kmock's server on this event loop
 
 
 @pytest.mark.asyncio
@@ -42,8 +34,8 @@ async def test_agent_patches_its_node_once_and_then_stays_quiet(kmock: kmock.Kub
     agent = build_agent(load_embedded("z16-lpar"), config, labeler_factory=factory)
     await asyncio.to_thread(agent.start)
     try:
-        await wait_until(lambda: agent.reporter.patches == 1)
-        await wait_until(lambda: agent.label_loop.runs >= 10)
+        await await_until("one PATCH of the Node", lambda: agent.reporter.patches == 1, 30)
+        await await_until("ten runs of the label loop", lambda: agent.label_loop.runs >= 10, 30)
         requests: list[Any] = list(kmock)
         assert [(r.method, r.url.path) for r in requests] == [("GET", f"/api/v1/nodes/{NODE}"),
                                                               ("PATCH", f"/api/v1/nodes/{NODE}")]

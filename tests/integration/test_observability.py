@@ -10,8 +10,8 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import BOOK, SOCKET
-from tests.plugin_harness import Node, running_node
+from tests.support.env import BOOK, SOCKET
+from tests.support.harness import Node, running_node
 from topology_devkit.kubelet_emulator import AdmissionError, Container
 
 

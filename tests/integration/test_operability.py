@@ -15,9 +15,10 @@ import pytest
 
 from agent.cli import main
 from agent.plugin.timing import Timing
-from tests.plugin_harness import FAST, Node, running_node, short_tmpdir
-from topology_devkit.agent_process import AgentProcess, wait_until
+from tests.support.harness import FAST, Node, running_node, short_tmpdir
+from topology_devkit.agent_process import AgentProcess
 from topology_devkit.kubelet_emulator import KubeletEmulator
+from topology_devkit.testing.wait import wait_until
 
 
 def ipv6_loopback() -> bool:
@@ -84,7 +85,7 @@ def test_a_kubelet_directory_without_kubelet_sock_is_warned_about(caplog: pytest
     timing = Timing(poll=0.02, stream_grace=FAST.stream_grace, backoff_min=0.02, backoff_max=0.2,
                     kubelet_missing_warning=0.3)
     with running_node(levels=("book",), start_kubelet=False, timing=timing):
-        wait_until(lambda: any("no kubelet.sock in" in r.getMessage() for r in caplog.records), 10, "the warning")
+        wait_until("the warning", lambda: any("no kubelet.sock in" in r.getMessage() for r in caplog.records), 10)
     (warning,) = [r for r in caplog.records if "no kubelet.sock in" in r.getMessage()][:1]
     assert warning.levelno == logging.WARNING
     assert "k3s" in warning.getMessage() and "microk8s" in warning.getMessage()
@@ -117,7 +118,7 @@ def test_a_read_only_kubelet_directory_says_so() -> None:
         agent = AgentProcess(k, root, "--levels", "book", python=["unshare", "-m", "--propagation", "private",
                                                                      str(wrapper)])
         try:
-            wait_until(lambda: agent.logged("Read-only file system"), 20, "the OS reason in the log")
+            wait_until("the OS reason in the log", lambda: agent.logged("Read-only file system"), 20)
             assert agent.proc.poll() is None  # waits it out, keeps trying
         finally:
             agent.stop()

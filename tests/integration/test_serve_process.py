@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.plugin_harness import short_tmpdir
+from tests.support.harness import short_tmpdir
 from topology_devkit.kubelet_emulator import KubeletEmulator
 
 

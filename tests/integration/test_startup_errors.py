@@ -13,8 +13,8 @@ import pytest
 
 from agent.cli import main
 from agent.topology.snapshot import MAX_SNAPSHOT_BYTES
-from tests.plugin_harness import short_tmpdir
-from topology_devkit.agent_process import wait_until
+from tests.support.harness import short_tmpdir
+from topology_devkit.testing.wait import wait_until
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -49,7 +49,7 @@ def test_sigterm_while_waiting_for_kubelet_stops_promptly() -> None:
              "--metrics-port", "0", "--log-format", "text"],
             stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        wait_until(lambda: "waiting for" in log.read_text(), 30, "the agent waiting for kubelet.sock")
+        wait_until("the agent waiting for kubelet.sock", lambda: "waiting for" in log.read_text(), 30)
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0

@@ -28,6 +28,7 @@ from agent._proto.runtime.v1 import api_pb2_grpc as cri_grpc
 from agent.cri.client import CriClient
 from agent.errors import CpuListError, CriError
 from agent.topology.cpulist import format_cpulist, parse_cpulist
+from tests.support.env import REPO
 from topology_devkit.containerd import Containerd, PodContainer
 
 
@@ -231,7 +232,7 @@ def test_an_unreachable_socket_folder_is_a_one_line_error(tmp_path: Path) -> Non
               "except CriError as e:\n    print(e.code); print(e)\n")
     done = subprocess.run(["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--", sys.executable, "-c", script,
                            str(folder / "containerd.sock")], capture_output=True, text=True, timeout=60,
-                          cwd=Path(__file__).resolve().parents[1], check=False)
+                          cwd=REPO, check=False)
     assert done.returncode == 0, done.stderr
     code, message = done.stdout.splitlines()[:2]
     assert code == "NO_ACCESS" and "permission denied" in message and "Traceback" not in done.stderr

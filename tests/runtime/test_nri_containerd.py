@@ -13,7 +13,6 @@ version specified"), so the crun case skips with that reason.
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -26,25 +25,15 @@ from agent.nri.plugin import NriPlugin
 from agent.topology import snapshot
 from agent.topology.cpulist import format_cpulist, parse_cpulist
 from agent.topology.model import Cpu, Machine, Topology
-from tests.conftest import IN_CI, REPO, missing
-from tests.plugin_harness import short_tmpdir
-from topology_devkit.agent_process import AgentProcess, wait_until
+from tests.support.env import IN_CI, missing
+from tests.support.harness import short_tmpdir
+from tests.support.runtime import FIRST_LINE, built_binaries, first_line
+from topology_devkit.agent_process import AgentProcess
 from topology_devkit.containerd import Containerd, ContainerdUnavailable, PodContainer
 from topology_devkit.kubelet_emulator import Container, KubeletEmulator
+from topology_devkit.testing.wait import wait_until
 
 BOOK = "topology/book"
-FIRST_LINE = ("sh", "-c", "grep Cpus_allowed_list /proc/self/status; exec sleep 3600")
-
-
-def built_binaries() -> Path:
-    """The real-cluster lane's build folder (devkit/cluster/build.sh --print) once its build finished."""
-    done = subprocess.run([str(REPO / "devkit/cluster/build.sh"), "--print"], capture_output=True, text=True,
-                          timeout=30, check=False)
-    folder = Path(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else None
-    if folder is None or not (folder / "build-info.json").is_file():
-        missing("containerd 2.4.2 built by the real-cluster lane",
-                f"build it: make cluster-build (expected in {folder or 'devkit/cluster/build.sh --print'})")
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -97,30 +86,13 @@ def start_agent(k: KubeletEmulator, root: Path, ctd: Containerd, topology: Path,
 
 
 def wait_nri_registered(agent: AgentProcess) -> None:
-    wait_until(lambda: "registered with containerd" in agent.get("/readyz")[1], 20, "the NRI plugin registered")
+    wait_until("the NRI plugin registered", lambda: "registered with containerd" in agent.get("/readyz")[1], 20)
 
 
 def admit(k: KubeletEmulator, name: str) -> tuple[str, dict[str, str]]:
     pod = k.admit_pod("default", name, [Container("c", {BOOK: 1})])
     env = k.start_container("default", name, "c")
     return env["TOPOLOGY_CPUS"], pod.annotations("c")
-
-
-def first_line(ctd: Containerd, pod: PodContainer, timeout: float = 10.0) -> str:
-    """The container's first line of output (CRI log: ``<time> stdout F <line>``)."""
-    log = ctd.workdir / "logs" / pod.pod_uid / pod.container_name / f"{pod.attempt}.log"
-    seen: list[str] = []
-
-    def written() -> bool:
-        try:
-            lines = log.read_text().splitlines()
-        except OSError:
-            return False
-        seen[:] = lines
-        return bool(lines)
-
-    wait_until(written, timeout, f"the first line of {log}")
-    return seen[0].split(" ", 3)[3].split(":", 1)[1].strip()
 
 
 def test_a_topology_container_prints_its_books_cpus_first_thing(ctd2: Containerd, handler2: str) -> None:
@@ -138,7 +110,7 @@ def test_a_topology_container_prints_its_books_cpus_first_thing(ctd2: Containerd
             created = time.perf_counter() - started
             assert first_line(ctd2, pod) == cpus  # its first instruction ran on its book
             assert ctd2.cpus_allowed_list(pod.container_id) == cpus
-            wait_until(lambda: agent.metric("topology_agent_cpuset_containers_pinned") == 1, 10, "counted pinned")
+            wait_until("counted pinned", lambda: agent.metric("topology_agent_cpuset_containers_pinned") == 1, 10)
             assert agent.metric("topology_agent_cpuset_updates_total", kind="topology", result="ok") >= 1
             print(f"created and started with NRI in {created:.3f} s")
             again = ctd2.restart_container(pod)  # kubelet's restart: a new container, pinned at creation too
@@ -190,8 +162,9 @@ def test_auto_is_nri_when_the_socket_answers_and_the_shared_pool_holds_from_the_
             both = format_cpulist([a, b])
             assert ctd2.wait_cpus_allowed(web.container_id, both, timeout=10) == both  # unsolicited, containerd 2.4
             assert ctd2.wait_cpus_allowed(plain.container_id, both, timeout=5) == both
-            wait_until(lambda: agent.metric("topology_agent_cpuset_updates_total", kind="widen", result="ok") >= 2,
-                       5, "the widening counted")  # counted once the runtime confirms, a moment after it applies
+            # counted once the runtime confirms, a moment after it applies
+            wait_until("the widening counted",
+                       lambda: agent.metric("topology_agent_cpuset_updates_total", kind="widen", result="ok") >= 2, 5)
             for pod in (plain, llm, web):
                 ctd2.remove_pod(pod)
         finally:
@@ -209,7 +182,7 @@ def test_the_plugin_reconnects_after_a_runtime_restart_and_synchronize_repairs(c
             pod = ctd2.run_pod("llm", container="c", annotations=annotations, command=FIRST_LINE)
             assert first_line(ctd2, pod) == cpus
             ctd2.stop_containerd()  # the pod keeps running in its shim
-            wait_until(lambda: "not registered" in agent.get("/readyz")[1], 10, "the plugin saw it go")
+            wait_until("the plugin saw it go", lambda: "not registered" in agent.get("/readyz")[1], 10)
             started = time.perf_counter()
             ctd2.start_containerd()
             wait_nri_registered(agent)
@@ -295,7 +268,7 @@ def test_a_plugin_slower_than_the_runtimes_timeout_is_dropped_and_repairs_at_its
         took = time.perf_counter() - started
         assert 1.5 < took < 6.0, took  # the request timeout, then containerd went on without the plugin
         assert first_line(ctd2, pod) == ctd2.default_cpus()  # created unadjusted
-        wait_until(lambda: handlers.synced >= 2, 15, "the plugin registered and synchronized again")
+        wait_until("the plugin registered and synchronized again", lambda: handlers.synced >= 2, 15)
         assert ctd2.wait_cpus_allowed(pod.container_id, str(a), timeout=5) == str(a)  # repaired by Synchronize
         print(f"a slow plugin delayed creation by {took:.3f} s")
         ctd2.remove_pod(pod)
@@ -339,7 +312,7 @@ def log_lines(ctd: Containerd, pod: PodContainer, count: int, timeout: float = 1
             return False
         return len(seen) >= count
 
-    wait_until(written, timeout, f"{count} lines in {log}")
+    wait_until(f"{count} lines in {log}", written, timeout)
     return seen[:count]
 
 

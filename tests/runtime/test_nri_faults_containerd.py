@@ -30,10 +30,10 @@ from agent.policy.grouping import GroupingSettings, group_topology
 from agent.policy.ledger import ListedDevice
 from agent.topology.cpulist import format_cpulist, parse_cpulist
 from agent.topology.model import Cpu, Machine, Topology
-from tests.conftest import missing
-from tests.test_nri_containerd import FIRST_LINE, built_binaries, first_line
-from topology_devkit.agent_process import wait_until
+from tests.support.env import missing
+from tests.support.runtime import FIRST_LINE, built_binaries, first_line
 from topology_devkit.containerd import Containerd, ContainerdUnavailable, HarnessError
+from topology_devkit.testing.wait import wait_until
 
 DOMAIN = "topology.s390x.ibm.com"
 BOOK = "topology/book"
@@ -146,9 +146,9 @@ def test_an_update_the_runtime_failed_is_read_back_retried_and_remembered_only_o
     node = Node(ctd, books, shared_pool=True, recheck=0.3)
     try:
         node.registered()
-        wait_until(lambda: node.nri.counters.overridden >= 1, 10, "the read-back finding web where it was")
-        wait_until(lambda: node.nri.counters.updates.get(("widen", "error"), 0) >= 1, 10,
-                   "an unsolicited widen failed and said so")
+        wait_until("the read-back finding web where it was", lambda: node.nri.counters.overridden >= 1, 10)
+        wait_until("an unsolicited widen failed and said so",
+                   lambda: node.nri.counters.updates.get(("widen", "error"), 0) >= 1, 10)
         assert ctd.cpus_allowed_list(web.container_id) == str(b)
         assert {c.id: c.cpus for c in node.nri.known()}[web.container_id] == frozenset({b})  # as it is, not as sent
         update = nri.ContainerUpdate(container_id=web.container_id, linux=nri.LinuxContainerUpdate(
@@ -157,8 +157,8 @@ def test_an_update_the_runtime_failed_is_read_back_retried_and_remembered_only_o
             node.nri.plugin.update_containers([update])  # what the runtime answers: an error, no failed list
         ctd.restrict_pod_cpus(web, every)
         assert ctd.wait_cpus_allowed(web.container_id, every, timeout=40) == every  # retried with backoff
-        wait_until(lambda: {c.id: c.cpus for c in node.nri.known()}[web.container_id] == frozenset(books), 10,
-                   "the widen remembered once confirmed")
+        wait_until("the widen remembered once confirmed",
+                   lambda: {c.id: c.cpus for c in node.nri.known()}[web.container_id] == frozenset(books), 10)
     finally:
         node.close()
 
@@ -213,11 +213,11 @@ def test_another_nri_plugin_moving_a_holder_is_noticed_counted_and_undone_and_tw
         made.append(llm)
         assert first_line(ctd, llm) == str(a)
         done = node.nri.upkeep.rechecks
-        wait_until(lambda: node.nri.upkeep.rechecks >= done + 2, 10, "two read-backs")
+        wait_until("two read-backs", lambda: node.nri.upkeep.rechecks >= done + 2, 10)
         assert node.nri.counters.overridden == 0  # what containerd reports is what the agent set at creation
         other = Other(ctd)
         other.move(llm.container_id, every)
-        wait_until(lambda: node.nri.counters.overridden >= 1, 10, "the agent noticing the other plugin's move")
+        wait_until("the agent noticing the other plugin's move", lambda: node.nri.counters.overridden >= 1, 10)
         assert ctd.wait_cpus_allowed(llm.container_id, str(a), timeout=10) == str(a)  # pinned again
         other.plugin.stop()
         other = Other(ctd, adjust=str(b))
@@ -240,13 +240,13 @@ def test_auto_falls_back_to_cri_when_containerd_restarts_without_nri_and_returns
         node.registered()
         ctd.nri_enabled = False
         ctd.reconfigure()
-        wait_until(lambda: node.enforcement.mode == "cri", 20, "the switch to CRI")
+        wait_until("the switch to CRI", lambda: node.enforcement.mode == "cri", 20)
         late = ctd.run_pod("late", container="c", annotations=node.hold(0), command=FIRST_LINE)
         made.append(late)
         assert ctd.wait_cpus_allowed(late.container_id, str(a), timeout=10) == str(a)  # pinned after its start
         ctd.nri_enabled = True
         ctd.reconfigure()
-        wait_until(lambda: node.enforcement.mode == "nri", 20, "the switch back to NRI")
+        wait_until("the switch back to NRI", lambda: node.enforcement.mode == "nri", 20)
         node.registered()
         again = ctd.run_pod("again", container="c", annotations=node.hold(1), command=FIRST_LINE)
         made.append(again)

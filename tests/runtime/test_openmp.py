@@ -22,8 +22,8 @@ import pytest
 from agent.policy.allocation import BINDING_ENV_KEYS, AllocationSettings
 from agent.topology.cpulist import parse_cpulist
 from agent.topology.model import Cpu, Machine, Topology
-from tests.conftest import BOOK, IN_CI
-from tests.plugin_harness import running_node
+from tests.support.env import BOOK, IN_CI
+from tests.support.harness import running_node
 from topology_devkit.kubelet_emulator import Container
 
 PROBE = Path(__file__).with_name("openmp_probe.py")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.node import seccomp
-from tests.conftest import missing
+from tests.support.env import missing
 from topology_devkit.containerd import Containerd
 
 PROBE_C = r"""

@@ -16,7 +16,7 @@ import pytest
 from agent.cli import main
 from agent.errors import UsageError
 from agent.node import seccomp
-from tests.conftest import missing
+from tests.support.env import missing
 
 NUMA_CALLS = ("get_mempolicy", "set_mempolicy", "mbind", "migrate_pages", "move_pages")
 GOARCHES = ("s390x", "amd64", "arm64")

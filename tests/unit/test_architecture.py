@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support.env import REPO
 
 PACKAGE = REPO / "agent"
 # Lower layers never import higher ones; the adapters of one layer do not import each other.

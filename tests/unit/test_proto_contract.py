@@ -22,7 +22,7 @@ from agent._proto.deviceplugin.v1beta1 import api_pb2 as dp
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
 from agent._proto.podresources.v1 import api_pb2 as pr
 from agent._proto.runtime.v1 import api_pb2 as cri
-from tests.conftest import REPO
+from tests.support.env import REPO
 
 PROTO_DIR = REPO / "proto"
 

@@ -9,9 +9,7 @@ import kubernetes_validate
 import pytest
 
 from agent.policy.dra import DRIVER, deviceclass
-from tests.test_chart import FAKE_ARGS, Render, agent_container, env_of, helm, kinds, mounts_of, one, render
-
-__all__ = ["helm", "render"]  # the fixtures
+from tests.support.chart import FAKE_ARGS, Render, agent_container, env_of, kinds, mounts_of, one
 
 DRA = ("--set", "mode=dra")
 
@@ -75,7 +73,7 @@ def test_dra_mode(render: Render, extra: tuple[str, ...]) -> None:
 def test_mode_is_checked_by_the_schema(helm: str) -> None:
     import subprocess
 
-    from tests.test_chart import CHART
+    from tests.support.chart import CHART
 
     result = subprocess.run([helm, "template", "t", str(CHART), "--set", "mode=both"], capture_output=True, text=True,
                             timeout=60, check=False)

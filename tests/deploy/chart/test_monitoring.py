@@ -25,10 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.observe.metrics import AgentMetrics
 from agent.observe.status import AgentStatus, EnforcementStatus, ResourceStatus
-from tests.conftest import REPO
-from tests.test_chart import Render, helm, one, render
-
-__all__ = ["helm", "render"]  # the fixtures
+from tests.support.chart import Render, one
+from tests.support.env import REPO
 
 CHART = REPO / "deploy" / "helm" / "s390x-topology-agent"
 DASHBOARD = CHART / "dashboards" / "s390x-topology-agent.json"

@@ -22,19 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import REPO
-from tests.test_chart import (  # noqa: F401  (fixtures used by name)
-    CHART,
-    PRIVILEGED,
-    Installed,
-    Render,
-    chart_install,
-    fake_api,
-    helm,
-    install,
-    render,
-)
-from tests.test_readme_contract import CONTAINER, names, table_after
+from tests.support.chart import CHART, PRIVILEGED, Installed, Render, chart_install
+from tests.support.docs import CONTAINER, names, table_after
+from tests.support.env import REPO
 
 NOTES = CHART / "templates" / "NOTES.txt"
 EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
@@ -109,7 +99,7 @@ def check_rendered(notes: str, *, openmp: bool) -> None:
             assert not mentions(notes, name)
 
 
-def test_rendered_notes_follow_the_readme_contract(install: Callable[..., Installed]) -> None:  # noqa: F811
+def test_rendered_notes_follow_the_readme_contract(install: Callable[..., Installed]) -> None:
     notes = install(*chart_install("-n", "topo"), namespaces={"topo": PRIVILEGED}).notes
     check_rendered(notes, openmp=False)
     notes = install(*chart_install("-n", "topo", "--set", "agent.openmpEnv=true"),
@@ -126,7 +116,7 @@ def test_rendered_notes_follow_the_readme_contract(install: Callable[..., Instal
     assert_pod_follows_the_contract(example_pod_spec(prefixed, "ibm.example.com/"), "ibm.example.com/")
 
 
-def test_notes_on_a_real_cluster(helm: str, tmp_path: Path) -> None:  # noqa: F811
+def test_notes_on_a_real_cluster(helm: str, tmp_path: Path) -> None:
     kubeconfig = os.environ.get("TOPOLOGY_E2E_KUBECONFIG")
     if not kubeconfig:
         pytest.skip("TOPOLOGY_E2E_KUBECONFIG names no kubeconfig of a real cluster")
@@ -148,7 +138,7 @@ def test_examples_set_no_cpu_limit(path: Path) -> None:
         assert_pod_follows_the_contract(spec["template"]["spec"] if "template" in spec else spec)
 
 
-def test_the_admission_message_asks_for_no_cpu_limit(render: Render) -> None:  # noqa: F811
+def test_the_admission_message_asks_for_no_cpu_limit(render: Render) -> None:
     (policy,) = [d for d in render() if d["kind"] == "ValidatingAdmissionPolicy"
                  and d["metadata"]["name"].endswith("topology-requests")]
     (cpu_rule,) = [v for v in policy["spec"]["validations"] if "nonIntegerCpu" in v["expression"]]

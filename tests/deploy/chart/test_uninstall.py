@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.test_chart import FAKE_ARGS, Render, agent_container, env_of, helm, mounts_of, one, render, template_error
-
-__all__ = ["helm", "render", "template_error"]  # the fixtures
+from tests.support.chart import FAKE_ARGS, Render, agent_container, env_of, mounts_of, one
 
 HOOK = "pre-delete"
 DS_NAME = "t-s390x-topology-agent"

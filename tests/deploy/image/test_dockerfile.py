@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, missing
+from tests.support.env import REPO, missing
 
 DOCKERFILE = REPO / "Dockerfile.s390x"
 CONFIG = REPO / ".hadolint.yaml"

@@ -11,7 +11,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from tests.conftest import REPO
+from tests.support.env import REPO
 
 LOCK = REPO / "deploy" / "image" / "requirements.txt"
 BUILD_LOCK = REPO / "deploy" / "image" / "build-requirements.txt"

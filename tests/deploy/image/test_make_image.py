@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support.env import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 

@@ -14,7 +14,7 @@ import pytest
 
 from agent.cli import main
 from agent.topology.embedded import load_embedded
-from tests.conftest import REPO, real_dump
+from tests.support.env import REPO, real_dump
 from topology_devkit.sysfs_writer import write_sysfs_tree
 
 

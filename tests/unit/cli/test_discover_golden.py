@@ -1,9 +1,11 @@
-"""What ``discover``, ``explain`` and ``snapshot`` print, held to readable files in ``tests/golden/``: the table and
-the JSON people and scripts read, on the bundled shapes and the generated ``z17-382``, with the flags that change
-what is printed (levels, --uniform-groups, reserved CPUs and polarizations, DRA mode, a guest without topology).
+"""What ``discover``, ``explain`` and ``snapshot`` print, held to readable files in ``golden/`` beside this file:
+the table and the JSON people and scripts read, on the bundled shapes and the generated ``z17-382``, with the flags
+that change what is printed (levels, --uniform-groups, reserved CPUs and polarizations, DRA mode, a guest without
+topology).
 
 A change meant to alter the output rewrites the files and says why in its commit:
-``python tests/test_discover_golden.py --write``; ``git diff tests/golden`` then shows what changed.
+``python tests/unit/cli/test_discover_golden.py --write``; ``git diff tests/unit/cli/golden`` then shows what
+changed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 if str(REPO) not in sys.path:  # run as a script (--write)
     sys.path.insert(0, str(REPO))
 
@@ -25,7 +27,7 @@ from bench.shapes import Z17_382  # noqa: E402
 from topology_devkit.synthetic import SHAPES, build_topology  # noqa: E402
 from topology_devkit.sysfs_writer import write_sysfs_tree  # noqa: E402
 
-GOLDEN = REPO / "tests" / "golden"
+GOLDEN = Path(__file__).resolve().with_name("golden")
 NODE = "golden-node"  # NODE_NAME for --mode dra
 TREE = "<tree>"  # a generated host-root tree, named by its shape: <tree>/z17-382
 
@@ -101,5 +103,5 @@ def write() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
-        raise SystemExit("usage: python tests/test_discover_golden.py --write")
+        raise SystemExit("usage: python tests/unit/cli/test_discover_golden.py --write")
     write()

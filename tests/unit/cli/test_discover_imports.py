@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.topology.embedded import load_embedded
-from tests.conftest import REPO
+from tests.support.env import REPO
 from topology_devkit.sysfs_writer import write_sysfs_tree
 
 NOT_NEEDED = ("agent.app.config", "agent.app.enforcement_mode", "agent.nri.probe", "agent.policy.creation",

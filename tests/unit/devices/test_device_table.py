@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -23,7 +22,8 @@ from agent.policy.allocation import AllocationSettings
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.policy.ledger import ListedDevice
 from agent.topology.embedded import load_embedded
-from tests.conftest import BOOK, REPO, SOCKET
+from tests.support.env import BOOK, REPO, SOCKET
+from topology_devkit.testing.wait import poll_until
 
 SETTINGS = GroupingSettings(levels=("book", "socket"))
 
@@ -151,9 +151,7 @@ def test_one_group_answers_are_ready_once_the_publisher_runs() -> None:
     devices, rendered = counting_node()
     devices.start_publisher()
     try:
-        deadline = time.monotonic() + 10
-        while len(rendered) < sum(len(t.groups) for t in devices.tables) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        poll_until(lambda: len(rendered) >= sum(len(t.groups) for t in devices.tables), 10)
     finally:
         devices.stop_publisher()
     assert sorted(rendered) == sorted((g,) for t in devices.tables for g in t.groups)

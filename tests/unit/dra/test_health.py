@@ -29,8 +29,9 @@ from agent.policy.dra import DRIVER, SliceSettings, build_pool
 from agent.policy.dra_health import HEALTH_TIMEOUT, MAX_MESSAGE, DeviceReport, health_report
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology.embedded import load_embedded
-from tests.plugin_harness import short_tmpdir
-from tests.test_dra_publisher import FakeApi
+from tests.support.harness import short_tmpdir
+from tests.support.kubeapi import SliceApi
+from topology_devkit.testing.wait import wait_until
 
 BOOK = ("topology/book", "drawer0-book0")
 WAIT = 5.0  # seconds: every wait below is for a condition, this is only its deadline
@@ -64,7 +65,7 @@ class Node:
         self.broken: dict[tuple[str, str], str] = {}
         self.health = HealthService(pool="node-a", devices=self.names, broken=lambda: dict(self.broken),
                                     max_streams=max_streams, resend=resend)
-        self.api = FakeApi()
+        self.api = SliceApi()
         preparer = ClaimPreparer(driver=DRIVER, pool="node-a", groups={g.id: g for g in self.grouping.groups},
                                  allocation=AllocationSettings(), read_claim=self.api.read_claim,
                                  cdi_dir=self.root / "cdi", checkpoint=self.root / "claims.json")
@@ -123,13 +124,6 @@ def states(message: Any) -> dict[str, tuple[int, str]]:
     return {d.device.device_name: (d.health, d.message) for d in message.devices}
 
 
-def wait_for(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {WAIT} s: {what}"
-        time.sleep(0.01)
-
-
 @pytest.fixture
 def node() -> Iterator[Node]:
     n = Node()
@@ -177,7 +171,7 @@ def test_first_message_change_second_stream_cap_and_stop(node: Node) -> None:
         second = Watch(node.plugin.dra_path, "v1alpha1")
         try:
             assert states(second.message(1))["drawer0-book1-socket1"] == (h1a.UNHEALTHY, "not whole: cpus 9 moved")
-            wait_for(lambda: node.health.streams == 2, "two streams counted")
+            wait_until("two streams counted", lambda: node.health.streams == 2, WAIT, every=0.01)
 
             # The cap: a third is refused with RESOURCE_EXHAUSTED (kubelet retries every 5 s) ...
             third = Watch(node.plugin.dra_path)
@@ -187,7 +181,7 @@ def test_first_message_change_second_stream_cap_and_stop(node: Node) -> None:
             third.close()
         finally:
             second.close()  # ... and a stream whose client went away frees its place
-        wait_for(lambda: node.health.streams == 1, "the cancelled stream left")
+        wait_until("the cancelled stream left", lambda: node.health.streams == 1, WAIT, every=0.01)
         fourth = Watch(node.plugin.dra_path)
         try:
             assert len(fourth.message(1).devices) == len(node.names)

@@ -34,7 +34,7 @@ from agent.policy.claims import PreparedRequest
 from agent.policy.dra import DRIVER
 from agent.policy.grouping import Group, GroupingSettings, group_topology
 from agent.topology.embedded import load_embedded
-from tests.plugin_harness import short_tmpdir
+from tests.support.harness import short_tmpdir
 
 
 def groups() -> dict[str, Group]:

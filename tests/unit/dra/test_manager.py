@@ -21,15 +21,15 @@ from agent.policy.dra import DRIVER, TAINT_KEY, SliceSettings, build_pool
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.policy.ledger import ListedDevice
 from agent.topology.embedded import load_embedded
-from tests.plugin_harness import short_tmpdir
-from tests.test_dra_publisher import FakeApi
+from tests.support.harness import short_tmpdir
+from tests.support.kubeapi import SliceApi
 
 
 def test_manager_publishes_taints_and_restores() -> None:
     topology = load_embedded("pr40714")
     grouping = group_topology(topology, GroupingSettings(levels=("book", "socket")))
     root = short_tmpdir()
-    api = FakeApi()
+    api = SliceApi()
     preparer = ClaimPreparer(driver=DRIVER, pool="node-a", groups={g.id: g for g in grouping.groups},
                              allocation=AllocationSettings(), read_claim=api.read_claim, cdi_dir=root / "cdi",
                              checkpoint=root / "claims.json")

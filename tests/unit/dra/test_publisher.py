@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-from typing import Any
-
 import pytest
 
 from agent.dra.publisher import SlicePublisher
@@ -12,58 +9,7 @@ from agent.errors import KubeApiError
 from agent.policy.dra import CONTENT_ANNOTATION, PoolPlan, SliceSettings, build_pool
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology.embedded import load_embedded
-
-
-class FakeApi:
-    def __init__(self) -> None:
-        self.slices: dict[str, dict[str, Any]] = {}
-        self.version = 0
-        self.calls: list[str] = []
-        self.conflicts = 0  # replace calls that answer 409 before succeeding
-
-    def _bump(self, obj: dict[str, Any]) -> dict[str, Any]:
-        self.version += 1
-        obj = copy.deepcopy(obj)
-        obj["metadata"]["resourceVersion"] = str(self.version)
-        return obj
-
-    def list_slices(self, node: str, driver: str) -> list[dict[str, Any]]:
-        self.calls.append("list")
-        return [copy.deepcopy(o) for o in self.slices.values()
-                if o["spec"]["nodeName"] == node and o["spec"]["driver"] == driver]
-
-    def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append("create")
-        name = body["metadata"]["name"]
-        if name in self.slices:
-            raise KubeApiError(409, f'resourceslices "{name}" already exists')
-        self.slices[name] = self._bump(body)
-        return self.slices[name]
-
-    def replace_slice(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append("replace")
-        if self.conflicts:
-            self.conflicts -= 1
-            self.slices[name] = self._bump(self.slices[name])  # someone else wrote it meanwhile
-        if body["metadata"].get("resourceVersion") != self.slices[name]["metadata"]["resourceVersion"]:
-            raise KubeApiError(409, "the object has been modified; please apply your changes to the latest version")
-        self.slices[name] = self._bump(body)
-        return self.slices[name]
-
-    def delete_slice(self, name: str, resource_version: str | None = None) -> None:
-        self.calls.append("delete")
-        if name not in self.slices:
-            raise KubeApiError(404, "not found")
-        del self.slices[name]
-
-    def node_uid(self, node: str) -> str:
-        return "uid-" + node
-
-    def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        raise KubeApiError(404, "no claims here")
-
-    def writes(self) -> int:
-        return sum(1 for c in self.calls if c != "list")
+from tests.support.kubeapi import SliceApi
 
 
 def plan(name: str = "z16-lpar", levels: tuple[str, ...] = ("book", "socket"), node: str = "node-a") -> PoolPlan:
@@ -72,7 +18,7 @@ def plan(name: str = "z16-lpar", levels: tuple[str, ...] = ("book", "socket"), n
 
 
 def test_first_publish_then_no_writes() -> None:
-    api = FakeApi()
+    api = SliceApi()
     pub = SlicePublisher(api, "node-a", "topology.s390x.ibm.com")
     first = pub.publish(plan())
     assert (first.generation, first.created, first.replaced, first.deleted) == (1, 2, 0, 0)
@@ -90,7 +36,7 @@ def test_first_publish_then_no_writes() -> None:
 
 
 def test_change_bumps_generation_and_deletes_stale() -> None:
-    api = FakeApi()
+    api = SliceApi()
     pub = SlicePublisher(api, "node-a", "topology.s390x.ibm.com")
     pub.publish(plan(levels=("book", "socket")))
     api.slices["node-a-topology-devices-7"] = api._bump({  # a stale slice from some older layout
@@ -106,7 +52,7 @@ def test_change_bumps_generation_and_deletes_stale() -> None:
 
 
 def test_other_nodes_slices_untouched() -> None:
-    api = FakeApi()
+    api = SliceApi()
     SlicePublisher(api, "node-b", "topology.s390x.ibm.com").publish(plan(node="node-b"))
     SlicePublisher(api, "node-a", "topology.s390x.ibm.com").publish(plan(node="node-a"))
     assert len(api.slices) == 4
@@ -115,7 +61,7 @@ def test_other_nodes_slices_untouched() -> None:
 
 
 def test_conflict_is_retried_from_a_fresh_list() -> None:
-    api = FakeApi()
+    api = SliceApi()
     pub = SlicePublisher(api, "node-a", "topology.s390x.ibm.com", sleep=lambda s: None)
     pub.publish(plan(levels=("book", "socket")))
     api.conflicts = 1
@@ -126,7 +72,7 @@ def test_conflict_is_retried_from_a_fresh_list() -> None:
 
 
 def test_persistent_conflict_gives_up() -> None:
-    api = FakeApi()
+    api = SliceApi()
     pub = SlicePublisher(api, "node-a", "topology.s390x.ibm.com", sleep=lambda s: None)
     pub.publish(plan(levels=("book", "socket")))
     api.conflicts = 100
@@ -137,7 +83,7 @@ def test_persistent_conflict_gives_up() -> None:
 
 def test_wiped_slices_are_restored() -> None:
     """kubelet deletes a driver's slices at its start and after a deregistration: the next step restores them."""
-    api = FakeApi()
+    api = SliceApi()
     pub = SlicePublisher(api, "node-a", "topology.s390x.ibm.com")
     pub.publish(plan())
     api.slices.clear()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
@@ -23,17 +22,11 @@ from agent.policy.allocation import AllocationSettings
 from agent.policy.cpuset import Eviction
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology.embedded import load_embedded
-from tests.test_cpuset_enforcement import OfflineHolderRuntime
+from tests.support.enforcement import OfflineHolderRuntime
+from topology_devkit.testing.wait import wait_until
 
 STRANDED = Eviction("ns", "llm", "stranded", "container c holds groups whose CPUs are all offline")
 OTHER = Eviction("ns", "other", "stranded", "container c holds groups whose CPUs are all offline")
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 class FakeApi:
@@ -86,14 +79,14 @@ def test_a_pod_is_evicted_once_and_asked_again_only_once_it_is_named_anew(evicti
     api = FakeApi()
     e = evictions(api)
     e.want([STRANDED])
-    wait_for(lambda: e.counts() == {("stranded", "evicted"): 1})
+    wait_until("one eviction counted", lambda: e.counts() == {("stranded", "evicted"): 1}, 5, every=0.01)
     for _ in range(5):  # every plan names it while it terminates: never asked again
         e.want([STRANDED])
     time.sleep(0.1)  # nothing to wait for: no call may come
     assert api.calls == [("ns", "llm", 10.0)] and e.pending == 0
     e.want([])  # gone from the plan (terminated): forgotten
     e.want([STRANDED])  # a pod of that name stranded again later is asked again
-    wait_for(lambda: len(api.calls) == 2)
+    wait_until("two eviction calls", lambda: len(api.calls) == 2, 5, every=0.01)
 
 
 def test_a_disruption_budgets_429_is_retried_with_backoff_and_said_once(evictions: Any,
@@ -102,7 +95,7 @@ def test_a_disruption_budgets_429_is_retried_with_backoff_and_said_once(eviction
     api = FakeApi({"llm": [budget, budget, budget, None]})
     e = evictions(api)
     e.want([STRANDED])
-    wait_for(lambda: e.counts().get(("stranded", "evicted")) == 1)
+    wait_until("one eviction counted", lambda: e.counts().get(("stranded", "evicted")) == 1, 5, every=0.01)
     assert e.counts() == {("stranded", "blocked"): 3, ("stranded", "evicted"): 1} and len(api.calls) == 4
     said = [r.getMessage() for r in caplog.records if "cannot evict pod ns/llm" in r.getMessage()]
     assert len(said) == 1 and "PodDisruptionBudget" in said[0]
@@ -114,7 +107,8 @@ def test_a_pod_no_longer_named_is_not_asked_again_and_a_gone_pod_is_done(evictio
     api = FakeApi({"llm": [refused], "other": [KubeApiError(404, 'pods "other" not found')]})
     e = evictions(api)
     e.want([STRANDED, OTHER])
-    wait_for(lambda: e.counts().get(("stranded", "failed"), 0) >= 2)
+    wait_until("two failed evictions counted", lambda: e.counts().get(("stranded", "failed"), 0) >= 2, 5,
+               every=0.01)
     assert e.counts().get(("stranded", "gone")) == 1 and e.pending == 1
     e.want([])  # a CPU came back: the holder is pinned again, nobody to evict
     calls = len(api.calls)
@@ -146,12 +140,12 @@ def test_want_never_blocks_on_the_api_server(evictions: Any) -> None:
     e = evictions(api)
     started = time.monotonic()
     e.want([STRANDED])
-    wait_for(lambda: len(api.calls) == 1)
+    wait_until("one eviction call", lambda: len(api.calls) == 1, 5, every=0.01)
     e.want([STRANDED, OTHER])
     e.want([STRANDED, OTHER])
     assert time.monotonic() - started < 1.0 and e.pending == 2
     api.release.set()
-    wait_for(lambda: e.pending == 0)
+    wait_until("no eviction pending", lambda: e.pending == 0, 5, every=0.01)
 
 
 def test_no_api_configuration_is_a_failure_retried_not_a_crash(evictions: Any) -> None:
@@ -161,7 +155,8 @@ def test_no_api_configuration_is_a_failure_retried_not_a_crash(evictions: Any) -
     e = Evictions(no_api, first=0.05, cap=0.1, settle=0.0)
     try:
         e.want([STRANDED])
-        wait_for(lambda: e.counts().get(("stranded", "failed"), 0) >= 2)
+        wait_until("two failed evictions counted", lambda: e.counts().get(("stranded", "failed"), 0) >= 2, 5,
+                   every=0.01)
         assert e.pending == 1
     finally:
         e.stop()
@@ -215,7 +210,8 @@ def test_the_soak_under_nri_the_new_book_pod_is_created_and_the_stranded_pod_evi
     pod, which no cpuset now keeps off CPU 1, is asked to be evicted."""
     from agent.app.nri_enforcement import NriEnforcement
     from agent.plugin.servicer import render as render_wire
-    from tests.test_nri_enforcement import DOMAIN, annotated, container, pod, short_tmpdir_path, two_books
+    from tests.support.enforcement import DOMAIN, annotated, container, pod, two_books
+    from tests.support.harness import short_tmpdir
 
     settings = GroupingSettings(levels=("book",))
     grouping = group_topology(two_books(), settings)
@@ -225,7 +221,7 @@ def test_the_soak_under_nri_the_new_book_pod_is_created_and_the_stranded_pod_evi
     evict = evictions(api)
     enforcement = NriEnforcement(devices, {(g.resource, g.id): g for g in grouping.groups}, DOMAIN,
                                  online=lambda: frozenset({1}), reserved=frozenset(), shared_pool=True,
-                                 cpu_manager_policy=lambda: None, socket_path=short_tmpdir_path() / "absent.sock",
+                                 cpu_manager_policy=lambda: None, socket_path=short_tmpdir() / "absent.sock",
                                  evict=evict.want)
     table = devices.table(grouping.groups[0].resource)
     table.admit([[grouping.groups[0].id]])
@@ -237,9 +233,10 @@ def test_the_soak_under_nri_the_new_book_pod_is_created_and_the_stranded_pod_evi
     assert time.monotonic() - started < 1.0
     assert book.adjust.linux.resources.cpu.cpus == "1" and not book.update  # pinned; llm is not moved anywhere
     assert enforcement.counters.stranded == 1 and evict.pending == 1
-    wait_for(lambda: api.calls == [("default", "llm", 10.0)])
+    wait_until("the eviction of llm asked", lambda: api.calls == [("default", "llm", 10.0)], 5, every=0.01)
     api.release.set()
-    wait_for(lambda: evict.counts() == {("stranded", "evicted"): 1} and evict.pending == 0)
+    wait_until("llm evicted and nothing pending",
+               lambda: evict.counts() == {("stranded", "evicted"): 1} and evict.pending == 0, 5, every=0.01)
 
 
 @pytest.mark.parametrize("policy", ["evict", "keep"])
@@ -251,8 +248,8 @@ def test_the_composition_root_wires_the_evictions_into_the_enforcement_and_the_m
     from agent.app.build import build_agent
     from agent.app.config import AgentConfig
     from agent.app.nri_enforcement import NriEnforcement
-    from tests.plugin_harness import short_tmpdir
-    from tests.test_nri_enforcement import two_books
+    from tests.support.enforcement import two_books
+    from tests.support.harness import short_tmpdir
 
     root = short_tmpdir()
     config = AgentConfig(kubelet_dir=root / "kubelet", grouping=GroupingSettings(levels=("book",)),

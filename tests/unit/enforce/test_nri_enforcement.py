@@ -1,6 +1,6 @@
 """--cpuset-enforcement nri and auto below the wire: the creation plan (agent/policy/creation.py),
-the choice of mode, the answers of agent/app/nri_enforcement.py to NRI messages, and the chart's
-mounts for each mode. The real containerd judges in tests/test_nri_containerd.py."""
+the choice of mode, the answers of agent/app/nri_enforcement.py to NRI messages. The chart's mounts for each mode are
+held in tests/deploy/chart/test_daemonset.py; the real containerd judges in tests/runtime/test_nri_containerd.py."""
 
 from __future__ import annotations
 
@@ -19,16 +19,7 @@ from agent.policy.cpuset import RunningContainer
 from agent.policy.creation import enforcement_mode, plan_creation
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology.model import Cpu, Machine, Topology
-from tests.test_chart import Render, agent_container, env_of, helm, mounts_of, render  # noqa: F401
-
-DOMAIN = "topology.s390x.ibm.com"
-
-
-def two_books() -> Topology:
-    machine = Machine(arch="s390x", machine_type="3931", environment="lpar", topology_facility=True,
-                      dispatching="horizontal", smt_threads=1)
-    return Topology(machine=machine, cpus=tuple(
-        Cpu(cpu=n, core=n, socket=n, book=n, drawer=0, siblings=(n,), polarization="horizontal") for n in (0, 1)))
+from tests.support.enforcement import DOMAIN, annotated, container, pod, two_books
 
 
 def setup(shared_pool: bool = False, policy: str | None = None) -> tuple[NriEnforcement, Any]:
@@ -39,26 +30,6 @@ def setup(shared_pool: bool = False, policy: str | None = None) -> tuple[NriEnfo
     enforcement = NriEnforcement(devices, groups, DOMAIN, online=lambda: frozenset({0, 1}), reserved=frozenset(),
                                  shared_pool=shared_pool, cpu_manager_policy=lambda: policy)
     return enforcement, grouping
-
-
-def annotated(grouping: Any, index: int) -> dict[str, str]:
-    g = grouping.groups[index]
-    return {f"{DOMAIN}/groups": g.id, f"{DOMAIN}/resource": g.resource, f"{DOMAIN}/cpus": g.cpulist}
-
-
-def pod(name: str) -> nri.PodSandbox:
-    return nri.PodSandbox(id=f"pod-{name}", name=name, namespace="default", uid=f"u-{name}")
-
-
-def container(cid: str, name: str, annotations: dict[str, str] | None = None, cpus: str = "",
-              mems: str = "") -> nri.Container:
-    c = nri.Container(id=cid, pod_sandbox_id=f"pod-{name}", name="c", state=nri.CONTAINER_RUNNING,
-                      annotations=annotations or {})
-    if cpus:
-        c.linux.resources.cpu.cpus = cpus
-    if mems:
-        c.linux.resources.cpu.mems = mems
-    return c
 
 
 def test_the_mode_in_force() -> None:
@@ -137,26 +108,11 @@ def test_plan_creation_counts_the_new_holder_as_held_before_pod_resources_lists_
     assert plan.pool == (1,)
 
 
-def test_the_chart_mounts_the_nri_socket_for_nri_and_auto_and_the_cri_socket_with_it(render: Render) -> None:  # noqa: F811
-    assert "nri-socket" not in mounts_of(render("--set", "cpusetEnforcement=cri"))
-    docs = render("--set", "cpusetEnforcement=nri", "--set", "nriSocket=/run/nri/nri.sock")
-    mounts = mounts_of(docs)
-    mount, volume = mounts["nri-socket"]
-    assert volume["hostPath"] == {"path": "/run/nri", "type": "DirectoryOrCreate"}
-    env = env_of(agent_container(docs))
-    assert env["TOPOLOGY_AGENT_NRI_SOCKET"] == f"{mount['mountPath']}/nri.sock"
-    assert env["TOPOLOGY_AGENT_CPUSET_ENFORCEMENT"] == "nri" and mounts["kubelet-root"][0]["readOnly"] is True
-    # nri reads back over CRI what the runtime applied (a lost update, another plugin's override)
-    assert env["TOPOLOGY_AGENT_CRI_SOCKET"] == f"{mounts['cri-socket'][0]['mountPath']}/containerd.sock"
-    auto = mounts_of(render("--set", "cpusetEnforcement=auto"))
-    assert {"nri-socket", "cri-socket", "kubelet-root"} <= auto.keys()
-    assert auto["nri-socket"][1]["hostPath"]["path"] == "/var/run/nri"
-
-
 def test_auto_without_any_runtime_socket_is_off_with_one_warning_and_says_so() -> None:
-    from tests.plugin_harness import short_tmpdir
-    from topology_devkit.agent_process import AgentProcess, wait_until
+    from tests.support.harness import short_tmpdir
+    from topology_devkit.agent_process import AgentProcess
     from topology_devkit.kubelet_emulator import KubeletEmulator
+    from topology_devkit.testing.wait import wait_until
 
     root = short_tmpdir()
     with KubeletEmulator(root) as k:
@@ -165,8 +121,8 @@ def test_auto_without_any_runtime_socket_is_off_with_one_warning_and_says_so() -
                              "--cpu-manager-state", str(root / "no-cpu-manager-state"))
         try:
             k.wait_registered("topology/book", timeout=30)
-            wait_until(lambda: agent.metric("topology_agent_cpuset_enforcement_mode", mode="none") == 1, 10,
-                       "the mode reported")
+            wait_until("the mode reported",
+                       lambda: agent.metric("topology_agent_cpuset_enforcement_mode", mode="none") == 1, 10)
             assert agent.metric("topology_agent_cpuset_enforcement_mode", mode="nri") == 0
             warnings = [line for line in agent.log() if "cpuset enforcement off" in str(line.get("msg", ""))]
             assert len(warnings) == 1 and warnings[0]["level"] == "warning", warnings
@@ -298,7 +254,7 @@ def test_build_agent_in_dra_mode_hands_the_nri_plugin_the_prepared_claims(monkey
     from agent.app.build import build_agent
     from agent.app.config import AgentConfig
     from agent.policy.dra import DRIVER
-    from tests.plugin_harness import short_tmpdir
+    from tests.support.harness import short_tmpdir
 
     claims: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -362,7 +318,7 @@ def setup3(shared_pool: bool = True, online: frozenset[int] = frozenset({0, 1, 2
 
 
 def short_tmpdir_path() -> Any:
-    from tests.plugin_harness import short_tmpdir
+    from tests.support.harness import short_tmpdir
 
     return short_tmpdir()
 
@@ -388,7 +344,7 @@ def test_a_lost_unsolicited_update_is_planned_again_in_the_next_reply() -> None:
     """Item 9: an Allocate makes the pool thread move web off the book; the runtime never answers (containerd's
     updateFromPlugin waits on the lock every event holds). The holder's CreateContainer reply must move web."""
     from agent.nri.ttrpc import CallTimeout
-    from topology_devkit.agent_process import wait_until
+    from topology_devkit.testing.wait import wait_until
 
     enforcement, grouping, _ = setup3()
     runtime = FakeUnsolicited(enforcement, fail=CallTimeout("no answer"))
@@ -396,7 +352,7 @@ def test_a_lost_unsolicited_update_is_planned_again_in_the_next_reply() -> None:
     try:
         assert enforcement.create_container(pod("web"), container("c-web", "web")) == nri.CreateContainerResponse()
         enforcement.devices.table(grouping.groups[0].resource).admit([[grouping.groups[0].id]])  # Allocate
-        wait_until(lambda: len(runtime.calls) >= 1, 10, "the pool thread's unsolicited update")
+        wait_until("the pool thread's unsolicited update", lambda: len(runtime.calls) >= 1, 10)
         ((sent,),) = runtime.calls[:1]
         assert (sent.container_id, sent.linux.resources.cpu.cpus) == ("c-web", "1-2")
         assert sent.ignore_failure is False  # so that a failure comes back (containerd logs it otherwise)
@@ -409,7 +365,7 @@ def test_a_lost_unsolicited_update_is_planned_again_in_the_next_reply() -> None:
 
 
 def test_a_confirmed_unsolicited_update_is_remembered_and_not_sent_again() -> None:
-    from topology_devkit.agent_process import wait_until
+    from topology_devkit.testing.wait import wait_until
 
     enforcement, grouping, _ = setup3()
     runtime = FakeUnsolicited(enforcement)
@@ -417,7 +373,7 @@ def test_a_confirmed_unsolicited_update_is_remembered_and_not_sent_again() -> No
     try:
         enforcement.create_container(pod("web"), container("c-web", "web"))
         enforcement.devices.table(grouping.groups[0].resource).admit([[grouping.groups[0].id]])
-        wait_until(lambda: enforcement.counters.updates.get(("shrink", "ok"), 0) == 1, 10, "the shrink confirmed")
+        wait_until("the shrink confirmed", lambda: enforcement.counters.updates.get(("shrink", "ok"), 0) == 1, 10)
         llm = enforcement.create_container(pod("llm"), container("c-llm", "llm", annotated(grouping, 0)))
         assert list(llm.update) == []  # the runtime confirmed web's move: nothing to repeat
         assert len(runtime.calls) == 1
@@ -427,7 +383,7 @@ def test_a_confirmed_unsolicited_update_is_remembered_and_not_sent_again() -> No
 
 def test_a_failed_batch_is_tried_one_by_one_and_only_the_failed_one_is_planned_again() -> None:
     from agent.nri.plugin import UpdatesFailed
-    from topology_devkit.agent_process import wait_until
+    from topology_devkit.testing.wait import wait_until
 
     enforcement, grouping, _ = setup3()
     calls: list[list[str]] = []
@@ -446,7 +402,7 @@ def test_a_failed_batch_is_tried_one_by_one_and_only_the_failed_one_is_planned_a
         for name in ("web", "bad"):
             enforcement.create_container(pod(name), container(f"c-{name}", name))
         enforcement.devices.table(grouping.groups[0].resource).admit([[grouping.groups[0].id]])
-        wait_until(lambda: enforcement.counters.updates.get(("shrink", "ok"), 0) == 1, 10, "web confirmed alone")
+        wait_until("web confirmed alone", lambda: enforcement.counters.updates.get(("shrink", "ok"), 0) == 1, 10)
         assert sorted(calls[0]) == ["c-bad", "c-web"]
         llm = enforcement.create_container(pod("llm"), container("c-llm", "llm", annotated(grouping, 0)))
         assert [u.container_id for u in llm.update] == ["c-bad"]
@@ -596,10 +552,10 @@ def test_a_rescan_that_finds_a_held_book_offline_moves_its_running_holder_to_the
     from agent.topology.cpulist import parse_cpulist
     from agent.topology.embedded import load_embedded
     from agent.topology.sysfs import read_sysfs
-    from tests.plugin_harness import running_node
-    from topology_devkit.agent_process import wait_until
+    from tests.support.harness import running_node
     from topology_devkit.kubelet_emulator import Container
     from topology_devkit.sysfs_writer import write_sysfs_tree
+    from topology_devkit.testing.wait import wait_until
 
     base = load_embedded("z16-lpar")
     root = short_tmpdir_path() / "host"
@@ -611,7 +567,7 @@ def test_a_rescan_that_finds_a_held_book_offline_moves_its_running_holder_to_the
         runtime = FakeUnsolicited(enforcement)
         k = node.kubelet
         admitted = k.admit_pod("default", "llm", [Container("c", {"topology/book": 1})])
-        wait_until(lambda: ("default", "llm", "c") in node.agent.devices.holder_identities(), 10, "llm listed")
+        wait_until("llm listed", lambda: ("default", "llm", "c") in node.agent.devices.holder_identities(), 10)
         llm = container("c-llm", "llm", admitted.annotations("c"))
         cpus = llm.annotations[f"{DOMAIN}/cpus"]
         assert enforcement.create_container(pod("llm"), llm).adjust.linux.resources.cpu.cpus == cpus
@@ -620,7 +576,7 @@ def test_a_rescan_that_finds_a_held_book_offline_moves_its_running_holder_to_the
         write_sysfs_tree(dataclasses.replace(base, cpus=tuple(
             dataclasses.replace(c, online=c.cpu not in gone) for c in base.cpus)), root)
         node.agent.rescan()
-        wait_until(lambda: bool(runtime.calls), 10, "the holder moved outside any event")
+        wait_until("the holder moved outside any event", lambda: bool(runtime.calls), 10)
         ((update,),) = runtime.calls
         assert update.container_id == "c-llm"
         assert set(parse_cpulist(update.linux.resources.cpu.cpus)) == set(range(82)) - gone

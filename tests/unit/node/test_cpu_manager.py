@@ -185,7 +185,7 @@ def test_reserved_system_cpus_malformed(tmp_path: Path, text: str, message: str)
 
 
 def test_a_changed_policy_is_noticed_without_rescans() -> None:
-    from tests.plugin_harness import running_node, short_tmpdir
+    from tests.support.harness import running_node, short_tmpdir
 
     state = short_tmpdir() / "cpu_manager_state"
     state.write_text(NONE)

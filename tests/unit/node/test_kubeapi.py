@@ -5,76 +5,53 @@ and ResourceClaims; pagination; errors with their status and message."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from agent.errors import KubeApiError
 from agent.node.kubeapi import KubeApi, LeanKubeApi, kubeconfig_api
+from topology_devkit.testing.apiserver import FakeApiServer, Request
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
-class Server:
+class Server(FakeApiServer):
+    """Pages of ResourceSlices, a create that conflicts, replaces and deletes that succeed, one Node."""
+
     def __init__(self) -> None:
-        self.requests: list[tuple[str, str, dict[str, list[str]], Any]] = []
         self.authorization: set[str | None] = set()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _answer(self, status: int, body: Any) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _handle(self) -> None:
-                url = urlsplit(self.path)
-                query = parse_qs(url.query)
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else None
-                outer.requests.append((self.command, url.path, query, body))
-                outer.authorization.add(self.headers.get("Authorization"))
-                if url.path == SLICES and self.command == "GET":
-                    page = query.get("continue", ["0"])[0]
-                    items = [{"metadata": {"name": f"s{page}"}}]
-                    meta = {"continue": "1"} if page == "0" else {}
-                    return self._answer(200, {"kind": "ResourceSliceList", "items": items, "metadata": meta})
-                if url.path == SLICES and self.command == "POST":
-                    return self._answer(409, {"kind": "Status", "status": "Failure", "code": 409, "reason":
-                                              "AlreadyExists", "message": 'resourceslices "x" already exists'})
-                if url.path.startswith(SLICES + "/") and self.command in ("PUT", "DELETE"):
-                    return self._answer(200, body or {"kind": "Status"})
-                if url.path == "/api/v1/nodes/node-a":
-                    return self._answer(200, {"metadata": {"name": "node-a", "uid": "1234"}})
-                return self._answer(404, {"kind": "Status", "code": 404, "message": f"{url.path} not found"})
-
-            do_GET = do_POST = do_PUT = do_DELETE = _handle
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        super().__init__(self.answer)
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+    def seen(self) -> list[tuple[str, str, dict[str, list[str]], Any]]:
+        """(method, path, query, JSON body) of every request so far."""
+        return [(r.method, r.path, r.query, r.json()) for r in self.requests]
+
+    def answer(self, request: Request) -> tuple[int, Any]:
+        self.authorization.add(request.headers.get("Authorization"))
+        path, method = request.path, request.method
+        if path == SLICES and method == "GET":
+            page = request.query.get("continue", ["0"])[0]
+            items = [{"metadata": {"name": f"s{page}"}}]
+            meta = {"continue": "1"} if page == "0" else {}
+            return 200, {"kind": "ResourceSliceList", "items": items, "metadata": meta}
+        if path == SLICES and method == "POST":
+            return 409, {"kind": "Status", "status": "Failure", "code": 409, "reason": "AlreadyExists",
+                         "message": 'resourceslices "x" already exists'}
+        if path.startswith(SLICES + "/") and method in ("PUT", "DELETE"):
+            return 200, request.json() or {"kind": "Status"}
+        if path == "/api/v1/nodes/node-a":
+            return 200, {"metadata": {"name": "node-a", "uid": "1234"}}
+        return 404, {"kind": "Status", "code": 404, "message": f"{path} not found"}
 
 
 @pytest.fixture
 def server() -> Iterator[Server]:
-    s = Server()
-    yield s
-    s.httpd.shutdown()
+    with Server() as s:
+        yield s
 
 
 @pytest.fixture(params=["lean", "kubeconfig"])
@@ -94,7 +71,7 @@ def api(request: pytest.FixtureRequest, server: Server, tmp_path: Path, monkeypa
 
 def test_list_pages_through_with_the_field_selector(api: KubeApi, server: Server) -> None:
     assert [o["metadata"]["name"] for o in api.list_slices("node-a", "topology.s390x.ibm.com")] == ["s0", "s1"]
-    (_, _, first, _), (_, _, second, _) = server.requests
+    (_, _, first, _), (_, _, second, _) = server.seen
     assert first["fieldSelector"] == ["spec.nodeName=node-a,spec.driver=topology.s390x.ibm.com"]
     assert first["limit"] == ["100"] and "continue" not in first
     assert second["continue"] == ["1"]
@@ -115,16 +92,16 @@ def test_writes_and_errors(api: KubeApi, server: Server) -> None:
         api.create_slice(body)
     assert info.value.conflict and "already exists" in str(info.value)
     api.replace_slice("x", body)
-    method, path, query, sent = server.requests[-1]
+    method, path, query, sent = server.seen[-1]
     assert (method, path) == ("PUT", SLICES + "/x") and query["fieldManager"] == ["topology-agent"]
     assert sent == body  # exactly what the publisher built
     api.delete_slice("x", "7")
-    method, path, _, sent = server.requests[-1]
+    method, path, _, sent = server.seen[-1]
     assert (method, path) == ("DELETE", SLICES + "/x")
     assert sent["preconditions"] == {"resourceVersion": "7"}
     assert api.node_uid("node-a") == "1234"
     with pytest.raises(KubeApiError) as info:
         api.read_claim("ns", "c")
     assert info.value.not_found
-    assert server.requests[-1][1] == "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c"
+    assert server.seen[-1][1] == "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c"
     assert server.authorization == ({None} if isinstance(api, LeanKubeApi) else {"Bearer t"})  # the kubeconfig's

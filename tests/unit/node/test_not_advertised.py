@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -18,6 +16,7 @@ from agent.node.reporter import NodeReporter
 from agent.policy.grouping import group_topology
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Cpu, Machine, Topology
+from topology_devkit.testing.apiserver import FakeApiServer, Request
 
 
 class FakeApi:
@@ -103,25 +102,13 @@ def test_an_event_refused_by_rbac_is_one_warning(caplog: pytest.LogCaptureFixtur
 def api_server() -> Iterator[tuple[str, list[tuple[str, str, str, Any]]]]:
     seen: list[tuple[str, str, str, Any]] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
+    def answer(request: Request) -> tuple[int, Any]:
+        body = request.json()
+        seen.append((request.method, request.target, request.headers["Content-Type"], body))
+        return 201, {"kind": "Event", **body}
 
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append(("POST", self.path, self.headers["Content-Type"], body))
-            data = json.dumps({"kind": "Event", **body}).encode()
-            self.send_response(201)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    server.shutdown()
-    server.server_close()
+    with FakeApiServer(answer) as server:
+        yield server.url, seen
 
 
 def test_the_lean_client_posts_the_event(api_server: tuple[str, list[tuple[str, str, str, Any]]]) -> None:

@@ -8,11 +8,9 @@ import json
 import platform
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -32,11 +30,9 @@ from agent.policy.uninstall import (
     release_deleted,
     removal_patch,
 )
-
-PREFIX = "topology.s390x.ibm.com/"
-OURS = {f"{PREFIX}books": "4", f"{PREFIX}advertised": "true"}
-THEIRS = {"kubernetes.io/arch": "s390x", "team": "ml"}
-ANNOTATIONS = {f"{PREFIX}topology": "{}", "node.alpha.kubernetes.io/ttl": "0"}
+from tests.support.env import REPO
+from tests.support.kubeapi import ANNOTATIONS, OURS, PREFIX, THEIRS, UninstallApi, uninstall_node, write_state_files
+from topology_devkit.testing.apiserver import FakeApiServer, Request
 
 
 # ------------------------------------------------------------------------------------------------ the pure core
@@ -69,16 +65,10 @@ def test_label_selectors_round_trip_and_bad_items_are_named() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the files
-def _state(kubelet_dir: Path, prefix: str = "topology") -> Path:
-    directory = kubelet_dir / "s390x-topology-agent" / prefix
-    directory.mkdir(parents=True)
-    (directory / "groups.json").write_text("{}")
-    (directory / "holds.json").write_text("{}")
-    return directory
 
 
 def test_state_files_of_our_prefix_go_and_the_directory_once_empty(tmp_path: Path) -> None:
-    ours = _state(tmp_path)
+    ours = write_state_files(tmp_path)
     (tmp_path / "s390x-topology-agent" / "groups.json").write_text("{}")  # where 0.1.0 kept them
     (tmp_path / "kubelet_internal_checkpoint").write_text("kubelet's")
     removed = remove_state_files(tmp_path, "topology", dra=False)
@@ -88,8 +78,8 @@ def test_state_files_of_our_prefix_go_and_the_directory_once_empty(tmp_path: Pat
 
 
 def test_another_prefix_keeps_its_state(tmp_path: Path) -> None:
-    _state(tmp_path)
-    other = _state(tmp_path, "other.example")
+    write_state_files(tmp_path)
+    other = write_state_files(tmp_path, "other.example")
     remove_state_files(tmp_path, "topology", dra=False)
     assert not (tmp_path / "s390x-topology-agent" / "topology").exists()
     assert (other / "holds.json").exists()
@@ -114,59 +104,10 @@ def test_the_seccomp_profile_goes_only_when_it_is_ours(tmp_path: Path) -> None:
     assert not remove_seccomp_profile(tmp_path, "amd64") and target.exists()
 
 
-# ------------------------------------------------------------------------------------------------ a fake API server
-class FakeApi:
-    def __init__(self, daemonset: dict[str, Any] | Exception | None, nodes: list[NodeRow] | None = None,
-                 gone_after: int = 0) -> None:
-        self.daemonset = daemonset
-        self.nodes = {name: (labels, annotations) for name, labels, annotations in nodes or []}
-        self.gone_after = gone_after  # GETs of the DaemonSet before it is gone (after a delete)
-        self.deleted = False
-        self.patches: list[tuple[str, Mapping[str, Any]]] = []
-        self.delete_error: Exception | None = None
-
-    def get_daemonset(self, namespace: str, name: str, timeout: float) -> dict[str, Any] | None:
-        if isinstance(self.daemonset, Exception):
-            raise self.daemonset
-        if self.deleted:
-            if self.gone_after <= 0:
-                return None
-            self.gone_after -= 1
-        return self.daemonset
-
-    def delete_daemonset_foreground(self, namespace: str, name: str, timeout: float) -> bool:
-        if self.delete_error is not None:
-            raise self.delete_error
-        existed = self.daemonset is not None and not self.deleted
-        self.deleted = True
-        if isinstance(self.daemonset, dict):
-            self.daemonset = {"metadata": {**self.daemonset["metadata"], "deletionTimestamp": "now"}}
-        return existed
-
-    def node_metadata(self, name: str, timeout: float) -> tuple[dict[str, str], dict[str, str]]:
-        labels, annotations = self.nodes[name]
-        return dict(labels), dict(annotations)
-
-    def patch_node(self, name: str, body: Mapping[str, Any], timeout: float) -> None:
-        self.patches.append((name, body))
-        labels, annotations = self.nodes[name]
-        for key, value in body["metadata"].get("labels", {}).items():
-            assert value is None
-            labels.pop(key)
-        for key in body["metadata"].get("annotations", {}):
-            annotations.pop(key)
-
-    def list_nodes(self, selector: str, timeout: float) -> list[NodeRow]:
-        wanted = parse_label_selector(selector)
-        return [(name, dict(labels), dict(annotations)) for name, (labels, annotations) in sorted(self.nodes.items())
-                if wanted.items() <= labels.items()]
+# ------------------------------------------------------------------------------------------------ the agent's cleanup
 
 
-def _node() -> list[NodeRow]:
-    return [("n1", {**OURS, **THEIRS}, dict(ANNOTATIONS))]
-
-
-def _clean(api: FakeApi, kubelet_dir: Path, seccomp: Path | None) -> bool:
+def _clean(api: UninstallApi, kubelet_dir: Path, seccomp: Path | None) -> bool:
     return cleanup_if_released(api, namespace="topology-system", daemonset="agent", node_name="n1",
                                kubelet_dir=kubelet_dir, resource_prefix="topology", dra=False, seccomp_dir=seccomp,
                                node_labels=True)
@@ -175,7 +116,7 @@ def _clean(api: FakeApi, kubelet_dir: Path, seccomp: Path | None) -> bool:
 @pytest.fixture()
 def node_files(tmp_path: Path) -> tuple[Path, Path]:
     kubelet_dir, seccomp = tmp_path / "device-plugins", tmp_path / "profiles"
-    _state(kubelet_dir)
+    write_state_files(kubelet_dir)
     seccomp.mkdir()
     (seccomp / PROFILE_NAME).write_bytes(profile(platform.machine()))
     return kubelet_dir, seccomp
@@ -184,7 +125,7 @@ def node_files(tmp_path: Path) -> tuple[Path, Path]:
 def test_a_plain_sigterm_keeps_everything(node_files: tuple[Path, Path]) -> None:
     """A rolling update: the DaemonSet is there, not marked: holds, labels and profile stay."""
     kubelet_dir, seccomp = node_files
-    api = FakeApi({"metadata": {"name": "agent"}}, _node())
+    api = UninstallApi({"metadata": {"name": "agent"}}, uninstall_node())
     assert not _clean(api, kubelet_dir, seccomp)
     assert (kubelet_dir / "s390x-topology-agent" / "topology" / "holds.json").exists()
     assert (seccomp / PROFILE_NAME).exists()
@@ -196,7 +137,7 @@ def test_a_plain_sigterm_keeps_everything(node_files: tuple[Path, Path]) -> None
 def test_any_doubt_keeps_everything(node_files: tuple[Path, Path], failure: Exception,
                                     caplog: pytest.LogCaptureFixture) -> None:
     kubelet_dir, seccomp = node_files
-    api = FakeApi(failure, _node())
+    api = UninstallApi(failure, uninstall_node())
     assert not _clean(api, kubelet_dir, seccomp)
     assert (kubelet_dir / "s390x-topology-agent" / "topology" / "holds.json").exists()
     assert api.patches == []
@@ -206,7 +147,7 @@ def test_any_doubt_keeps_everything(node_files: tuple[Path, Path], failure: Exce
 @pytest.mark.parametrize("daemonset", [None, {"metadata": {"name": "agent", "deletionTimestamp": "now"}}])
 def test_a_deleted_daemonset_cleans_the_node(node_files: tuple[Path, Path], daemonset: dict[str, Any] | None) -> None:
     kubelet_dir, seccomp = node_files
-    api = FakeApi(daemonset, _node())
+    api = UninstallApi(daemonset, uninstall_node())
     assert _clean(api, kubelet_dir, seccomp)
     assert not (kubelet_dir / "s390x-topology-agent").exists()
     assert not (seccomp / PROFILE_NAME).exists()
@@ -225,7 +166,7 @@ class Clock:
         self.now += seconds
 
 
-def _hook(api: FakeApi, timeout: float = 30) -> tuple[int, list[str]]:
+def _hook(api: UninstallApi, timeout: float = 30) -> tuple[int, list[str]]:
     lines: list[str] = []
     clock = Clock()
     code = run_uninstall_hook(api, namespace="ns", daemonset="agent", node_selector={"kubernetes.io/arch": "s390x"},
@@ -236,7 +177,7 @@ def _hook(api: FakeApi, timeout: float = 30) -> tuple[int, list[str]]:
 def test_the_hook_waits_for_the_agents_then_cleans_only_the_nodes_they_left() -> None:
     nodes: list[NodeRow] = [("clean", dict(THEIRS), {}), ("down", {**OURS, **THEIRS}, dict(ANNOTATIONS)),
                             ("amd64", {**OURS, "kubernetes.io/arch": "amd64"}, {})]
-    api = FakeApi({"metadata": {"name": "agent"}}, nodes, gone_after=3)
+    api = UninstallApi({"metadata": {"name": "agent"}}, nodes, gone_after=3)
     code, lines = _hook(api)
     assert code == 0
     assert api.deleted and api.gone_after == 0
@@ -247,7 +188,7 @@ def test_the_hook_waits_for_the_agents_then_cleans_only_the_nodes_they_left() ->
 
 
 def test_a_node_that_never_lets_go_does_not_block_the_uninstall() -> None:
-    api = FakeApi({"metadata": {"name": "agent"}}, _node(), gone_after=10**6)
+    api = UninstallApi({"metadata": {"name": "agent"}}, uninstall_node(), gone_after=10**6)
     code, lines = _hook(api, timeout=5)
     assert code == 0
     assert any("still has pods after 5 s" in line for line in lines), lines
@@ -255,7 +196,7 @@ def test_a_node_that_never_lets_go_does_not_block_the_uninstall() -> None:
 
 
 def test_the_hook_fails_when_it_cannot_delete() -> None:
-    api = FakeApi({"metadata": {"name": "agent"}}, _node())
+    api = UninstallApi({"metadata": {"name": "agent"}}, uninstall_node())
     api.delete_error = KubeApiError(403, "forbidden")
     code, lines = _hook(api)
     assert code == 1
@@ -263,76 +204,48 @@ def test_the_hook_fails_when_it_cannot_delete() -> None:
 
 
 def test_an_already_deleted_daemonset_still_cleans_the_labels() -> None:
-    api = FakeApi(None, _node())
+    api = UninstallApi(None, uninstall_node())
     code, lines = _hook(api)
     assert code == 0 and lines[0] == "uninstall: DaemonSet ns/agent is already gone"
     assert [name for name, _ in api.patches] == ["n1"]
 
 
 # ------------------------------------------------------------------------------------------------ the HTTP calls
-class _Handler(BaseHTTPRequestHandler):
-    seen: ClassVar[list[tuple[str, str, bytes]]] = []
-
-    def _answer(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _record(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        self.seen.append((self.command, self.path, self.rfile.read(length) if length else b""))
-
-    def do_GET(self) -> None:
-        self._record()
-        if self.path.endswith("/daemonsets/gone"):
-            self._answer(404, {"kind": "Status", "message": 'daemonsets.apps "gone" not found'})
-        elif self.path.startswith("/apis/apps/v1/namespaces/ns/daemonsets/"):
-            self._answer(200, {"metadata": {"name": "agent"}})
-        elif "continue=page2" in self.path:
-            self._answer(200, {"items": [{"metadata": {"name": "n2", "labels": {"a": "b"}}}], "metadata": {}})
-        else:
-            self._answer(200, {"items": [{"metadata": {"name": "n1", "annotations": {"x": "y"}}}],
-                               "metadata": {"continue": "page2"}})
-
-    def do_DELETE(self) -> None:
-        self._record()
-        if self.path.endswith("/gone"):
-            self._answer(404, {"kind": "Status", "message": "not found"})
-        else:
-            self._answer(200, {"kind": "DaemonSet"})
-
-    def log_message(self, *args: object) -> None:
-        pass
+def _answer(request: Request) -> tuple[int, Any]:
+    """A DaemonSet "agent" (and none "gone") in namespace ns, and two pages of Nodes."""
+    target = request.target
+    if request.method == "DELETE":
+        if target.endswith("/gone"):
+            return 404, {"kind": "Status", "message": "not found"}
+        return 200, {"kind": "DaemonSet"}
+    if target.endswith("/daemonsets/gone"):
+        return 404, {"kind": "Status", "message": 'daemonsets.apps "gone" not found'}
+    if target.startswith("/apis/apps/v1/namespaces/ns/daemonsets/"):
+        return 200, {"metadata": {"name": "agent"}}
+    if "continue=page2" in target:
+        return 200, {"items": [{"metadata": {"name": "n2", "labels": {"a": "b"}}}], "metadata": {}}
+    return 200, {"items": [{"metadata": {"name": "n1", "annotations": {"x": "y"}}}], "metadata": {"continue": "page2"}}
 
 
 @pytest.fixture()
-def server() -> Iterator[LeanKubeApi]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    _Handler.seen = []
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield LeanKubeApi(f"http://127.0.0.1:{httpd.server_address[1]}", retries=0)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+def server() -> Iterator[FakeApiServer]:
+    with FakeApiServer(_answer) as api:
+        yield api
 
 
-def test_the_requests_on_the_wire(server: LeanKubeApi) -> None:
-    assert server.get_daemonset("ns", "agent", 5) == {"metadata": {"name": "agent"}}
-    assert server.get_daemonset("ns", "gone", 5) is None
-    assert server.delete_daemonset_foreground("ns", "agent", 5)
-    assert not server.delete_daemonset_foreground("ns", "gone", 5)
-    rows = server.list_nodes("kubernetes.io/arch=s390x", 5)
+def test_the_requests_on_the_wire(server: FakeApiServer) -> None:
+    client = LeanKubeApi(server.url, retries=0)
+    assert client.get_daemonset("ns", "agent", 5) == {"metadata": {"name": "agent"}}
+    assert client.get_daemonset("ns", "gone", 5) is None
+    assert client.delete_daemonset_foreground("ns", "agent", 5)
+    assert not client.delete_daemonset_foreground("ns", "gone", 5)
+    rows = client.list_nodes("kubernetes.io/arch=s390x", 5)
     assert rows == [("n1", {}, {"x": "y"}), ("n2", {"a": "b"}, {})]
-    method, path, body = _Handler.seen[2]
-    assert (method, path) == ("DELETE", "/apis/apps/v1/namespaces/ns/daemonsets/agent")
-    assert json.loads(body)["propagationPolicy"] == "Foreground"
-    assert _Handler.seen[4][1] == "/api/v1/nodes?limit=500&labelSelector=kubernetes.io%2Farch%3Ds390x"
-    assert "continue=page2" in _Handler.seen[5][1]
+    seen = server.requests
+    assert (seen[2].method, seen[2].target) == ("DELETE", "/apis/apps/v1/namespaces/ns/daemonsets/agent")
+    assert json.loads(seen[2].body)["propagationPolicy"] == "Foreground"
+    assert seen[4].target == "/api/v1/nodes?limit=500&labelSelector=kubernetes.io%2Farch%3Ds390x"
+    assert "continue=page2" in seen[5].target
 
 
 # ------------------------------------------------------------------------------------------------ the command line
@@ -348,6 +261,6 @@ def test_the_requests_on_the_wire(server: LeanKubeApi) -> None:
 def test_bad_uninstall_input_is_one_line_and_exit_2(argv: list[str], message: str) -> None:
     env = {"PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-m", "agent", *argv], capture_output=True, text=True, env=env,
-                          cwd=Path(__file__).resolve().parents[1], timeout=30)
+                          cwd=REPO, timeout=30)
     assert done.returncode == 2
     assert done.stderr.strip() == message

@@ -12,10 +12,10 @@ import pytest
 from agent.dra.publisher import SlicePublisher
 from agent.errors import KubeApiError
 from agent.node.uninstall import cleanup_if_released
-from tests.test_uninstall import FakeApi, _node, _state
+from tests.support.kubeapi import UninstallApi, uninstall_node, write_state_files
 
 
-def _clean(api: FakeApi, kubelet_dir: Path, dra: bool, remove: Any) -> bool:
+def _clean(api: UninstallApi, kubelet_dir: Path, dra: bool, remove: Any) -> bool:
     return cleanup_if_released(api, namespace="topology-system", daemonset="agent", node_name="n1",
                                kubelet_dir=kubelet_dir, resource_prefix="topology", dra=dra, seccomp_dir=None,
                                node_labels=True, remove_slices=remove)
@@ -35,11 +35,11 @@ class Remover:
 
 def test_a_deleted_daemonset_in_dra_mode_deletes_the_nodes_slices(tmp_path: Path,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
-    _state(tmp_path)
+    write_state_files(tmp_path)
     remover = Remover()
     caplog.set_level("INFO")
-    assert _clean(FakeApi({"metadata": {"name": "agent", "deletionTimestamp": "now"}}, _node()), tmp_path, True,
-                  remover)
+    api = UninstallApi({"metadata": {"name": "agent", "deletionTimestamp": "now"}}, uninstall_node())
+    assert _clean(api, tmp_path, True, remover)
     assert remover.calls == ["n1"]
     assert "uninstall: deleted 2 ResourceSlice(s) of node n1" in caplog.text
 
@@ -47,16 +47,16 @@ def test_a_deleted_daemonset_in_dra_mode_deletes_the_nodes_slices(tmp_path: Path
 @pytest.mark.parametrize("daemonset, dra", [({"metadata": {"name": "agent"}}, True),  # a rolling update
                                             (None, False)])  # device-plugin mode: no slices
 def test_slices_stay_on_a_rolling_update_and_in_device_plugin_mode(tmp_path: Path, daemonset: Any, dra: bool) -> None:
-    _state(tmp_path)
+    write_state_files(tmp_path)
     remover = Remover()
-    _clean(FakeApi(daemonset, _node()), tmp_path, dra, remover)
+    _clean(UninstallApi(daemonset, uninstall_node()), tmp_path, dra, remover)
     assert remover.calls == []
 
 
 def test_a_refused_delete_is_one_warning_and_the_rest_is_cleaned(tmp_path: Path,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
-    _state(tmp_path)
-    api = FakeApi(None, _node())
+    write_state_files(tmp_path)
+    api = UninstallApi(None, uninstall_node())
     assert _clean(api, tmp_path, True, Remover(KubeApiError(403, "forbidden")))
     assert "cannot delete the ResourceSlices of node n1" in caplog.text
     assert not (tmp_path / "s390x-topology-agent").exists()

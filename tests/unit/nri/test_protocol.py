@@ -17,8 +17,8 @@ from agent._proto.nri.v1alpha1 import api_pb2 as nri
 from agent.nri import wire
 from agent.nri.plugin import EVENTS, PLUGIN_SERVICE, RUNTIME_SERVICE, NriPlugin, nri_version_at_least
 from agent.nri.wire import Demux, Request, Response, messages, mux_frames, ttrpc_message
-from tests.plugin_harness import short_tmpdir
-from topology_devkit.agent_process import wait_until
+from tests.support.harness import short_tmpdir
+from topology_devkit.testing.wait import wait_until
 
 
 def test_register_plugin_is_the_bytes_of_the_worked_example() -> None:
@@ -239,7 +239,7 @@ def test_the_plugin_dials_again_when_the_runtime_goes_away(runtime: FakeRuntime)
         runtime.handshake()
         assert plugin.wait_registered(5)
         runtime.drop()  # the runtime restarts
-        wait_until(lambda: not plugin.state.registered, 5, "the plugin saw the trunk close")
+        wait_until("the plugin saw the trunk close", lambda: not plugin.state.registered, 5)
         runtime.handshake(nri.Container(id="c9", pod_sandbox_id="pod-1", name="pinned"))
         assert plugin.wait_registered(5) and plugin.state.connections == 2
         assert handlers.synced[-1] == ["pod-1/pinned", "llm"]  # created while away: repaired here
@@ -251,7 +251,7 @@ def test_without_a_runtime_the_plugin_backs_off_and_stops_at_once() -> None:
     path = short_tmpdir() / "absent.sock"
     plugin = NriPlugin(Recorder(), path, backoff=(0.05, 0.2))
     plugin.start()
-    wait_until(lambda: "cannot connect" in plugin.state.last_error, 5, "the failure recorded")
+    wait_until("the failure recorded", lambda: "cannot connect" in plugin.state.last_error, 5)
     started = time.monotonic()
     plugin.stop()
     assert time.monotonic() - started < 1.0
@@ -272,7 +272,7 @@ def test_a_registration_the_runtime_never_answers_times_out_and_is_retried(runti
     try:
         thread.join(5)
         assert accepted.is_set()
-        wait_until(lambda: "cannot register" in plugin.state.last_error, 10, "the registration timed out")
+        wait_until("the registration timed out", lambda: "cannot register" in plugin.state.last_error, 10)
         runtime.drop()
         runtime.handshake()  # the next attempt registers
         assert plugin.wait_registered(5)
@@ -286,7 +286,7 @@ def test_a_runtime_that_registers_but_never_synchronizes_is_dialed_again(runtime
     try:
         runtime.accept()
         runtime.serve_register()  # then silence: no Configure, no Synchronize
-        wait_until(lambda: "no Synchronize" in plugin.state.last_error, 5, "the plugin gave up on it")
+        wait_until("the plugin gave up on it", lambda: "no Synchronize" in plugin.state.last_error, 5)
         runtime.drop()
         runtime.handshake()
         assert plugin.wait_registered(5)

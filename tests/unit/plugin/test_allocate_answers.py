@@ -48,7 +48,7 @@ from agent.topology.cpulist import format_cpulist
 from agent.topology.embedded import embedded_snapshot_names, load_embedded
 from agent.topology.model import Topology
 from agent.topology.sysfs import read_sysfs
-from tests.conftest import REAL_DUMPS, real_dump
+from tests.support.env import REAL_DUMPS, real_dump
 
 SETTINGS = {
     "default": AllocationSettings(),

@@ -9,8 +9,8 @@ import time
 
 from agent.plugin.dirwatch import IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_IGNORED, closed
 from agent.plugin.timing import Timing
-from tests.conftest import BOOK
-from tests.plugin_harness import FAST, running_node
+from tests.support.env import BOOK
+from tests.support.harness import FAST, running_node
 
 # A safety poll far longer than any wait below: what happens in time was woken, not polled.
 SLOW_POLL = Timing(poll=FAST.poll, idle_poll=60.0, stream_grace=FAST.stream_grace, backoff_min=FAST.backoff_min,

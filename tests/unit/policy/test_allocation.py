@@ -14,7 +14,7 @@ from agent.topology.cpulist import format_cpulist, parse_cpulist
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
 from agent.topology.sysfs import read_sysfs
-from tests.conftest import REAL_DUMPS, real_dump
+from tests.support.env import REAL_DUMPS, real_dump
 
 
 def vllm_parse_id_list(text: str) -> list[int]:

@@ -9,7 +9,7 @@ from agent.policy.cpuset import RunningContainer, plan_cpusets
 from agent.policy.grouping import Group, GroupingSettings, group_topology
 from agent.policy.health import DeviceKey
 from agent.topology.embedded import load_embedded
-from tests.conftest import BOOK
+from tests.support.env import BOOK
 
 GROUPING = group_topology(load_embedded("z16-lpar"), GroupingSettings(levels=("book",)))
 GROUPS = {(g.resource, g.id): g for g in GROUPING.groups}

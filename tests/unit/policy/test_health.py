@@ -9,7 +9,7 @@ from agent.policy.health import Holder, device_states, machine_health, overlap_m
 from agent.policy.ledger import conflict
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
-from tests.conftest import BOOK, SOCKET
+from tests.support.env import BOOK, SOCKET
 
 SETTINGS = GroupingSettings(levels=("book", "socket"))
 Z16 = load_embedded("z16-lpar")

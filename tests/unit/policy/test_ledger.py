@@ -6,7 +6,7 @@ from agent.policy.grouping import GroupingSettings, group_topology
 from agent.policy.health import Holder, overlap_map
 from agent.policy.ledger import PENDING, AllocationLedger, ListedDevice
 from agent.topology.embedded import load_embedded
-from tests.conftest import BOOK, SOCKET
+from tests.support.env import BOOK, SOCKET
 
 GROUPING = group_topology(load_embedded("z16-lpar"), GroupingSettings(levels=("book", "socket")))
 OVERLAP = overlap_map(GROUPING)

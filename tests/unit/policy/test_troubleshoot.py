@@ -10,7 +10,7 @@ from agent.node.labels import not_advertised
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.policy.troubleshoot import pending_causes
 from agent.topology.embedded import load_embedded
-from tests.conftest import REPO
+from tests.support.env import REPO
 
 
 def causes(name: str, levels: tuple[str, ...] | None = None) -> list[str]:

@@ -20,7 +20,7 @@ from agent.policy.grouping import GroupingSettings, group_sizes, group_topology,
 from agent.policy.health import machine_health
 from agent.policy.saved import grouping_from_dict, grouping_to_dict
 from agent.topology.embedded import load_embedded
-from tests.conftest import BOOK
+from tests.support.env import BOOK
 
 UNIFORM = GroupingSettings(uniform_groups=True)
 

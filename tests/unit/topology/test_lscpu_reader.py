@@ -28,7 +28,7 @@ from agent.topology.lscpu import (
     repair_lscpu_json,
 )
 from agent.topology.model import POLARIZATIONS, Cpu, Machine, Topology
-from tests.conftest import REAL_DUMPS, real_dump, real_fixtures
+from tests.support.env import REAL_DUMPS, real_dump, real_fixtures
 from topology_devkit.shape import canonical_shape
 
 Row = dict[str, Any]

@@ -8,7 +8,7 @@ import pytest
 from agent.topology import snapshot
 from agent.topology.lscpu import parse_lscpu_json
 from agent.topology.sysfs import read_sysfs
-from tests.conftest import REAL_DUMPS, real_dump
+from tests.support.env import REAL_DUMPS, real_dump
 from topology_devkit.shape import canonical_shape
 
 # sysfs puts both CPUs of this 2009 dump in one socket (core_siblings); lscpu prints no socket

@@ -14,7 +14,7 @@ import pytest
 
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology.sysfs import read_sysfs
-from tests.conftest import REAL_DUMPS, real_dump
+from tests.support.env import REAL_DUMPS, real_dump
 
 # Dumps the agent refuses to advertise, with the words the reason must contain.
 DELIBERATELY_DIFFERENT = {
@@ -121,15 +121,15 @@ def test_every_group_gets_a_real_memory_node() -> None:
 
 
 def test_missing_real_dumps_fail_under_ci(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from tests import conftest
+    from tests.support import env
 
-    monkeypatch.setattr(conftest, "REAL_FIXTURES", tmp_path / "no-shared")
-    monkeypatch.setattr(conftest, "IN_CI", True)
+    monkeypatch.setattr(env, "REAL_FIXTURES", tmp_path / "no-shared")
+    monkeypatch.setattr(env, "IN_CI", True)
     outcomes = []
     for ci in (True, False):
-        monkeypatch.setattr(conftest, "IN_CI", ci)
+        monkeypatch.setattr(env, "IN_CI", ci)
         try:
-            conftest.real_dump("s390-lpar")
+            env.real_dump("s390-lpar")
         except BaseException as outcome:  # a skip is a BaseException: caught here to be asserted
             outcomes.append((type(outcome).__name__, "CI=true" in str(outcome)))
     assert outcomes == [("Failed", True), ("Skipped", False)]  # failed under CI=true, skipped elsewhere

@@ -1,0 +1,162 @@
+"""The chart passes helm lint --strict and the Kubernetes schemas of every version it supports (kubernetes-validate,
+strict), refuses what its values.schema.json refuses, and renders its default objects in their namespaces."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.chart import (
+    CHART,
+    FAKE_ARGS,
+    FLOOR,
+    NEWEST,
+    SCRAPER_NS,
+    SCRAPER_POD,
+    VAP_MIN,
+    Render,
+    helm_template,
+    kinds,
+)
+from tests.support.env import missing
+
+# ------------------------------------------------------------------------------------------- lint / validate
+
+
+@pytest.mark.parametrize("args", [(), FAKE_ARGS], ids=["default", "fake-topology"])
+def test_helm_lint_strict(helm: str, args: tuple[str, ...]) -> None:
+    result = subprocess.run([helm, "lint", "--strict", str(CHART), *args], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout
+
+
+# Every option on at once (what tools/check-chart.sh and the checkov run in deploy/helm/README.md render too).
+ALL_OPTIONS = (
+    *FAKE_ARGS,
+    "--set", "metrics.serviceMonitor.enabled=true",
+    "--set", "metrics.allocationsPodNames=true",
+    "--set", "seccompProfile.install=true",
+    "--set", "kubelet.readState=true",
+    "--set", "networkPolicy.enabled=true",
+    "--set-json", f"networkPolicy.scraper.namespaceSelector={SCRAPER_NS}",
+    "--set-json", f"networkPolicy.scraper.podSelector={SCRAPER_POD}",
+)
+
+
+@pytest.mark.parametrize("kube_version", [FLOOR, VAP_MIN, NEWEST])
+@pytest.mark.parametrize("args", [(), FAKE_ARGS, ("--set", "metrics.serviceMonitor.enabled=true"), ALL_OPTIONS],
+                         ids=["default", "fake-topology", "service-monitor", "all-options"])
+def test_rendered_objects_pass_strict_schema_validation(render: Render, kube_version: str,
+                                                        args: tuple[str, ...]) -> None:
+    try:
+        import kubernetes_validate
+    except ImportError:
+        missing("kubernetes-validate", "pip install kubernetes-validate")
+    vap = kube_version != FLOOR  # only clusters >= 1.30 serve the v1 policy
+    docs = render(*args, kube_version=kube_version, vap=vap)
+    for doc in docs:
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a CRD: no schema bundled (tools/check-chart.sh lets kubernetes-validate warn about it)
+        kubernetes_validate.validate(doc, kube_version, strict=True)
+
+
+def test_chart_refuses_kubernetes_below_its_floor(helm: str) -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == f">={FLOOR}-0"
+    result = helm_template(helm, ("--kube-version", "1.25.0"))
+    assert result.returncode != 0 and "kubeVersion" in result.stderr
+
+
+def test_default_objects_and_namespaces(render: Render) -> None:
+    docs = render()
+    assert sorted(kinds(docs)) == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "Role", "RoleBinding",
+                                   "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    for doc in docs:
+        if doc["kind"] in ("DaemonSet", "ServiceAccount", "ConfigMap", "Service"):
+            assert doc["metadata"]["namespace"] == "kube-system"
+
+
+# ---------------------------------------------------------------------------------------------- schema
+
+
+@pytest.mark.parametrize("args, field", [
+    (("--set", "metrics.port=0"), "port"),
+    (("--set", "metrics.port=65536"), "port"),
+    (("--set", "metrics.port=http"), "port"),
+    (("--set", "agent.logLevel=verbose"), "logLevel"),
+    (("--set", "agent.logFormat=xml"), "logFormat"),
+    (("--set", "agent.levels=books"), "levels"),
+    (("--set", "agent.levels=book\\,\\,socket"), "levels"),
+    (("--set", "agent.levels=auto\\,book"), "levels"),
+    (("--set", "agent.reserveCoresPerGroup=-1"), "reserveCoresPerGroup"),
+    (("--set", "agent.reserveCoresPerGroup=1.5"), "reserveCoresPerGroup"),
+    (("--set", "agent.ompThreadsPerCore=3"), "ompThreadsPerCore"),
+    (("--set-string", "agent.ompThreadsPerCore=2"), "ompThreadsPerCore"),
+    (("--set", "agent.nodeLabels=yes"), "nodeLabels"),
+    (("--set", "agent.reservedCpus=0-a"), "reservedCpus"),
+    (("--set", "agent.resourcePrefix=Topology_"), "resourcePrefix"),
+    (("--set", "agent.resourcePrefix=kubernetes.io"), "resourcePrefix"),
+    (("--set-json", 'agent.excludePolarization=["vertical:sideways"]'), "excludePolarization"),
+    (("--set", "agent.excludePolarization=unknown"), "excludePolarization"),
+    (("--set", "agent.source=procfs"), "source"),
+    (("--set", "agent.rescanInterval=-1"), "rescanInterval"),
+    (("--set", "agent.podResourcesInterval=soon"), "podResourcesInterval"),
+    (("--set", "kubelet.readState=yes"), "readState"),
+    (("--set", "agent.bogus=1"), "bogus"),
+    (("--set", "kubelet.root=var/lib/kubelet"), "root"),
+    (("--set", "fakeTopology.enabled=1"), "enabled"),
+    (("--set", "fakeTopology.snapshots.node1=x"), "snapshots"),
+    (("--set-json", 'admissionPolicy.validationActions=["Deny","Warn"]'), "validationActions"),
+    (("--set", "admissionPolicy.failurePolicy=Maybe"), "failurePolicy"),
+    (("--set", "updateStrategy.maxUnavailable=0"), "maxUnavailable"),
+    (("--set", "image.digest=latest"), "digest"),
+    (("--set", "metrics.allocationsPodNames=yes"), "allocationsPodNames"),
+    (("--set", "nodeRestrictionPolicy.enabled=1"), "enabled"),
+    (("--set", "nodeRestrictionPolicy.mode=audit"), "mode"),
+    (("--set", "networkPolicy.enabled=on"), "enabled"),
+    (("--set-json", 'networkPolicy.scraper.podSelector={"app":"prometheus"}'), "app"),
+    (("--set-json", 'networkPolicy.scraper.podSelector={"matchLabels":{"app":1}}'), "app"),
+    (("--set-json", 'networkPolicy.scraper.namespaceSelector={"matchExpressions":[{"key":"a","operator":"Is"}]}'),
+     "operator"),
+    (("--set", "networkPolicy.ingress=all"), "ingress"),
+])
+def test_schema_rejects(template_error: Callable[..., str], args: tuple[str, ...], field: str) -> None:
+    stderr = template_error(*args)
+    assert "values don't meet the specifications of the schema" in stderr, stderr
+    assert field in stderr, stderr
+
+
+def iter_values(values: Any, path: str = "") -> Iterator[str]:
+    if isinstance(values, dict):
+        for key, value in values.items():
+            yield from iter_values(value, f"{path}.{key}" if path else key)
+    else:
+        yield path
+
+
+def test_every_value_is_in_the_schema() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def known(path: str) -> bool:
+        node = schema
+        for part in path.split("."):
+            props = node.get("properties", {})
+            if part in props:
+                node = props[part]
+                if "$ref" in node:
+                    node = schema["definitions"][node["$ref"].rsplit("/", 1)[1]]
+                if "oneOf" in node:  # e.g. a string map or null: free-form below this point
+                    return True
+                continue
+            return node.get("additionalProperties") not in (False, None) or node.get("type") == "object"
+        return True
+
+    unknown = [p for p in iter_values(values) if not known(p)]
+    assert not unknown, f"values.yaml keys missing from values.schema.json: {unknown}"
