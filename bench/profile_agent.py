@@ -1,7 +1,7 @@
 """Where the agent's time goes: the production-default agent under a bench's load, profiled from outside.
 
 Not a bench (no rows, no targets): the tool behind the hotspots ``bench/HISTORY.md`` reports. It starts the
-agent as ``bench/production.py`` does on the ``z16-400`` tree, puts one load on it, and while the load runs
+agent as ``bench/lib/production.py`` does on the ``z16-400`` tree, puts one load on it, and while the load runs
 samples it with ``py-spy record`` (when given: ``--py-spy PATH``; ``pip install py-spy`` in any venv) and
 counts its system calls with ``strace -c -f`` (``--strace``), then prints:
 
@@ -11,7 +11,7 @@ counts its system calls with ``strace -c -f`` (``--strace``), then prints:
   frames only unless ``--native``;
 * strace's table (calls and errors per system call).
 
-Loads: ``allocate`` (a load client as in ``bench_allocate.py``: ``--kind repeated|first-time``,
+Loads: ``allocate`` (a load client as in ``allocate.py``: ``--kind repeated|first-time``,
 ``--clients N``; the agent alone, no echo), ``cpu-per-call`` (the agent, then the echo, each alone under
 the same client), ``idle`` (nothing; the probes of the chart), ``discover`` (``topology-agent discover
 --format json`` run once each under ``python -X importtime``, ``cProfile`` and ``strace -c``, against
@@ -48,7 +48,9 @@ from agent.plugin.server import socket_name
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology.embedded import load_embedded
 from agent.topology.sysfs import read_sysfs
-from bench.bench_allocate import (
+from bench.lib.common import median, quiet_emulator, stop_process
+from bench.lib.production import Prober, Production, image_install
+from bench.node.allocate import (
     LOAD,
     REPEATED_SETS,
     RESOURCE,
@@ -58,8 +60,6 @@ from bench.bench_allocate import (
     request_bytes,
     spawn_echo,
 )
-from bench.common import median, quiet_emulator, stop_process
-from bench.production import Prober, Production, image_install
 from topology_devkit.agent_process import AgentProcess
 from topology_devkit.kubelet_emulator import KubeletEmulator
 from topology_devkit.sysfs_writer import write_sysfs_tree

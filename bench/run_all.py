@@ -23,19 +23,23 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import BROKEN, ROOT, Row, busy_cores_since, format_table, loadavg, machine_line
+from bench.lib.common import BROKEN, ROOT, Row, busy_cores_since, format_table, loadavg, machine_line
 
-# Cheap and pure first; the long idle window and the containerd bench last.
-BENCHES = ("placement", "scaling", "discovery", "startup", "preference", "allocate", "faults", "idle", "modes",
-           "enforcement", "nri", "realcluster", "dra")
+# Cheap and pure first; the long idle window and the containerd benches last. Each is bench/GROUP/NAME.py; --only
+# takes the NAMEs. Not here: cluster/vllm_beside_hog.py and cluster/agents_per_apiserver.py (run by hand, README).
+BENCHES = ("node/placement", "node/cpus_per_node", "node/discovery", "node/startup", "node/preference", "node/allocate",
+           "node/faults", "node/idle", "node/memory_by_mode", "runtime/cri_enforcement", "runtime/nri_enforcement",
+           "cluster/pod_start", "cluster/dra")
+BY_NAME = {path.rpartition("/")[2]: path for path in BENCHES}
 
 
-def run_one(name: str, quick: bool, tmp: Path) -> dict[str, Any]:
+def run_one(path: str, quick: bool, tmp: Path) -> dict[str, Any]:
+    name = path.rpartition("/")[2]
     out = tmp / f"{name}.json"
-    command = [sys.executable, str(ROOT / "bench" / f"bench_{name}.py"), "--json-out", str(out)]
+    command = [sys.executable, str(ROOT / "bench" / f"{path}.py"), "--json-out", str(out)]
     if quick:
         command.append("--quick")
-    print(f"\n##### bench_{name}{' --quick' if quick else ''}", flush=True)
+    print(f"\n##### bench/{path}.py{' --quick' if quick else ''}", flush=True)
     started = time.monotonic()
     done = subprocess.run(command, cwd=ROOT, stdin=subprocess.DEVNULL, check=False)
     if out.is_file():
@@ -48,15 +52,15 @@ def run_one(name: str, quick: bool, tmp: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="every bench's short smoke run (about 2 minutes)")
-    parser.add_argument("--only", nargs="+", choices=BENCHES, help="run these benches only")
+    parser.add_argument("--only", nargs="+", choices=list(BY_NAME), help="run these benches only")
     parser.add_argument("--json", type=Path, help="where to write the raw numbers (default build/bench-results/)")
     args = parser.parse_args(argv)
-    names = [n for n in BENCHES if not args.only or n in args.only]
+    paths = [BY_NAME[n] for n in BY_NAME if not args.only or n in args.only]
     started = time.monotonic()
     load_before = loadavg()
     counter, _ = busy_cores_since()
     with tempfile.TemporaryDirectory(prefix="bench-all-") as tmp:
-        results = [run_one(name, args.quick, Path(tmp)) for name in names]
+        results = [run_one(path, args.quick, Path(tmp)) for path in paths]
     _, busy = busy_cores_since(counter)
     load_after = loadavg()
     took = time.monotonic() - started
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
           f"load average {load_before[0]:.2f} -> {load_after[0]:.2f}; machine busy {busy:.2f} cores on average "
           f"(the benches included)")
     for result in results:
-        print(f"  bench_{result['bench']}: {result.get('seconds', 0):.0f} s, load {result.get('load_before', ['?'])[0]}"
+        print(f"  {result['bench']}: {result.get('seconds', 0):.0f} s, load {result.get('load_before', ['?'])[0]}"
               f" -> {result.get('load_after', ['?'])[0]}, busy {result.get('busy_cores', float('nan')):.2f} cores")
     print()
     print(format_table(rows))

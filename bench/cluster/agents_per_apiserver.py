@@ -16,7 +16,8 @@ audit log tells each agent's requests apart. The curve grows N in steps (``--age
   slices present. The pods never run (no kubelet); they are deleted before the next step.
 
 Needs root, the cluster binaries (make cluster-build) and the machine lock (it uses the real-cluster lane's ports):
-``flock /tmp/realcluster.lock .venv/bin/python bench/bench_scale.py``; the lane must be down. Leaves nothing running.
+``flock /tmp/realcluster.lock .venv/bin/python bench/cluster/agents_per_apiserver.py``; the lane must be down.
+Leaves nothing running.
 """
 
 from __future__ import annotations
@@ -36,10 +37,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "devkit"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "devkit"))
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "topology-system"  # audited by the lane's audit policy (configs.AUDITED_GROUP)
 DRIVER = "topology.s390x.ibm.com"
 SNAPSHOT = ROOT / "agent" / "data" / "z16-lpar.json"

@@ -41,10 +41,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "devkit"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "devkit"))
 
-from bench.common import (
+from bench.lib.common import (
     INFO,
     MET,
     MISSED,
@@ -224,7 +224,7 @@ def _host_agent(args: list[str], env: dict[str, str], log: Path) -> subprocess.P
 def publication(api: Any, node: str, quick: bool) -> list[Row]:
     from agent.policy.grouping import GroupingSettings
     from agent.policy.health import machine_health
-    from bench.shapes import Z17_382
+    from bench.lib.shapes import Z17_382
     from topology_devkit.synthetic import build_topology
 
     topology = build_topology(Z17_382)

@@ -26,11 +26,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.common import INFO, ROOT, Row, at_most, bench_main, median, percentile, skipped, spread
+from bench.lib.common import INFO, ROOT, Row, at_most, bench_main, median, percentile, skipped, spread
 
-NAME = "realcluster"
+NAME = "pod_start"
 CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR") or ROOT / ".cluster")
 KUBECONFIG = CLUSTER_DIR / "kubeconfig"
 NAMESPACE = "topology-bench"

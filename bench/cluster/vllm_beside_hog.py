@@ -35,11 +35,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.common import INFO, ROOT, Row, at_most, median, percentile, skipped
+from bench.lib.common import INFO, ROOT, Row, at_most, median, percentile, skipped
 
-NAME = "vllm"
+NAME = "vllm_beside_hog"
 CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR") or ROOT / ".cluster")
 KUBECONFIG = CLUSTER_DIR / "kubeconfig"
 NAMESPACE = "topology-e2e-pods"

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -200,7 +200,7 @@ def bench_main(name: str, run: Callable[[bool], list[Row]], doc: str | None,
     _, busy = busy_cores_since(counter)
     took = time.monotonic() - started
     load_after = loadavg()
-    print(f"\n== bench_{name}{' --quick' if args.quick else ''}: {took:.0f} s; {machine_line()}; load average "
+    print(f"\n== {name}{' --quick' if args.quick else ''}: {took:.0f} s; {machine_line()}; load average "
           f"{load_before[0]:.2f} -> {load_after[0]:.2f}; machine busy {busy:.2f} cores on average (this bench "
           f"included)")
     print(format_table(rows))

@@ -1,14 +1,14 @@
 """Allocate under concurrency, and re-registration: the agent with production defaults, as kubelet sees it.
 
-The agent runs as the chart runs it (``bench/production.py``: the image-like install, node labels over
+The agent runs as the chart runs it (``bench/lib/production.py``: the image-like install, node labels over
 TLS, metrics and probes, kubelet's files, JSON logs at info, default intervals) on the ``z16-400``
 host-root tree (16 books), next to the kubelet emulator in this process.
 
-* **Allocate p50 against a bare echo.** The echo (``bench/grpc_load.py echo``) is a sync ``grpc.server``
+* **Allocate p50 against a bare echo.** The echo (``bench/lib/grpc_load.py echo``) is a sync ``grpc.server``
   of the agent's type (a 16-thread pool, a Unix socket), run by the same interpreter as the agent, in its
   own process; its generic handler answers with the bytes the agent answers (the product's
   ``plan_allocation`` and ``render`` in this process; every answer of both sides is compared with them).
-  A load client in a third process (``bench/grpc_load.py drive``) keeps 1, 4 or 16 calls in flight
+  A load client in a third process (``bench/lib/grpc_load.py drive``) keeps 1, 4 or 16 calls in flight
   on one channel per side, in blocks that alternate A B B A. Two kinds of device sets: **repeated** (24
   sets sent again and again: the agent's cached answers) and **first-time** (every request a device set
   the agent has not seen before, in no order seen before). A first-time Allocate comes as kubelet sends
@@ -38,7 +38,7 @@ host-root tree (16 books), next to the kubelet emulator in this process.
 (``taskset``): on two shared cores the rounds' ratios at 4 and 16 clients then vary by a few percent
 instead of tens of percent, but the servers' threads share one core, which is not how a node runs them.
 
-    .venv/bin/python bench/bench_allocate.py [--quick] [--pin] [--only KIND]... [--clients N]... [--rounds N]
+    .venv/bin/python bench/node/allocate.py [--quick] [--pin] [--only KIND]... [--clients N]... [--rounds N]
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import grpc
 
@@ -70,7 +70,7 @@ from agent.policy.allocation import AllocationSettings, plan_allocation
 from agent.policy.grouping import Group, GroupingSettings, group_topology
 from agent.topology.embedded import load_embedded
 from agent.topology.sysfs import read_sysfs
-from bench.common import (
+from bench.lib.common import (
     INFO,
     BenchError,
     Row,
@@ -82,7 +82,7 @@ from bench.common import (
     spread,
     stop_process,
 )
-from bench.production import ImageInstall, Production
+from bench.lib.production import ImageInstall, Production
 from topology_devkit.kubelet_emulator import KubeletEmulator
 from topology_devkit.sysfs_writer import write_sysfs_tree
 
@@ -94,7 +94,7 @@ REPEATED_SETS = 24
 TARGET_P50_RATIO = 1.3
 TARGET_REREGISTER_S = 0.3
 TARGET_HANDLER_P99_S = 0.001
-LOAD = Path(__file__).resolve().parent / "grpc_load.py"
+LOAD = Path(__file__).resolve().parents[1] / "lib" / "grpc_load.py"
 
 
 # --------------------------------------------------------------------------- device sets and answers

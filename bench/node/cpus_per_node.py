@@ -16,7 +16,7 @@ Each row shows the median time per size and per CPU. Target (growth near linear)
 4,000 CPUs within 2x of that at 400 (``met``); the fingerprint does the same work at every size, so its
 row is information.
 
-    .venv/bin/python bench/bench_scaling.py [--quick]
+    .venv/bin/python bench/node/cpus_per_node.py [--quick]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent.plugin.servicer import render
 from agent.policy.allocation import AllocationSettings, plan_allocation
@@ -36,11 +36,11 @@ from agent.policy.health import machine_health
 from agent.policy.preference import preferred_allocation
 from agent.topology.model import Topology
 from agent.topology.sysfs import read_sysfs, sysfs_fingerprint
-from bench.common import INFO, BenchError, Row, at_most, bench_main, fmt_time, median
+from bench.lib.common import INFO, BenchError, Row, at_most, bench_main, fmt_time, median
 from topology_devkit.synthetic import SHAPES, LparShape, build_topology
 from topology_devkit.sysfs_writer import write_sysfs_tree
 
-BENCH = "scaling"
+BENCH = "cpus_per_node"
 SIZES = (50, 200, 400, 1000, 4000)
 TARGET_GROWTH = 2.0
 

@@ -1,11 +1,11 @@
 """Discovery as a process: ``topology-agent discover --format json`` on a host-root tree, wall time.
 
-The generated ``z17-382`` (``bench/shapes.py``: 382 CPUs, 4 drawers of 4 books, sockets of 4 or 7 cores, SMT-2)
+The generated ``z17-382`` (``bench/lib/shapes.py``: 382 CPUs, 4 drawers of 4 books, sockets of 4 or 7 cores, SMT-2)
 and the bundled ``z16-400`` (400 CPUs, 16 books) are written as host-root trees, and these processes read them,
 interleaved (the order rotates and reverses: A B C C B A ...) and repeated:
 
 * ``agent``: ``topology-agent discover --format json --host-root TREE --proc-root TREE/proc`` run as the image
-  runs it (``bench/production.py``: the image-like venv, a plain non-editable install, bytecode compiled, the
+  runs it (``bench/lib/production.py``: the image-like venv, a plain non-editable install, bytecode compiled, the
   ``topology-agent`` script);
 * ``python -c pass`` of the same venv: the interpreter's start alone (reference);
 * ``lscpu -J --sysroot TREE -e=CPU,CORE,SOCKET,BOOK,DRAWER,NODE,POLARIZATION,ADDRESS,CONFIGURED,ONLINE``
@@ -16,7 +16,7 @@ the text gives p90 and the slowest). ``z16-400`` and the references are informat
 in this process. 30 repetitions after 3 warm-ups (``--quick``: 8 after 1). The agent's JSON must list only the
 tree's usable CPUs, and some, and lscpu every CPU, else the bench is broken.
 
-    .venv/bin/python bench/bench_discovery.py [--quick]
+    .venv/bin/python bench/node/discovery.py [--quick]
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent.topology.sysfs import read_sysfs
-from bench.common import INFO, BenchError, Row, at_most, bench_main, fmt_time, median, percentile
-from bench.production import ImageInstall, image_install
-from bench.shapes import Z17_382
+from bench.lib.common import INFO, BenchError, Row, at_most, bench_main, fmt_time, median, percentile
+from bench.lib.production import ImageInstall, image_install
+from bench.lib.shapes import Z17_382
 from topology_devkit.synthetic import SHAPES, LparShape, build_topology
 from topology_devkit.sysfs_writer import kernel_view, write_sysfs_tree
 

@@ -1,4 +1,4 @@
-"""Faults, measured: the agent with production defaults (``bench/production.py``) on the 400-CPU
+"""Faults, measured: the agent with production defaults (``bench/lib/production.py``) on the 400-CPU
 ``z16-400`` tree, against the kubelet emulator, under the four loads of issue 13.
 
 * **A stderr nobody reads**: ``serve --log-level debug`` (a log line per Allocate) with its stderr a
@@ -24,7 +24,7 @@
 
 Reports only; exits 1 when the agent is broken (never registers, a wrong or failed Allocate).
 
-    .venv/bin/python bench/bench_faults.py [--quick]
+    .venv/bin/python bench/node/faults.py [--quick]
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ from pathlib import Path
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from agent.plugin.server import socket_name
 from agent.topology.embedded import load_embedded
-from bench.common import (
+from bench.lib.common import (
     INFO,
     MISSED,
     BenchError,
@@ -62,7 +62,7 @@ from bench.common import (
     skipped,
     spread,
 )
-from bench.production import Production
+from bench.lib.production import Production
 from topology_devkit.agent_process import AgentProcess
 from topology_devkit.kubelet_emulator import AdmissionError, Container, KubeletEmulator
 from topology_devkit.sysfs_writer import write_sysfs_tree

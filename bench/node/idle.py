@@ -2,17 +2,17 @@
 
 Four agents run side by side over the same windows, each with its own kubelet emulator and probes:
 ``z16-400`` with the API server up (the row quoted since the start), and the generated ``z17-382``
-(``bench/shapes.py``) with the API server up, with the pod's service account and environment but a
+(``bench/lib/shapes.py``) with the API server up, with the pod's service account and environment but a
 port that refuses connections, and with no service account but a ``KUBECONFIG`` naming such a port
 (node labels on in all four). Each also gets a row of the warnings it logged.
 
-The agent runs as the chart runs it (``bench/production.py``: the image-like install, node labels over
+The agent runs as the chart runs it (``bench/lib/production.py``: the image-like install, node labels over
 TLS in a private mount namespace, metrics on with kubelet's probes hitting ``/readyz`` every 5 s and
 ``/healthz`` every 10 s, kubelet's ``config.yaml`` and ``cpu_manager_state``, JSON logs at info, a rescan
 every 5 s, pod-resources every 2 s while devices change hands and every 30 s once nothing has for a
 minute) on the ``z16-400`` host-root tree, next to the kubelet emulator in this process. Two references start
 alongside and are measured over the same windows: an idle ``python -c "import time; time.sleep(N)"`` and an
-idle bare gRPC server (``bench/grpc_load.py echo``: a sync ``grpc.server`` with 16 threads on a Unix socket,
+idle bare gRPC server (``bench/lib/grpc_load.py echo``: a sync ``grpc.server`` with 16 threads on a Unix socket,
 what gRPC alone costs at rest), both with the same interpreter.
 
 * **First minute** (info): from 3 s after registration to 58 s after the spawn, while pod-resources is
@@ -24,7 +24,7 @@ what gRPC alone costs at rest), both with the same interpreter.
 ``--quick`` measures only a 10 s window of the first minute and the RSS then; the steady rows are
 skipped (pod-resources slows down only after a minute).
 
-    .venv/bin/python bench/bench_idle.py [--quick]
+    .venv/bin/python bench/node/idle.py [--quick]
 """
 
 from __future__ import annotations
@@ -40,13 +40,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent.topology.embedded import load_embedded
-from bench.bench_allocate import spawn_echo
-from bench.common import INFO, BenchError, Row, at_most, bench_main, skipped, stop_process
-from bench.production import NODE_NAME, Prober, Production
-from bench.shapes import Z17_382
+from bench.lib.common import INFO, BenchError, Row, at_most, bench_main, skipped, stop_process
+from bench.lib.production import NODE_NAME, Prober, Production
+from bench.lib.shapes import Z17_382
+from bench.node.allocate import spawn_echo
 from topology_devkit.agent_process import AgentProcess, cpu_seconds, status_kib
 from topology_devkit.kubelet_emulator import KubeletEmulator
 from topology_devkit.synthetic import build_topology

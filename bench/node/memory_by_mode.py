@@ -4,14 +4,14 @@ DRA mode used to reach the API server through the ``kubernetes`` package (its AP
 the rest: about 45 MiB more than device-plugin mode); it now speaks through the agent's own client
 (``agent/node/kubeapi.py``), as the node labels always did. The goal is device-plugin mode's figure.
 
-Two agents start side by side as the chart runs them (``bench/production.py``: the image-like install, node labels
+Two agents start side by side as the chart runs them (``bench/lib/production.py``: the image-like install, node labels
 over TLS to a fake API server in a private mount namespace, metrics on with kubelet's probes) on the ``z16-400``
 host-root tree, each with its own kubelet emulator and API server: one in device-plugin mode (waited for until
 registered), one with ``--mode dra`` (waited for until its ResourceSlices are published to its API server; its
 kubelet plugin serves, no kubelet takes the registration). After ``SETTLE`` seconds, ``VmRSS`` of each.
 Target: DRA mode at most 5 MiB above device-plugin mode. ``--quick`` settles 10 s instead of 60 s.
 
-    .venv/bin/python bench/bench_modes.py [--quick]
+    .venv/bin/python bench/node/memory_by_mode.py [--quick]
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent.topology.embedded import load_embedded
-from bench.common import INFO, BenchError, Row, at_most, bench_main
-from bench.production import SLICES, FakeApiServer, Prober, Production
+from bench.lib.common import INFO, BenchError, Row, at_most, bench_main
+from bench.lib.production import SLICES, FakeApiServer, Prober, Production
 from topology_devkit.kubelet_emulator import KubeletEmulator
 from topology_devkit.sysfs_writer import write_sysfs_tree
 from topology_devkit.testing.wait import wait_until
 
-BENCH = "modes"
+BENCH = "memory_by_mode"
 SHAPE = "z16-400"
 RESOURCE = "topology/book"
 SETTLE = 60.0  # seconds after the agent is up (registered, or its slices published) before RSS is read

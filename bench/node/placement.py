@@ -22,7 +22,7 @@ TP balance (smallest/largest rank of a two-book pod, in cores) and vLLM alone's 
 Target for the agent: 100% and 0% at every mix, one row per machine. A miss (or two pods handed
 overlapping cpusets) would be a bug: the row is BROKEN and the exit status 1.
 
-    .venv/bin/python bench/bench_placement.py [--quick] [--vllm-domain book|drawer]
+    .venv/bin/python bench/node/placement.py [--quick] [--vllm-domain book|drawer]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent.policy.allocation import ENV_CPUS, ENV_VLLM_BIND, plan_allocation
 from agent.policy.grouping import GroupingSettings, group_topology
@@ -42,7 +42,7 @@ from agent.policy.preference import preferred_allocation
 from agent.topology.cpulist import parse_cpulist
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Cpu, Topology
-from bench.common import BROKEN, MET, Row, bench_main
+from bench.lib.common import BROKEN, MET, Row, bench_main
 
 BENCH = "placement"
 MACHINES: tuple[str, ...] = ("z16-lpar", "pr40714")

@@ -26,7 +26,7 @@ same with the index made in the call (what the agent pays once per table).
 Reports only; exits 1 if the agent's answer over the wire differs from ``preferred_allocation`` in
 this process, or from the old exhaustive search wherever that searched exhaustively.
 
-    .venv/bin/python bench/bench_preference.py [--quick] [--rounds 3] [--calls 400] [--block 50] [--reps 5]
+    .venv/bin/python bench/node/preference.py [--quick] [--rounds 3] [--calls 400] [--block 50] [--reps 5]
         [--tables NAME ...]
 
 (``--serve-agent DIR TABLE`` and ``--serve-echo SOCKET RESPONSES`` are the servers' own entry points;
@@ -57,7 +57,7 @@ from pathlib import Path
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2
 from agent.devices.table import NodeDevices
@@ -66,8 +66,8 @@ from agent.plugin.servicer import render
 from agent.policy.allocation import AllocationSettings
 from agent.policy.grouping import Group, Grouping, GroupingSettings, group_topology
 from agent.policy.preference import PreferenceIndex, preferred_allocation
-from bench.common import ROOT, BenchError, at_most, bench_main, fmt_time, stop_process
-from bench.common import Row as CommonRow
+from bench.lib.common import ROOT, BenchError, at_most, bench_main, fmt_time, stop_process
+from bench.lib.common import Row as CommonRow
 from topology_devkit.synthetic import SHAPES, LparShape, build_topology
 
 BENCH = "preference"

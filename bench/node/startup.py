@@ -1,6 +1,6 @@
 """Start-up with production defaults: from spawning ``topology-agent serve`` to kubelet counting its Register.
 
-The agent runs as the chart runs it (``bench/production.py``: the image-like install started through its
+The agent runs as the chart runs it (``bench/lib/production.py``: the image-like install started through its
 ``topology-agent`` script, node labels over TLS in a private mount namespace, metrics on, kubelet's files,
 JSON logs at info, default intervals) on the ``z16-400`` host-root tree (400 CPUs), each start against a
 fresh kubelet emulator in this process (a node's first start: no saved state).
@@ -17,7 +17,7 @@ Interleaved, repeated (the order rotates), three spawns are timed:
 
 Target: spawn -> registered <= 0.4 s (median, net of the pod set-up).
 
-    .venv/bin/python bench/bench_startup.py [--quick]
+    .venv/bin/python bench/node/startup.py [--quick]
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent.topology.embedded import load_embedded
-from bench.common import INFO, BenchError, Row, at_most, bench_main, fmt_time, median, run_timed
-from bench.production import Production
+from bench.lib.common import INFO, BenchError, Row, at_most, bench_main, fmt_time, median, run_timed
+from bench.lib.production import Production
 from topology_devkit.kubelet_emulator import KubeletEmulator
 from topology_devkit.sysfs_writer import write_sysfs_tree
 

@@ -17,7 +17,7 @@ CPUs as one book of two one-core sockets.
   of one core. Target: <= +0.05 %. No device is held, so the enforcing agent looks at the runtime every
   30 s (it looks every ``--cpuset-interval`` while a device is held).
 
-    .venv/bin/python bench/bench_enforcement.py [--pods 20] [--seconds 60] [--quick]
+    .venv/bin/python bench/runtime/cri_enforcement.py [--pods 20] [--seconds 60] [--quick]
 """
 
 from __future__ import annotations
@@ -27,18 +27,18 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent.topology import snapshot
 from agent.topology.cpulist import parse_cpulist
 from agent.topology.model import Cpu, Machine, Topology
-from bench.common import INFO, Row, at_most, bench_main, median, percentile, skipped
+from bench.lib.common import INFO, Row, at_most, bench_main, median, percentile, skipped
 from topology_devkit.agent_process import AgentProcess
 from topology_devkit.containerd import Containerd, ContainerdUnavailable, status_cpus_allowed
 from topology_devkit.kubelet_emulator import Container, KubeletEmulator
 from topology_devkit.testing.wait import wait_until
 
-BENCH = "enforcement"
+BENCH = "cri_enforcement"
 SOCKET = "topology/socket"
 TARGET_P95 = 1.0
 TARGET_IDLE = 0.0005  # of one core

@@ -15,15 +15,15 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import shutil
 import tempfile
 
-from bench.common import INFO, BenchError, Row, at_most, bench_main, median, skipped, spread
+from bench.lib.common import INFO, BenchError, Row, at_most, bench_main, median, skipped, spread
 from topology_devkit.agent_process import AgentProcess
 
-NAME = "nri"
+NAME = "nri_enforcement"
 BOOK = "topology/book"
 FIRST_LINE = ("sh", "-c", "grep Cpus_allowed_list /proc/self/status; exec sleep 3600")
 
@@ -42,7 +42,7 @@ def run(quick: bool) -> list[Row]:
     from topology_devkit.kubelet_emulator import Container, KubeletEmulator
     from topology_devkit.testing.wait import wait_until
 
-    root_dir = Path(__file__).resolve().parent.parent
+    root_dir = Path(__file__).resolve().parents[2]
     folder = Path(subprocess.run([str(root_dir / "devkit/cluster/build.sh"), "--print"], capture_output=True,
                                  text=True, check=False).stdout.strip() or "/nonexistent")
     if not (folder / "build-info.json").is_file():

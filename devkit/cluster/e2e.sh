@@ -8,7 +8,7 @@
 # devkit/topology_devkit/realcluster/vllm_image.py) and run the `vllm`-marked tests (tests/e2e/test_vllm*.py) alone;
 # by default every e2e test but those.
 #
-# `e2e.sh soak` (make soak) does the same up to the install, then runs the soak (bench/soak/run.py, issue 34) instead
+# `e2e.sh soak` (make soak) does the same up to the install, then runs the soak (bench/cluster/soak/run.py) instead
 # of the suite: SOAK_SECONDS (1800) of pod churn and seeded faults (SOAK_SEED; random and printed when unset), the
 # truth checked every second; its figures also go to $CLUSTER_DIR/soak-<seed>.json.
 #
@@ -112,7 +112,7 @@ fi
 if [ "$WHAT" = soak ]; then
   SOAK_SEED=${SOAK_SEED:-$((RANDOM % 1000))}
   echo "==> soak: ${SOAK_SECONDS:-1800} s, seed $SOAK_SEED"
-  "$PYTHON" -m bench.soak.run --seconds "${SOAK_SECONDS:-1800}" --seed "$SOAK_SEED" --kubeconfig "$KUBECONFIG" \
+  "$PYTHON" -m bench.cluster.soak.run --seconds "${SOAK_SECONDS:-1800}" --seed "$SOAK_SEED" --kubeconfig "$KUBECONFIG" \
     --namespace "$NAMESPACE" --release "$RELEASE" --helm "$HELM" --snapshots "$SNAPSHOTS" \
     --workload-image "$WORKLOAD" --quiet-pods "${SOAK_QUIET_PODS:-8}" --report "$CLUSTER_DIR/soak-$SOAK_SEED.json"
   echo "soak: done in $((SECONDS - T0)) s"

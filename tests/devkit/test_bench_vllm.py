@@ -1,6 +1,7 @@
-"""bench/bench_vllm.py's pure part: the hog's CPU request (the bench itself runs on the real-cluster lane)."""
+"""bench/cluster/vllm_beside_hog.py's pure part: the hog's CPU request (the bench itself runs on the real-cluster
+lane)."""
 
-from bench.bench_vllm import hog_millicores
+from bench.cluster.vllm_beside_hog import hog_millicores
 
 
 def test_the_hog_requests_what_the_node_has_left_beside_the_server() -> None:

@@ -1,5 +1,5 @@
-"""The soak's pure checker (bench/soak/invariants.py): each violation kind is found in a snapshot that shows it, a
-clean snapshot gives none; and the seeded plan (bench/soak/plan.py) is the same for the same seed."""
+"""The soak's pure checker (bench/cluster/soak/invariants.py): each violation kind is found in a snapshot that shows
+it, a clean snapshot gives none; and the seeded plan (bench/cluster/soak/plan.py) is the same for the same seed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import itertools
 import json
 from pathlib import Path
 
-from bench.soak.invariants import (
+from bench.cluster.soak.invariants import (
     KINDS,
     AgentProc,
     Allowances,
@@ -19,8 +19,8 @@ from bench.soak.invariants import (
     Hold,
     Snapshot,
 )
-from bench.soak.plan import FAULT_KINDS, POD_KINDS, make_plan
-from bench.soak.truth import agent_hold_groups, cdi_files, checkpoint_holds
+from bench.cluster.soak.plan import FAULT_KINDS, POD_KINDS, make_plan
+from bench.cluster.soak.truth import agent_hold_groups, cdi_files, checkpoint_holds
 
 GROUPS = {"drawer0-book0": frozenset({0}), "drawer0-book0-socket0": frozenset({0}),
           "drawer0-book1": frozenset({1}), "drawer0-book1-socket0": frozenset({1})}
@@ -263,7 +263,7 @@ def test_a_claim_is_held_by_the_containers_that_use_it_not_by_the_whole_pod() ->
     )
     from kubernetes.client import V1ContainerExtendedResourceRequest as Mapping
 
-    from bench.soak.truth import claim_containers
+    from bench.cluster.soak.truth import claim_containers
 
     init_holder = V1Pod(
         metadata=V1ObjectMeta(name="soak-713-0153-init", uid="uid-i"),

@@ -2,7 +2,7 @@
 
 Run by ``devkit/cluster/e2e.sh soak`` once the cluster is up and the chart installed (``make soak SOAK_SECONDS=...
 SOAK_SEED=...``). The soak installs its own base (``--levels book,socket``, device-plugin mode, CRI enforcement),
-measures a quiet run of book pods, then for ``--seconds`` creates the plan's pods (``bench/soak/plan.py``: book,
+measures a quiet run of book pods, then for ``--seconds`` creates the plan's pods (``bench/cluster/soak/plan.py``: book,
 socket, multi-container, init-container holder, plain, DRA claim, deleted mid-start) and injects its faults one after
 the other, while a reader (``truth.py``) snapshots the node and the API server every second and the checker
 (``invariants.py``) records every violation with the faults before it. At the end it deletes its pods, puts the base
@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 for entry in (str(REPO), str(REPO / "devkit")):
     if entry not in sys.path:
         sys.path.insert(0, entry)
@@ -36,9 +36,9 @@ from agent.cri.client import CriClient  # noqa: E402
 from agent.errors import CriError  # noqa: E402
 from agent.policy.grouping import GroupingSettings, group_topology  # noqa: E402
 from agent.topology import snapshot as snapshots  # noqa: E402
-from bench.soak.invariants import KINDS, Allowances, Checker, Violation  # noqa: E402
-from bench.soak.plan import FaultStep, Plan, PodStep, make_plan  # noqa: E402
-from bench.soak.truth import CONTAINERD, DRIVER, Config, Truth  # noqa: E402
+from bench.cluster.soak.invariants import KINDS, Allowances, Checker, Violation  # noqa: E402
+from bench.cluster.soak.plan import FaultStep, Plan, PodStep, make_plan  # noqa: E402
+from bench.cluster.soak.truth import CONTAINERD, DRIVER, Config, Truth  # noqa: E402
 
 POD_NS = "topology-soak"
 BOOK, SOCKET = "topology/book", "topology/socket"

@@ -1,4 +1,5 @@
-"""Reads the truth on the real-cluster lane's node into :class:`bench.soak.invariants.Snapshot`: not the agent's view.
+"""Reads the truth on the real-cluster lane's node into :class:`bench.cluster.soak.invariants.Snapshot`: not the
+agent's view.
 
 * every running container (containerd's CRI): its host PID, then each thread's ``Cpus_allowed_list`` from
   ``/proc/<pid>/task/*/status``;
@@ -28,7 +29,7 @@ from agent._proto.podresources.v1 import api_pb2_grpc as pr_grpc
 from agent.cri.client import CriClient
 from agent.errors import CriError
 from agent.topology.cpulist import parse_cpulist
-from bench.soak.invariants import AgentProc, Container, Failure, Hold, Snapshot
+from bench.cluster.soak.invariants import AgentProc, Container, Failure, Hold, Snapshot
 
 DRIVER = "topology.s390x.ibm.com"
 PREFIX = "topology/"

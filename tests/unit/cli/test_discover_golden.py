@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[3]
 if str(REPO) not in sys.path:  # run as a script (--write)
     sys.path.insert(0, str(REPO))
 
-from bench.shapes import Z17_382  # noqa: E402
+from bench.lib.shapes import Z17_382  # noqa: E402
 from topology_devkit.synthetic import SHAPES, build_topology  # noqa: E402
 from topology_devkit.sysfs_writer import write_sysfs_tree  # noqa: E402
 
