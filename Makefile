@@ -57,7 +57,7 @@ chart-check: $(STAMP)
 ## The kind lane (as root): rootful Podman from Debian, kind and a node image built here (devkit/kind/), 1 control
 ## plane + 2 workers (z16- and z13-shaped fake topologies), the multi-node tests and tests/e2e; host restored after.
 kind-test: $(STAMP) cluster-build
-	PYTHON=$(CURDIR)/$(BIN)/python tests/e2e/run.sh
+	PYTHON=$(CURDIR)/$(BIN)/python devkit/kind/run.sh
 
 ## A real single-node cluster on this machine (docs/contributing/lanes/real-cluster.md; as root). Binaries built from
 ## the Go module proxy, pinned in devkit/cluster/go/*/go.sum, cached outside the work tree (CLUSTER_CACHE).

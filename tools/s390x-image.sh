@@ -22,7 +22,7 @@ CACHE=${S390X_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/s390x-topology-agent/
 FIXTURES=${S390X_FIXTURES:-$REPO/../shared/fixtures/s390x-real}
 RECORD=deploy/image/s390x-verified.txt
 IMAGE=localhost/s390x-topology-agent:e2e-s390x
-TESTS="tests/test_plugin_integration.py tests/test_kubelet_emulator.py"
+TESTS="tests/integration/test_device_plugin.py tests/devkit/test_kubelet_emulator.py"
 T0=$SECONDS
 say() { echo "s390x-image: [$((SECONDS - T0)) s] $*"; }
 die() { echo "s390x-image: $*" >&2; exit 1; }

@@ -1,10 +1,10 @@
 """What the agent is worth to an inference user (issue 31, item 4), on a cluster ``make e2e-vllm`` left up
 (``KEEP_CLUSTER=1 make e2e-vllm``: the chart installed as devkit/cluster/e2e.sh does, the vLLM image imported):
 
-A vLLM server pod holding one book (tests/e2e/test_vllm.py's pod: the lane's tiny model, ``--enforce-eager``) serves a
-fixed stream of completion requests (``--requests`` of 16 tokens each, one at a time, after 5 to warm up) while a
-CPU-hog pod with no topology resource (two busy loops, requesting what CPU the node has left beside the server: a
-neighbour of real standing, see :func:`hog_millicores`) runs on the same node; three runs, a fresh
+A vLLM server pod holding one book (topology_devkit.vllm.server's pod: the lane's tiny model, ``--enforce-eager``)
+serves a fixed stream of completion requests (``--requests`` of 16 tokens each, one at a time, after 5 to warm
+up) while a CPU-hog pod with no topology resource (two busy loops, requesting what CPU the node has left beside the
+server: a neighbour of real standing, see :func:`hog_millicores`) runs on the same node; three runs, a fresh
 server each:
 
 * **enforcing**: ``cpusetEnforcement: cri`` with ``sharedPool: true``: the server on its book, the hog confined to
@@ -96,7 +96,8 @@ def helm_upgrade(*values: str) -> None:
                     "--set-file", f"fakeTopology.snapshots.default\\.json={snapshot}",
                     "--set", "seccompProfile.install=true", *values, "--wait", "--timeout", "180s"],
                    check=True, capture_output=True, text=True, timeout=240)
-    # helm's --wait counts a one-node DaemonSet ready before its new pod is (tests/e2e/conftest.py wait_for_rollout)
+    # helm's --wait counts a one-node DaemonSet ready before its new pod is (E2EEnv.wait_for_rollout in
+    # tests/support/e2e/cluster.py)
     for daemonset in kubectl("-n", AGENT_NAMESPACE, "get", "daemonset", "-o", "name", "-l",
                              f"app.kubernetes.io/instance={RELEASE}").stdout.split():
         kubectl("-n", AGENT_NAMESPACE, "rollout", "status", daemonset, "--timeout=180s", timeout=200)
@@ -192,7 +193,7 @@ def _stream(port: int, requests: int) -> tuple[list[float], float, int]:
 
 
 def measure(mode: str, node: str, requests: int) -> dict[str, Any]:
-    from tests.e2e.test_vllm import vllm_pod
+    from topology_devkit.vllm.server import vllm_pod
 
     values, hog = MODES[mode]
     helm_upgrade(*values)
@@ -206,8 +207,7 @@ def measure(mode: str, node: str, requests: int) -> dict[str, Any]:
             _apply(doc)
             made.append(doc["metadata"]["name"])
             _wait("the hog to run", lambda: _pod_json(made[0]).get("status", {}).get("phase") == "Running", 120)
-        server = vllm_pod(f"bench-vllm-{uuid.uuid4().hex[:6]}", node, books=1, tp=1)
-        server["metadata"]["namespace"] = NAMESPACE
+        server = vllm_pod(f"bench-vllm-{uuid.uuid4().hex[:6]}", node, books=1, tp=1, namespace=NAMESPACE)
         server["metadata"]["labels"] = {"app": "vllm-bench"}
         _apply(server)
         name = server["metadata"]["name"]
@@ -236,7 +236,7 @@ def measure(mode: str, node: str, requests: int) -> dict[str, Any]:
 
 
 def run(quick: bool, requests: int | None = None) -> list[Row]:
-    from tests.e2e.test_vllm import VLLM_IMAGE
+    from topology_devkit.vllm.server import VLLM_IMAGE
 
     why = _why_not(VLLM_IMAGE)
     if why:

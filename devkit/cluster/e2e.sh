@@ -5,7 +5,7 @@
 # `pytest -m e2e tests/e2e` with REQUIRE_E2E=1 (a skip is a failure here) and prints each test's result.
 #
 # E2E_SUITE=vllm (make e2e-vllm): also import the lane's vLLM image (built once per pins and cached:
-# devkit/topology_devkit/realcluster/vllm_image.py) and run the `vllm`-marked tests (tests/e2e/test_vllm*.py) alone;
+# devkit/topology_devkit/vllm/) and run the `vllm`-marked tests (tests/e2e/test_vllm*.py) alone;
 # by default every e2e test but those.
 #
 # `e2e.sh soak` (make soak) does the same up to the install, then runs the soak (bench/cluster/soak/run.py) instead
@@ -90,10 +90,10 @@ echo "==> helm upgrade --install $RELEASE (fake topology: one book per CPU of th
   --wait --timeout 180s
 
 if [ "$SUITE" = main ] && [ "$WHAT" = test ] && [ "${E2E_PRELOAD_VLLM:-0}" = 1 ]; then
-  vllm_archive=$("$PYTHON" -m topology_devkit.realcluster.vllm_image key | cut -f2)
+  vllm_archive=$("$PYTHON" -m topology_devkit.vllm.image key | cut -f2)
   if [ -f "$vllm_archive" ]; then
     echo "==> the vLLM image into containerd in the background, for make e2e-vllm ($CLUSTER_DIR/logs/vllm-preload.log)"
-    "$PYTHON" -m topology_devkit.realcluster.vllm_image import --ctr "$BIN/ctr" \
+    "$PYTHON" -m topology_devkit.vllm.image import --ctr "$BIN/ctr" \
       >"$CLUSTER_DIR/logs/vllm-preload.log" 2>&1 &
     preload_pid=$!
     preload_t=$SECONDS
@@ -105,7 +105,7 @@ fi
 if [ "$SUITE" = vllm ]; then
   echo "==> the vLLM image into containerd (built once per pins, then cached)"
   t=$SECONDS
-  "$PYTHON" -m topology_devkit.realcluster.vllm_image import --ctr "$BIN/ctr"
+  "$PYTHON" -m topology_devkit.vllm.image import --ctr "$BIN/ctr"
   echo "e2e: vLLM image ready in containerd after $((SECONDS - t)) s"
 fi
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The kind lane's container engine: rootful Podman from Debian (kind's other provider, KIND_EXPERIMENTAL_PROVIDER=
 # podman), set up by the lane itself, and the host put back as it was. Run it under the machine lock (flock
-# /tmp/realcluster.lock) and in a mount namespace of the lane's own (tests/e2e/run.sh does both): the real-cluster
+# /tmp/realcluster.lock) and in a mount namespace of the lane's own (devkit/kind/run.sh does both): the real-cluster
 # lane uses the same kernel, bridge netfilter and iptables.
 #
 #   devkit/kind/engine.sh up     install podman, netavark and aardvark-dns (pinned) if missing, save the host's state,

@@ -8,7 +8,7 @@
 #             ctr, containerd-shim-runc-v2, runc and the CNI plugins of devkit/cluster/build.sh; kind's ENV,
 #             STOPSIGNAL and ENTRYPOINT: localhost/topology-kind-base:<key>.
 #   3. node:  the base + kubeadm (devkit/kind/build.sh), kubelet and kubectl in /usr/bin, /kind/version, and the
-#             control-plane, etcd and pause images (topology_devkit.kindnode) in /kind/images, imported at boot
+#             control-plane, etcd and pause images (node_images.py) in /kind/images, imported at boot
 #             by topology-preload.service: localhost/topology-kind-node:v<kubernetes>-<key>.
 #   4. podman load of the node image into the lane's engine (skipped when it has that tag already).
 #
@@ -99,7 +99,7 @@ if ! "${BUILDAH[@]}" inspect --type image "$BASE" >/dev/null 2>&1; then
   grep -q 'restrict_oom_score_adj = true' "$tmpcfg" && grep -q topology-kind/pause "$tmpcfg" \
     || die "kind's containerd config changed: the sandbox_image and restrict_oom_score_adj lines are not there"
   "${BUILDAH[@]}" copy --chmod 0644 "$c" "$tmpcfg" /etc/containerd/config.toml
-  PYTHONPATH="$REPO/devkit" "$PYTHON" -m topology_devkit.kindnode cri-base --ctr "$CLUSTER_BIN/ctr" > "$tmpcfg"
+  PYTHONPATH="$REPO/devkit" "$PYTHON" "$here/node_images.py" cri-base --ctr "$CLUSTER_BIN/ctr" > "$tmpcfg"
   "${BUILDAH[@]}" copy --chmod 0644 "$c" "$tmpcfg" /etc/containerd/cri-base.json
   rm -f "$tmpcfg"
   for b in containerd ctr containerd-shim-runc-v2; do "${BUILDAH[@]}" copy --chmod 0755 "$c" "$CLUSTER_BIN/$b" /usr/local/bin/; done
@@ -124,7 +124,7 @@ fi
 
 # --- 3. the node image -------------------------------------------------------------------------------------
 node_key=$(printf '%s\n' "$base_key" "$(sed -n '/^# --- 3/,/^# --- 4/p' "$0")" \
-  "$(cat "$REPO/devkit/topology_devkit/kindnode.py" "$REPO/devkit/topology_devkit/realcluster/pause.c")" \
+  "$(cat "$here/node_images.py" "$REPO/devkit/topology_devkit/realcluster/pause.c")" \
   | sha256sum | cut -c1-12)
 NODE=localhost/topology-kind-node:v$KUBERNETES_VERSION-$node_key
 node_tar="$work/node-$node_key.docker.tar"
@@ -133,7 +133,7 @@ if [ ! -f "$node_tar" ]; then
   t=$SECONDS
   images=$(mktemp -d)
   pause=$(PYTHONPATH="$REPO/devkit" "$PYTHON" -c 'import sys; from pathlib import Path; from topology_devkit.realcluster.images import compile_pause, default_cache; print(compile_pause(default_cache()))')
-  PYTHONPATH="$REPO/devkit" "$PYTHON" -m topology_devkit.kindnode images --bin "$CLUSTER_BIN" --pause "$pause" \
+  PYTHONPATH="$REPO/devkit" "$PYTHON" "$here/node_images.py" images --bin "$CLUSTER_BIN" --pause "$pause" \
     --out "$images" --kubernetes "$KUBERNETES_VERSION" --etcd "$ETCD_VERSION" >/dev/null
   for f in "$images"/*.oci.tar; do mv "$f" "${f%.oci.tar}.tar"; done
   c=$("${BUILDAH[@]}" from --pull=never "$BASE")

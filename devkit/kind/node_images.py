@@ -6,10 +6,11 @@ binaries (devkit/cluster/build.sh) with :mod:`topology_devkit.oci`: ``FROM scrat
 ``/usr/local/bin`` (kubeadm's static pods run ``kube-apiserver``, ``etcd``, ... by name, through PATH), and the
 sandbox image from this project's own pause.c. Each is an OCI archive named
 ``localhost/topology-kind/<name>:<tag>``, the repository the kind config gives kubeadm (``imageRepository``), and
-imported into the node's containerd at boot (devkit/kind/node/topology-preload.service).
+imported into the node's containerd at boot (devkit/kind/node/topology-preload.service). node-image.sh runs it,
+with the devkit on PYTHONPATH:
 
-    python -m topology_devkit.kindnode images --bin DIR --out DIR     the control-plane images
-    python -m topology_devkit.kindnode cri-base --ctr CTR > cri-base.json   kind's base runtime spec
+    python devkit/kind/node_images.py images --bin DIR --out DIR     the control-plane images
+    python devkit/kind/node_images.py cri-base --ctr CTR > cri-base.json   kind's base runtime spec
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def cri_base(ctr: Path) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m topology_devkit.kindnode", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python devkit/kind/node_images.py", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     images = sub.add_parser("images", help="write the control-plane and pause images as OCI archives")
     images.add_argument("--bin", type=Path, required=True, help="the real-cluster lane's bin folder")
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(json.dumps(cri_base(args.ctr), indent=1))
     except (OSError, subprocess.CalledProcessError) as exc:
-        print(f"kindnode: {exc}", file=sys.stderr)
+        print(f"node_images: {exc}", file=sys.stderr)
         return 2
     return 0
 

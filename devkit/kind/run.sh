@@ -8,7 +8,7 @@
 #      its own (unshare: the nodes' mounts never reach the host's table): rootful Podman from Debian, kind's other
 #      provider (devkit/kind/engine.sh up, which saves the host's iptables, sysctls and links first; it says why not
 #      Docker)
-#   3. kind create cluster (tests/e2e/kind.yaml: 1 control plane + 2 workers), each node's bridge CNI config and
+#   3. kind create cluster (devkit/kind/kind.yaml: 1 control plane + 2 workers), each node's bridge CNI config and
 #      routes to the others' pod CIDRs (what kindnetd does), every node Ready
 #   4. kind load image-archive: the agent and the workload image
 #   5. helm upgrade --install in fake-topology mode: <cluster>-worker advertises a z16-shaped snapshot,
@@ -92,7 +92,7 @@ NODE_IMAGE=$(PYTHON=$PYTHON devkit/kind/node-image.sh)
 
 stamp "kind create cluster $CLUSTER ($NODE_IMAGE)"
 "$KIND" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
-"$KIND" create cluster --name "$CLUSTER" --config tests/e2e/kind.yaml --image "$NODE_IMAGE" --kubeconfig "$KUBECONFIG" \
+"$KIND" create cluster --name "$CLUSTER" --config devkit/kind/kind.yaml --image "$NODE_IMAGE" --kubeconfig "$KUBECONFIG" \
   --retain
 NODES=$("$KIND" get nodes --name "$CLUSTER" | sort)
 CONTROL_PLANE=$CLUSTER-control-plane

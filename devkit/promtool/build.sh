@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
 # Builds promtool (for `promtool check rules` on the chart's PrometheusRule) from the Go module proxy, pinned by the
-# small Go module devkit/promtool (go.mod + go.sum), into a cache folder outside the work tree keyed by those pins.
+# small Go module beside this script (go.mod + go.sum), into a cache folder outside the work tree keyed by those pins.
 #
-#   tools/build-promtool.sh            build (or reuse) and print promtool's path on the last line
-#   tools/build-promtool.sh --print    print where promtool of the current pins is (built or not), build nothing
+#   devkit/promtool/build.sh            build (or reuse) and print promtool's path on the last line
+#   devkit/promtool/build.sh --print    print where promtool of the current pins is (built or not), build nothing
 #
 # PROMTOOL_CACHE (default ~/.cache/s390x-topology-agent/promtool) holds bin-<key>/promtool. GOMODCACHE and GOCACHE are
 # shared with the real-cluster lane's (~/.cache/s390x-topology-agent/cluster/{gomod,gocache}), which already holds
 # many of the same modules. Needs Go 1.26.7 or newer (GOTOOLCHAIN=local: nothing else is downloaded).
 set -euo pipefail
-here=$(cd "$(dirname "$0")/.." && pwd)
-mod="$here/devkit/promtool"
+mod=$(cd "$(dirname "$0")" && pwd)
 base=${XDG_CACHE_HOME:-$HOME/.cache}/s390x-topology-agent
 cache=${PROMTOOL_CACHE:-$base/promtool}
 key=$(cat "$mod/go.mod" "$mod/go.sum" "$mod/tools.go" "$0" | sha256sum | cut -c1-16)

@@ -1,4 +1,4 @@
-// Pins github.com/prometheus/prometheus for `promtool check rules` (tools/build-promtool.sh).
+// Pins github.com/prometheus/prometheus for `promtool check rules` (build.sh beside it).
 module s390x-topology-agent/promtool
 
 go 1.26.7

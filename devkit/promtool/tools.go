@@ -1,6 +1,6 @@
 //go:build tools
 
-// The command this module builds (tools/build-promtool.sh); the build tag keeps the file out of every build.
+// The command this module builds (build.sh beside it); the build tag keeps the file out of every build.
 package tools
 
 import (

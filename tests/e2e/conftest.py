@@ -6,7 +6,7 @@ Two lanes provision such a cluster and run the same tests:
   etcd and containerd as processes on this machine (devkit/topology_devkit/realcluster), one node whose fake
   topology maps each book to one real CPU. Node-level steps (a kubelet restart, the node's files, the agent's
   port) run here.
-* **kind** (``make kind-test``, tests/e2e/run.sh): a two-worker kind cluster; node-level steps go through
+* **kind** (``make kind-test``, devkit/kind/run.sh): a two-worker kind cluster; node-level steps go through
   ``docker exec``.
 
 Any other cluster with the chart installed works too (``TOPOLOGY_E2E_LANE=remote``): the node-level tests skip.

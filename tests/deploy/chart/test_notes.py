@@ -5,7 +5,7 @@ an integer cpu request, no cpu limit (a Guaranteed pod is pinned elsewhere by th
 the variables it lists are those of docs/inference/what-a-container-gets.md (OMP_PLACES/OMP_PROC_BIND only with
 agent.openmpEnv). NOTES are rendered only by `helm install`/`upgrade` (``helm template`` leaves them out), so
 they are checked three ways: the template text statically, a `helm install --dry-run=server` against the
-fake API server of tests/test_chart.py, and against a real cluster when TOPOLOGY_E2E_KUBECONFIG names its
+fake API server of tests/deploy/chart/, and against a real cluster when TOPOLOGY_E2E_KUBECONFIG names its
 kubeconfig (skipped otherwise).
 """
 

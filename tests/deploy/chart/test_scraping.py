@@ -50,7 +50,7 @@ def test_allocations_name_no_pod_unless_asked(render: Render) -> None:
 
 
 def agent_policy(docs: list[Doc]) -> Doc:
-    """The agent's NetworkPolicy (the uninstall hook's pod has one of its own, tests/test_chart_uninstall.py)."""
+    """The agent's NetworkPolicy (the uninstall hook's pod has one of its own, tests/deploy/chart/test_uninstall.py)."""
     (policy,) = [d for d in kinds(docs).get("NetworkPolicy", []) if d["metadata"]["name"] == "t-s390x-topology-agent"]
     return policy
 

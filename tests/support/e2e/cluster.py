@@ -17,7 +17,7 @@ from tests.support.env import REPO
 DEFAULT_CLUSTER = "topology-e2e"
 
 
-HOW = ("run `make e2e` (a real cluster on this machine) or `make kind-test` (tests/e2e/run.sh, needs Docker, kind "
+HOW = ("run `make e2e` (a real cluster on this machine) or `make kind-test` (devkit/kind/run.sh, needs Docker, kind "
        "and kubectl)")
 
 

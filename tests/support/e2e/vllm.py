@@ -4,7 +4,6 @@ tiny model), started and stopped, asked for a completion, and its threads' CPUs 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -13,17 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import yaml
 
 from agent.topology.cpulist import parse_cpulist
 from tests.support.e2e.cluster import E2EEnv
 from tests.support.e2e.kube import apply, kjson, wait_kubectl
-from tests.support.env import REPO
+from topology_devkit.vllm.server import NAMESPACE, PORT
 
-VLLM_IMAGE = os.environ.get("TOPOLOGY_E2E_VLLM_IMAGE", "localhost/topology-e2e-vllm:0.32.0")
-MODEL = "/models/tiny-llama"
-PODS = "topology-e2e-pods"
-PORT = 8000
+PODS = NAMESPACE
 START_TIMEOUT = 480  # image layers first touched, `import vllm` 7-17 s, engine start: 55-75 s seen unloaded
 SECCOMP_VALUES = ("--set", "seccompProfile.install=true")
 BINDING = re.compile(r"local_rank=(\d+), core ids=\[([\d, ]*)\]")
@@ -32,45 +27,6 @@ NUMA = re.compile(r"NUMA binding: Using MEMBIND policy for memory allocation on 
 
 def delete(env: E2EEnv, *what: str) -> None:
     env.kubectl("-n", PODS, "delete", *what, "--wait=true", "--ignore-not-found", timeout=180)
-
-
-def vllm_pod(name: str, node: str, books: int | None, tp: int, cpu: str = "1", claim: str | None = None,
-             prefix: str = "topology") -> dict[str, Any]:
-    """The shipped example for ``books`` books (one book's for None) with the lane's image, model and sizes.
-
-    ``books=None``: no topology resource at all (an unpinned server); ``claim``: the book comes from that
-    ResourceClaim (DRA) instead of ``topology/book``. A /dev/shm of memory (vLLM's workers exchange tensors through
-    it; the runtime's 64 MiB is too small) and a readiness probe on vLLM's /health.
-    """
-    example = "vllm-tp2-two-books.yaml" if books == 2 else "vllm-one-book.yaml"
-    doc: dict[str, Any] = yaml.safe_load((REPO / "deploy" / "examples" / example).read_text())
-    spec = doc["spec"]
-    (container,) = spec["containers"]
-    doc["metadata"] = {"name": name, "namespace": PODS, "labels": {"app": "vllm-e2e"}}
-    spec["nodeSelector"] = {"kubernetes.io/hostname": node}
-    spec["restartPolicy"] = "Never"
-    spec["terminationGracePeriodSeconds"] = 5
-    container["image"] = VLLM_IMAGE
-    container["imagePullPolicy"] = "Never"
-    container["command"] = ["vllm", "serve", MODEL]
-    container["args"] = ["--served-model-name", "tiny", "--max-model-len", "256", "--enforce-eager",
-                         "--host", "0.0.0.0", "--port", str(PORT), "--tensor-parallel-size", str(tp)]
-    container["env"] = [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}]
-    container["ports"] = [{"containerPort": PORT, "name": "http"}]
-    requests: dict[str, Any] = {"cpu": cpu, "memory": "1Gi"}
-    limits: dict[str, Any] = {"memory": f"{3 + 2 * tp}Gi"}
-    if books is not None and claim is None:
-        requests[f"{prefix}/book"] = books
-        limits[f"{prefix}/book"] = books
-    container["resources"] = {"requests": requests, "limits": limits}
-    if claim is not None:
-        spec["resourceClaims"] = [{"name": "book", "resourceClaimName": claim}]
-        container["resources"]["claims"] = [{"name": "book"}]
-    container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
-    spec["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}]
-    container["readinessProbe"] = {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 2,
-                                   "timeoutSeconds": 2, "failureThreshold": 3}
-    return doc
 
 
 def logs(env: E2EEnv, name: str) -> str:

@@ -1,7 +1,7 @@
 """The NRI plugin's wire and handshake against a fake runtime peer: mux frames, ttrpc messages,
 RegisterPlugin -> Configure -> Synchronize (split too), CreateContainer answered with the
 adjustment, unknown methods Unimplemented, a handler's bug answered empty, reconnects after the
-runtime goes away. The real judge is tests/test_nri_containerd.py (containerd 2.4.2)."""
+runtime goes away. The real judge is tests/runtime/test_nri_containerd.py (containerd 2.4.2)."""
 
 from __future__ import annotations
 
