@@ -87,7 +87,7 @@ e2e: $(STAMP) cluster-build
 e2e-vllm: $(STAMP) cluster-build
 	E2E_SUITE=vllm PYTHON=$(CURDIR)/$(BIN)/python devkit/cluster/e2e.sh
 
-## The soak (bench/soak, issue 34) on the same cluster and install as e2e: SOAK_SECONDS (1800) of pod churn and
+## The soak (bench/cluster/soak) on the same cluster and install as e2e: SOAK_SECONDS (1800) of pod churn and
 ## seeded faults (SOAK_SEED replays a schedule), every CPU checked every second; 0 violations or exit 1.
 soak: $(STAMP) cluster-build
 	PYTHON=$(CURDIR)/$(BIN)/python SOAK_SECONDS=$(SOAK_SECONDS) SOAK_SEED=$(SOAK_SEED) SOAK_QUIET_PODS=$(SOAK_QUIET_PODS) \

@@ -5,7 +5,7 @@
 #
 # The root's /dev is a small tmpfs with its own device nodes (mknod, the kernel's numbers), not a bind mount of
 # the host's /dev: a program in the chroot (a package script, pip, a test, under qemu-user) that removes or
-# replaces /dev/null then changes the root's node, never the host's (issue 29; lxc/distrobuilder#296 made the same
+# replaces /dev/null then changes the root's node, never the host's (lxc/distrobuilder#296 made the same
 # change). A mount left by a killed earlier run, the host's /dev bound there included, is undone first.
 
 chroot_mounts() {  # chroot_mounts ROOT

@@ -1,4 +1,4 @@
-"""What N agents cost one real API server and scheduler (issue 33, "a scale figure beyond this machine").
+"""What N agents cost one real API server and scheduler: a scale figure beyond one machine.
 
 One real etcd, kube-apiserver (audit log on) and kube-scheduler of the real-cluster lane (devkit/cluster/build.sh; no
 kubelet, no containerd), and N fake nodes: Node objects with a status (64 CPUs, 110 pods) and no kubelet behind them.

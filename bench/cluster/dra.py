@@ -1,4 +1,4 @@
-"""DRA mode's figures on the real cluster (issue 22; docs/admin/modes/dra.md), on a cluster ``make e2e`` set up and left
+"""DRA mode's figures on the real cluster (docs/admin/modes/dra.md), on a cluster ``make e2e`` set up and left
 running (``KEEP_CLUSTER=1 make e2e``):
 
 * **ResourceSlice publication, 16-book shape**: ``topology-agent serve --mode dra`` on this host (production

@@ -1,4 +1,4 @@
-"""What the agent is worth to an inference user (issue 31, item 4), on a cluster ``make e2e-vllm`` left up
+"""What the agent is worth to an inference user, on a cluster ``make e2e-vllm`` left up
 (``KEEP_CLUSTER=1 make e2e-vllm``: the chart installed as devkit/cluster/e2e.sh does, the vLLM image imported):
 
 A vLLM server pod holding one book (topology_devkit.vllm.server's pod: the lane's tiny model, ``--enforce-eager``)

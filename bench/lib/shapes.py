@@ -1,8 +1,8 @@
 """Shapes the benches generate besides the bundled ones (``topology_devkit.synthetic.SHAPES``).
 
 ``z17-382``: a z17-like LPAR of 382 CPUs: 4 drawers of 4 books (DCMs) with 2 sockets (chips) each, sockets
-of 4 or 7 cores (21 of 7, 11 of 4: 191 cores), SMT-2, 8 core slots per chip (gaps in the core ids), as
-issue 23's independent check measured it.
+of 4 or 7 cores (21 of 7, 11 of 4: 191 cores), SMT-2, 8 core slots per chip (gaps in the core ids): a z17 LPAR
+as one was measured (bench/HISTORY.md, off the happy path).
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ host-root tree (16 books), next to the kubelet emulator in this process.
   the agent has not seen before, in no order seen before). A first-time Allocate comes as kubelet sends
   it: after a GetPreferredAllocation for the same set (untimed, to both sides; kubelet asks whenever it has
   a choice, and the agent plans the set it prefers while answering); the same sets with no preference
-  asked first (kubelet's ``devicesToAllocate`` skips it when it has no choice: bench/HISTORY.md, issue 23) are a
-  target row at 1 client (kubelet admits pods one at a time) and info rows at 4 and 16. The sets are
+  asked first (kubelet's ``devicesToAllocate`` skips it when it has no choice: bench/HISTORY.md, off the happy
+  path) are a target row at 1 client (kubelet admits pods one at a time) and info rows at 4 and 16. The sets are
   the books of one size (13 or 12 cores: balanced, as
   GetPreferredAllocation picks them on this node), 1 to 4 of them: about 300 sets besides the repeated
   ones, so each first-time row gets fresh agent and echo processes of its own in every round (a new

@@ -1,5 +1,5 @@
 """Faults, measured: the agent with production defaults (``bench/lib/production.py``) on the 400-CPU
-``z16-400`` tree, against the kubelet emulator, under the four loads of issue 13.
+``z16-400`` tree, against the kubelet emulator, under five loads a node can put on it.
 
 * **A stderr nobody reads**: ``serve --log-level debug`` (a log line per Allocate) with its stderr a
   pipe the bench never drains, four clients calling Allocate for 60 s (``--quick``: 8 s). The pipe
@@ -13,7 +13,7 @@
 * **60 bursts of kubelet restarts**: three restarts within milliseconds, 60 times; each time from
   the last ``kubelet.sock`` reappearing to the agent registered again with its devices. Target: every
   one < 1 s.
-* **100 mixed pods back to back** (issue 20): ``--levels book,socket``, rounds of 20 pods (6 one-book,
+* **100 mixed pods back to back**: ``--levels book,socket``, rounds of 20 pods (6 one-book,
   14 one-socket, in a seeded order that fits the node's 16 books) admitted through the emulated
   kubelet one right after the other, then all deleted and the node waited free. Kubelet's view of
   the blocked devices lags behind each admission; the agent's preference must not offer what its

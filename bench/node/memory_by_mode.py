@@ -1,4 +1,4 @@
-"""Memory by mode: the running agent's RSS in device-plugin mode and in DRA mode, side by side (issue 32).
+"""Memory by mode: the running agent's RSS in device-plugin mode and in DRA mode, side by side.
 
 DRA mode used to reach the API server through the ``kubernetes`` package (its API models, urllib3, pydantic and
 the rest: about 45 MiB more than device-plugin mode); it now speaks through the agent's own client

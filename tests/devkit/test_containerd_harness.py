@@ -115,6 +115,6 @@ def test_teardown_after_a_crash_leaves_nothing_behind() -> None:
         digest = hashlib.sha256(os.path.join(str(ctd.socket), "k8s.io", ident).encode()).hexdigest()
         assert not (harness.SHIM_SOCKETS / digest).exists()
     assert not ctd.workdir.exists()
-    if not state_before:  # the shims' 0600 /run/containerd used to stay and lock the lane's agent out (issue 29)
+    if not state_before:  # a 0600 /run/containerd left behind would lock the real-cluster lane's agent out
         assert not harness.SHIM_SOCKETS.parent.exists(), "the harness removes the shim folders it made"
     ctd.close()  # twice is fine

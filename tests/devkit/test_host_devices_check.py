@@ -1,6 +1,6 @@
 """tools/check-host-devices.sh, which .ci/run calls after every stage: it fails naming the stage when a device
-node is no longer the kernel's character device, and puts the node back (issue 29). Run on a folder of our own
-(HOST_DEV), never on the host's /dev."""
+node is no longer the kernel's character device, and puts the node back (a later buildah step needs /dev/null to be
+the kernel's). Run on a folder of our own (HOST_DEV), never on the host's /dev."""
 
 from __future__ import annotations
 

@@ -733,8 +733,8 @@ def test_after_a_restart_pod_resources_shows_no_pod_until_the_pods_are_synced(
 def test_a_pod_deleted_before_the_pods_are_synced_keeps_its_devices_until_then(
         kubelet: KubeletEmulator, plugins: list[FakePlugin]) -> None:
     # kubelet frees no device while its pod sources are not ready (devicemanager/manager.go UpdateAllocatedDevices:
-    # `if !m.sourcesReady.AllReady() { return }`): the real kubelet 1.37.2 refused a pod admitted right then with
-    # UnexpectedAdmissionError "requested number of devices unavailable" (the real-cluster lane's first run).
+    # `if !m.sourcesReady.AllReady() { return }`): the real kubelet 1.37.2 refuses a pod admitted right then with
+    # UnexpectedAdmissionError "requested number of devices unavailable".
     plugin = start_plugin(kubelet, plugins)
     kubelet.admit_pod("default", "p", [Container("c", {BOOK: 2})])
     kubelet.pods_resync = 30.0

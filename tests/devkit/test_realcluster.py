@@ -130,7 +130,8 @@ def test_crash_sigkills_a_component_that_ignores_sigterm_and_keeps_its_pid_file(
 
 
 def test_cluster_down_removes_the_drivers_cdi_specs_and_keeps_others(tmp_path: Path) -> None:
-    """Issue 34: seed 34 found a CDI spec of a claim whose pod still ran at cluster-down left in /var/run/cdi."""
+    """cluster-down removes the driver's CDI specs: a pod still running at cluster-down is never unprepared, so its
+    claim's spec would outlive the cluster; other drivers' specs stay."""
     cdi = tmp_path / "cdi"
     cdi.mkdir()
     ours = ["topology.s390x.ibm.com-book_0d1c.json", "topology.s390x.ibm.com-socket_77aa.json"]

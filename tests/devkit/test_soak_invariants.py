@@ -185,8 +185,8 @@ def test_every_kind_is_tested() -> None:
 
 
 def test_a_fault_under_way_suspends_judgement_until_it_ends() -> None:
-    """Seed 34's first run: a CPU went offline and its holder was judged before the fault was over (the runner told
-    the checker of a fault only at its end)."""
+    """While a fault is under way (a CPU offline) its holder may sit outside its group: it is judged only a while
+    after the fault ended, so the runner tells the checker of a fault when it starts, not only when it ends."""
     checker = Checker()
     i = checker.fault_started("cpu-offline", T0 + 90, cpu=0)
     moved = clean(t=T0 + 100, containers=(Container("uid-a", "a", "main", T0, box({0, 1})),))
@@ -244,11 +244,10 @@ def test_truth_reads_kubelets_checkpoint_cdi_names_and_the_agents_state(tmp_path
 
 
 def test_a_claim_is_held_by_the_containers_that_use_it_not_by_the_whole_pod() -> None:
-    """The 30-minute soak's seed 713 (2026-12-03): in DRA mode an init container asked for `topology/book` (the
-    scheduler's claim for the extended resource) and ended; pod-resources then lists nobody for the claim, and the
-    checker, which read its reservation as the whole pod's, judged the pod's plain main container a holder outside
-    its book (`holder-outside-group`, `shared-held-cpu`). kubelet hands a claim's devices only to the containers
-    that use it: the request mappings of the extended-resource claim, or `resources.claims`."""
+    """kubelet hands a claim's devices only to the containers that use it: the request mappings of the
+    extended-resource claim, or `resources.claims`. In DRA mode an init container that asked for `topology/book`
+    (the scheduler's claim for the extended resource) and ended leaves pod-resources listing nobody for the claim:
+    the pod's plain main container is no holder, so neither `holder-outside-group` nor `shared-held-cpu`."""
     from kubernetes.client import CoreV1ResourceClaim as V1ResourceClaim
     from kubernetes.client import (
         V1Container,

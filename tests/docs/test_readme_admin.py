@@ -1,4 +1,4 @@
-"""What the docs tell an admin match what the agent and the chart do (issue 24; docs/admin/, docs/contributing/)."""
+"""What the docs tell an admin match what the agent and the chart do (docs/admin/, docs/contributing/)."""
 
 from __future__ import annotations
 

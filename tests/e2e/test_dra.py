@@ -1,4 +1,4 @@
-"""DRA mode on the real cluster (issue 22 "Shown by"): the release switched to ``mode: dra`` and back.
+"""DRA mode on the real cluster: the release switched to ``mode: dra`` and back.
 
 Off by default, so the e2e run (``make e2e``) is untouched; on the local lane (a real single-node cluster on this
 machine, docs/contributing/lanes/real-cluster.md) with the chart installed and the image built from this tree::
@@ -230,8 +230,8 @@ def test_extended_resource_pod_served_through_dra(dra: E2EEnv, node: str) -> Non
 
 # --- device health in the pod's status (DRAResourceHealth) -------------------------------------------
 # In this module so that it shares its DRA-mode release (one helm upgrade each way, not two).
-# DRA device health in the pod's status on the real cluster (issue 22: health "reported through DRAResourceHealth
-# where the kubelet supports it"; KEP-4680, ``ResourceHealthStatus`` beta and on by default since 1.36 in the kubelet
+# DRA device health in the pod's status on the real cluster, reported through DRAResourceHealth where the kubelet
+# supports it (KEP-4680, ``ResourceHealthStatus`` beta and on by default since 1.36 in the kubelet
 # and the API server, so the lane sets no gate).
 #
 # A pod holds a book through a ResourceClaim; the book is made unhealthy by taking its CPU offline in the fake
@@ -314,7 +314,7 @@ def test_a_book_gone_unhealthy_shows_in_its_pods_status(dra: E2EEnv, node: str) 
     delete(dra, "pod/health-pod", "resourceclaim/health-book")
 
 
-# --- issue 30: holds across an agent restart, admin access ---------------------------------------------
+# --- holds across an agent restart, admin access -------------------------------------------------------
 def published(env: E2EEnv, node: str) -> dict[str, dict[str, Any]]:
     return {d["name"]: d for s in slices(env, node) for d in s["spec"].get("devices", [])}
 

@@ -1,4 +1,4 @@
-"""DRA mode with NRI on the real cluster (issue 22 "CPU sets under DRA"): a container that uses a ResourceClaim of
+"""DRA mode with NRI on the real cluster: a container that uses a ResourceClaim of
 this driver is created on its book's CPUs by the agent's NRI plugin (the CDI device's ``TOPOLOGY_DRA_CLAIM`` names
 the prepared claim request), so the first line it prints is the book; with the shared pool every other pod stays
 off the book from its first line; a variable a pod writes into its own spec is not believed.

@@ -1,4 +1,4 @@
-"""DRA mode on the real cluster with a fake topology of books of different sizes (issue 22 "Shown by"):
+"""DRA mode on the real cluster with a fake topology of books of different sizes:
 
 * a CEL claim for a book with at least N cores (the shipped ``deploy/examples/dra/one-book-min-cores.yaml``, N = 10)
   skips the small book of the vLLM PR #40714 machine (books of 12, 12 and 1 cores), and an N no book has keeps the

@@ -1,5 +1,5 @@
 """DRA mode on the real cluster: ``helm uninstall`` removes the node's ResourceSlices of our driver and the
-DeviceClasses (issue 22 "Publication ... the slices are removed on uninstall"); the release is installed again after,
+DeviceClasses; the release is installed again after,
 as ``make e2e`` installed it, so the modules after this one find it.
 
 Run with ``make e2e`` (TOPOLOGY_E2E_DRA=1), or as tests/e2e/test_dra.py says.

@@ -1,4 +1,4 @@
-"""Book/socket exclusivity under the real kubelet's timing (issue 20), with ``--levels book,socket``: a book pod
+"""Book/socket exclusivity under the real kubelet's timing, with ``--levels book,socket``: a book pod
 followed at once by a socket pod, a kubelet restart while a book is held, and a book held by a plain init
 container. On this lane's node every book has one socket of one CPU, so a held book blocks exactly one socket.
 

@@ -1,4 +1,4 @@
-"""Switching modes with pods running (issue 30): ``helm upgrade --set mode=dra`` and back, on the real cluster.
+"""Switching modes with pods running: ``helm upgrade --set mode=dra`` and back, on the real cluster.
 
 One pod asking ``topology/book: 1`` runs through both upgrades. The moment each upgrade returns a new pod asks for a
 book: it must never fail admission (docs/admin/upgrade-uninstall.md, "Switching modes": the last device-plugin agent

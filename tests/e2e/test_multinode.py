@@ -1,4 +1,4 @@
-"""What only several nodes show, on a real API server and scheduler (issue 33): the kind lane's two workers
+"""What only several nodes show, on a real API server and scheduler: the kind lane's two workers
 (``make kind-test``), a z16-shaped one (8 books of 4-6 cores) and a z13-shaped one (1 book of 8 cores).
 
 * the scheduler places a book pod on the node that has a free book, overflows to the other one when a node's books

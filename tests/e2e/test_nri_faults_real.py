@@ -1,11 +1,11 @@
-"""Issue 30 on the real cluster with ``cpusetEnforcement: nri`` and ``sharedPool: true`` (the lane's containerd
-2.4.2, real kubelet, two one-CPU books): what the real runtime and kubelet do when
+"""The NRI enforcement under faults on the real cluster, with ``cpusetEnforcement: nri`` and ``sharedPool: true``
+(the lane's containerd 2.4.2, real kubelet, two one-CPU books): what the real runtime and kubelet do when
 
 * the agent restarts with pod-resources off (``agent.podResourcesInterval=0``): its ledger is empty, yet the book a
-  running pod holds stays out of the pool (item 8: every container the planner pins counts as taken);
+  running pod holds stays out of the pool (every container the planner pins counts as taken);
 * a held book's CPU goes offline (the fake topology's ``online`` flag, changed under the running agent): its holder
   is moved to the pool, said (metric, Node event), and its restarted container is created on the pool, never on
-  every CPU (item 6);
+  every CPU;
 * every CPU is held: a plain pod's container is refused (CreateContainerError with the agent's reason) rather than
   created on the held books, and created once a book is freed (also: an empty shared pool).
 
@@ -119,7 +119,7 @@ def every_cpu(env: E2EEnv) -> set[int]:
 
 def test_an_agent_restarted_without_pod_resources_keeps_a_running_holders_book_out_of_the_pool(
         core: Any, pod_namespace: str, nri: E2EEnv, node: str, made: list[str]) -> None:
-    """Item 8: with pod-resources off the restarted agent's ledger holds nothing, but the holder's container still
+    """With pod-resources off the restarted agent's ledger holds nothing, but the holder's container still
     runs pinned (its Allocate annotations): the plain pod is not widened onto its book in the Synchronize reply."""
     nri.helm_upgrade(*NRI_VALUES, "--set", "agent.podResourcesInterval=0")
     try:
@@ -146,9 +146,9 @@ def test_an_agent_restarted_without_pod_resources_keeps_a_running_holders_book_o
 
 def test_a_holder_whose_book_goes_offline_runs_on_the_pool_and_its_restart_too(
         core: Any, pod_namespace: str, nri: E2EEnv, node: str, made: list[str]) -> None:
-    """Item 6: the book's CPU goes offline under the running agent; the holder is moved to the pool at once (the
-    book is still allocated: no device state changes), said in a metric and a Node event; its restarted container is
-    created on the pool, not on every CPU (before: no cpuset at all, so every CPU, other pods' books included)."""
+    """The book's CPU goes offline under the running agent; the holder is moved to the pool at once (the book is
+    still allocated: no device state changes), said in a metric and a Node event; its restarted container is created
+    on the pool, never on every CPU (no cpuset at all would be every CPU, other pods' books included)."""
     holder = start(core, pod_namespace, nri, node, made, books=1)
     book = set(parse_cpulist(first_line(core, pod_namespace, holder)))
     rest = every_cpu(nri) - book

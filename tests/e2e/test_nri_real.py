@@ -1,4 +1,4 @@
-"""Pinning at creation through NRI on the real cluster (issue 21): the release upgraded to
+"""Pinning at creation through NRI on the real cluster: the release upgraded to
 ``cpusetEnforcement: nri`` with ``sharedPool: true``, the lane's containerd 2.4.2 (NRI on by default) creates each
 container with its cpuset already set, so the very first line a container prints is its final cpuset.
 

@@ -1,4 +1,4 @@
-"""vLLM itself as the judge (issue 31): a real vLLM CPU server in a pod on the real cluster, bound by what the agent
+"""vLLM itself as the judge: a real vLLM CPU server in a pod on the real cluster, bound by what the agent
 gives it.
 
 ``make e2e-vllm`` (devkit/cluster/e2e.sh with E2E_SUITE=vllm) imports the lane's vLLM image

@@ -1,4 +1,4 @@
-"""vLLM as the judge of every mode the chart offers (issue 31): the one-book server of tests/e2e/test_vllm.py with
+"""vLLM as the judge of every mode the chart offers: the one-book server of tests/e2e/test_vllm.py with
 NRI enforcement (the container created on its book), through DRA (a ResourceClaim for a book), and a vLLM server
 with no topology resource at all, which runs unpinned in the agent's shared pool and never on a held book.
 

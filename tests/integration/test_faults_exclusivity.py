@@ -1,7 +1,7 @@
 """Faults that broke book/socket exclusivity, against the real ``serve`` process.
 
-Without pod-resources, what the agent handed out must never be forgotten (it used to be after
-60 s), not even across an agent restart, and the agent must say that exclusivity is unconfirmed
+Without pod-resources, what the agent handed out must never be forgotten (not after a minute either),
+not even across an agent restart, and the agent must say that exclusivity is unconfirmed
 (in /readyz's body, a metric and the node annotation: not with a 503, which would stall rollouts);
 a refused Allocate must hold nothing.
 """

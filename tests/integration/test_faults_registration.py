@@ -64,6 +64,6 @@ def test_every_re_registration_after_a_burst_of_kubelet_restarts_is_prompt() -> 
                        lambda b=before: all(k.registrations(r) > b[r] and k.allocatable(r) > 0  # type: ignore[misc]
                                             for r in (BOOK, SOCKET)), 15)
             slowest = max(slowest, time.monotonic() - back)
-        # A Register left to a kubelet that restarted meanwhile used to hang for its 10 s timeout.
+        # A Register left to a kubelet that restarted meanwhile must not wait out its 10 s timeout.
         assert slowest < 3.0, f"slowest re-registration took {slowest:.2f}s"
         assert agent.proc.poll() is None

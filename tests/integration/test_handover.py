@@ -1,4 +1,4 @@
-"""Switching modes without a failed pod (issue 30, item 7): the last device-plugin agent on a node takes its
+"""Switching modes without a failed pod: the last device-plugin agent on a node takes its
 resources' allocatable to zero while it still serves, and a DRA agent is Ready only once the Node offers its names
 through DRA alone (agent/policy/handover.py, agent/node/handover.py, agent/app/handover.py).
 

@@ -1,4 +1,4 @@
-"""A book to itself in every mode (issue 30): holds of either mode count in both, from the first ListAndWatch or the
+"""A book to itself in every mode: holds of either mode count in both, from the first ListAndWatch or the
 first slice publication on; a restarted DRA agent keeps the groups its claims hold; admin-access claims hold and pin
 nothing; a prepare is a hold at once, whatever enforces the cpusets.
 
@@ -384,7 +384,7 @@ def test_a_claim_whose_pod_went_in_device_plugin_mode_is_forgotten_and_held_no_m
         kubelet.remove_claim_pod("ns", "llm")
         kubelet.wait_for(lambda: not kubelet.unhealthy_devices(BOOK), what="the book free again")
         wait_until("the claim forgotten in the checkpoint", lambda: read_checkpoint(checkpoint) == {}, 10, every=0.02)
-        # its CDI file goes with it (issue 34), right after the checkpoint is written
+        # its CDI file goes with it, right after the checkpoint is written
         wait_until("the claim's CDI file removed", lambda: list((kubelet.root / "cdi").glob("*_u-1.json")) == [], 10,
                    every=0.02)
     kubelet.pods_resync = 30.0  # the restarted kubelet's List stays empty: an agent now releases nothing

@@ -1,4 +1,4 @@
-"""Bad input at start is one line and exit 2, never a traceback; stopping is always prompt (issue 24)."""
+"""Bad input at start is one line and exit 2, never a traceback; stopping is always prompt."""
 
 from __future__ import annotations
 

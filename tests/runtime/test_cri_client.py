@@ -222,8 +222,9 @@ def test_a_missing_socket_is_a_one_line_error(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
 def test_an_unreachable_socket_folder_is_a_one_line_error(tmp_path: Path) -> None:
-    """The real-cluster lane's first run: containerd made its socket's folder 0600 and the agent, uid 0 with every
-    capability dropped (the chart's securityContext), got a PermissionError traceback every enforcement step."""
+    """A socket folder the agent cannot enter (containerd makes its socket's folder 0600; the agent runs as uid 0
+    with every capability dropped, the chart's securityContext) is a one-line error with its code, never a
+    PermissionError traceback at every enforcement step."""
     folder = tmp_path / "run-containerd"
     folder.mkdir(mode=0o600)
     script = ("import sys; from pathlib import Path; from agent.cri.client import CriClient; "

@@ -156,7 +156,7 @@ def test_auto_is_nri_when_the_socket_answers_and_the_shared_pool_holds_from_the_
             assert first_line(ctd2, plain) == other
             # llm's container ends while kubelet still lists the pod (a finished Job, say: its book stays held),
             # then the pod is deleted: kubelet no longer lists it, its book is free, and no runtime event comes.
-            # (While its container ran, the book stayed taken whatever kubelet listed: issue 30 item 8.)
+            # (While its container ran, the book stayed taken whatever kubelet listed.)
             ctd2.stop_container(llm.container_id)
             k.delete_pod("default", "llm")
             both = format_cpulist([a, b])

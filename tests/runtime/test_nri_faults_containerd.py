@@ -1,4 +1,4 @@
-"""The NRI enforcement under faults, judged by a real containerd 2.4.2 (issue 30): updates the runtime fails, another
+"""The NRI enforcement under faults, judged by a real containerd 2.4.2: updates the runtime fails, another
 NRI plugin on the same runtime, a runtime restarted with NRI off and on again, pod annotations passed through to
 containers, an empty shared pool and a holder whose book went offline.
 
@@ -132,7 +132,7 @@ def made(ctd: Containerd) -> Iterator[list[Any]]:
 
 def test_an_update_the_runtime_failed_is_read_back_retried_and_remembered_only_once_confirmed(
         ctd: Containerd, books: list[int], made: list[Any]) -> None:
-    """Item 9 on a real runtime. web's pod cgroup allows only book b, so widening web to the pool fails in the
+    """On a real runtime: web's pod cgroup allows only book b, so widening web to the pool fails in the
     kernel (cgroup v1: a child's cpuset must lie inside its parent's). The Synchronize reply's widen fails silently
     (containerd logs it); the read-back finds web where it was; the unsolicited retries, sent without
     ignore_failure, come back as errors (containerd answers an error, no list of the failed); web is remembered
@@ -295,7 +295,7 @@ def _status_request(container_id: str) -> Any:
 
 def test_a_plain_container_is_refused_on_an_empty_pool_and_an_offline_holder_runs_on_the_pool(
         ctd: Containerd, books: list[int], made: list[Any]) -> None:
-    """Also: an empty shared pool, and item 6. Both books held: a new ordinary container is refused (containerd
+    """An empty shared pool and an offline holder. Both books held: a new ordinary container is refused (containerd
     fails the creation with the agent's reason, the plugin stays), never created on every CPU. Book a offline: its
     holder's new container runs on the CPUs no other pod holds, and is refused when none is left."""
     a, b = books
@@ -325,7 +325,7 @@ def test_a_plain_container_is_refused_on_an_empty_pool_and_an_offline_holder_run
         assert first_line(ctd, web) == str(b)
         # A new holder of book b leaves llm no CPU that no other pod holds. Nothing can take it anywhere that is
         # not another pod's (NRI's adaptation drops a plugin's evictions): it is said, stranded, and its pod is
-        # handed over for eviction through the API server (agent/app/evictions.py; issue 34's soak).
+        # handed over for eviction through the API server (agent/app/evictions.py).
         assert node.evict == []
         late = ctd.run_pod("late", container="c", annotations=node.hold(1), command=FIRST_LINE)
         made.append(late)

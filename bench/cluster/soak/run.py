@@ -1,4 +1,4 @@
-"""``make soak``: pod churn and seeded faults on the real-cluster lane, the truth checked every second (issue 34).
+"""``make soak``: pod churn and seeded faults on the real-cluster lane, the truth checked every second.
 
 Run by ``devkit/cluster/e2e.sh soak`` once the cluster is up and the chart installed (``make soak SOAK_SECONDS=...
 SOAK_SEED=...``). The soak installs its own base (``--levels book,socket``, device-plugin mode, CRI enforcement),

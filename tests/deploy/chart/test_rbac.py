@@ -57,8 +57,8 @@ def test_no_rbac_without_node_labels(render: Render) -> None:
 ], ids=["default", "keep", "cri", "nri", "no-enforcement", "no-api-access"])
 def test_stranded_policy_evict_grants_create_on_pods_eviction_only_where_the_agent_evicts(
         render: Render, args: tuple[str, ...], policy: str | None) -> None:
-    """Issue 34: the agent evicts a stranded holder's pod (strandedPolicy evict) only with cpuset enforcement and
-    API access; the ClusterRole grants pods/eviction exactly then, and the agent is told keep otherwise."""
+    """The agent evicts a stranded holder's pod (strandedPolicy evict) only with cpuset enforcement and API
+    access; the ClusterRole grants pods/eviction exactly then, and the agent is told keep otherwise."""
     docs = render(*args)
     env = env_of(agent_container(docs))
     assert env.get("TOPOLOGY_AGENT_STRANDED_POLICY") == policy

@@ -1,5 +1,5 @@
-"""Chart values from issue 24: agent.levels as a list, agent.uniformGroups, and inputs the chart refuses before
-the agent starts (a fake-topology snapshot that is not JSON, a reservedCpus range that runs backwards)."""
+"""Chart values: agent.levels as a list, agent.uniformGroups, and inputs the chart refuses before the agent
+starts (a fake-topology snapshot that is not JSON, a reservedCpus range that runs backwards)."""
 
 from __future__ import annotations
 

@@ -115,9 +115,8 @@ def settle_after_kubelet_restart(core: Any, node: str, since: float) -> None:
     Until then it is not safe to admit a pod: kubelet's device manager keeps every checkpointed allocation,
     even of pods deleted meanwhile, while its pod sources are not ready (devicemanager/manager.go,
     UpdateAllocatedDevices: ``if !m.sourcesReady.AllReady() { return }``), and answers a new pod with
-    UnexpectedAdmissionError "requested number of devices unavailable". Seen here on the first run of this
-    suite; ready means the node's Ready heartbeat is newer than the restart and pod-resources lists every
-    running pod that holds a device.
+    UnexpectedAdmissionError "requested number of devices unavailable". Ready means the node's Ready heartbeat is
+    newer than the restart and pod-resources lists every running pod that holds a device.
     """
     def settled() -> bool:
         ready = [c for c in core.read_node(node).status.conditions or [] if c.type == "Ready"]

@@ -285,10 +285,10 @@ def test_cdi_file_uid_names_only_this_drivers_claim_files() -> None:
 
 def test_after_a_device_plugin_agent_forgot_a_claim_the_next_dra_agent_removes_its_cdi_files(
         dirs: dict[str, Path]) -> None:
-    """The soak's leaked-cdi-file (issue 34, CI seed 34): a claim prepared in DRA mode; after a switch to device-plugin
-    mode its pod went, and the agent forgot it in the checkpoint (kubelet could not unprepare it: no DRA plugin ran)
-    but left its CDI file; back in DRA mode kubelet's DRA manager unprepares a claim the checkpoint no longer knows.
-    The file must go; other claims' and other drivers' files stay."""
+    """A claim prepared in DRA mode; after a switch to device-plugin mode its pod went, and the agent forgot it in the
+    checkpoint (kubelet could not unprepare it: no DRA plugin ran) but left its CDI file; back in DRA mode kubelet's
+    DRA manager unprepares a claim the checkpoint no longer knows. The file must go; other claims' and other
+    drivers' files stay."""
     claims = Claims()
     claims.items[("ns", "gone")] = claim("u-gone", ("book", "drawer0-book1"), name="gone")
     claims.items[("ns", "kept")] = claim("u-kept", ("book", "drawer0-book0"), name="kept")

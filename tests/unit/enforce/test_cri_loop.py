@@ -98,7 +98,7 @@ def test_a_container_the_runtime_refuses_costs_that_container_only(caplog: pytes
 
 
 def test_the_cri_loop_confines_a_holder_whose_book_is_offline_and_says_so_once() -> None:
-    """Item 6 in CRI mode: its groups' CPUs all offline, the holder goes to the CPUs no other holder has (without
+    """In CRI mode a holder whose groups' CPUs are all offline goes to the CPUs no other holder has (without
     --shared-pool too), counted, and said once as a Node event."""
     settings = GroupingSettings(levels=("book",))
     grouping = group_topology(load_embedded("z16-lpar"), settings)

@@ -1,4 +1,4 @@
-"""Issue 34: a stranded holder's pod is evicted through the API server (agent/app/evictions.py), never blocking the
+"""A stranded holder's pod is evicted through the API server (agent/app/evictions.py), never blocking the
 caller; once per pod; a PodDisruptionBudget's 429 is retried with backoff; a pod the plan no longer names is not
 asked again. And the loops hand the plan's evictions over (CRI and NRI), or keep the holder (--stranded-policy keep).
 """
@@ -203,11 +203,11 @@ def test_with_stranded_policy_keep_the_holder_is_only_reported() -> None:
     assert "--stranded-policy keep" in notices[0][1] and "evicted" not in notices[0][1]
 
 
-def test_the_soak_under_nri_the_new_book_pod_is_created_and_the_stranded_pod_evicted_without_waiting(
+def test_under_nri_a_new_book_pod_is_created_at_once_and_the_stranded_pod_on_its_cpu_is_evicted(
         evictions: Any) -> None:
-    """Issue 34's soak under NRI: CPU 0 went offline, so llm (book 0) runs on the pool, CPU 1; then a pod is
-    allocated book 1 and created. Its creation answers at once (the API server hangs) and pins it to CPU 1; llm's
-    pod, which no cpuset now keeps off CPU 1, is asked to be evicted."""
+    """Under NRI, CPU 0 went offline, so llm (book 0) runs on the pool, CPU 1; then a pod is allocated book 1 and
+    created. Its creation answers at once (the API server hangs) and pins it to CPU 1; llm's pod, which no cpuset
+    now keeps off CPU 1, is asked to be evicted."""
     from agent.app.nri_enforcement import NriEnforcement
     from agent.plugin.servicer import render as render_wire
     from tests.support.enforcement import DOMAIN, annotated, container, pod, two_books

@@ -291,7 +291,7 @@ def test_build_agent_in_dra_mode_hands_the_nri_plugin_the_prepared_claims(monkey
     assert woken.is_set()
 
 
-# --- issue 30: lost updates, empty pool, offline holders, annotation passthrough ------------------------------
+# --- lost updates, an empty pool, offline holders, annotations passed through ------------------------------
 
 
 def three_books() -> Topology:
@@ -341,7 +341,7 @@ class FakeUnsolicited:
 
 
 def test_a_lost_unsolicited_update_is_planned_again_in_the_next_reply() -> None:
-    """Item 9: an Allocate makes the pool thread move web off the book; the runtime never answers (containerd's
+    """An Allocate makes the pool thread move web off the book; the runtime never answers (containerd's
     updateFromPlugin waits on the lock every event holds). The holder's CreateContainer reply must move web."""
     from agent.nri.ttrpc import CallTimeout
     from topology_devkit.testing.wait import wait_until
@@ -427,7 +427,7 @@ def test_a_new_plain_container_is_refused_while_the_shared_pool_is_empty() -> No
 
 
 def test_a_holder_whose_book_is_offline_is_created_in_the_pool_and_said() -> None:
-    """Item 6: a restarted container of a pod whose book went offline runs on the pool, never on all CPUs."""
+    """A restarted container of a pod whose book went offline runs on the pool, never on all CPUs."""
     enforcement, grouping, notices = setup3(online=frozenset({1, 2}))
     table = enforcement.devices.table(grouping.groups[0].resource)
     table.admit([[grouping.groups[0].id]])
@@ -544,7 +544,7 @@ def test_the_recheck_finds_a_holder_moved_by_someone_else_counts_it_and_sets_it_
 
 
 def test_a_rescan_that_finds_a_held_book_offline_moves_its_running_holder_to_the_pool_at_once() -> None:
-    """Item 6 for a running holder under NRI: its book's CPUs went offline (the device stays allocated, so no device
+    """A running holder under NRI whose book's CPUs went offline (the device stays allocated, so no device
     state changes); the rescan wakes the enforcement, whose unsolicited update moves it to the CPUs no one holds."""
     import dataclasses
     import shutil

@@ -103,7 +103,7 @@ def _expand(part: str) -> range:
     return range(int(lo), int(hi or lo) + 1)
 
 
-# --- issue 30 -----------------------------------------------------------------------------------------------
+# --- claims, an empty pool, offline and stranded holders ---------------------------------------------------
 
 BOTH = group_topology(load_embedded("z16-lpar"), GroupingSettings(levels=("book", "socket")))
 BOTH_GROUPS = {(g.resource, g.id): g for g in BOTH.groups}
@@ -111,7 +111,7 @@ SOCKET_OF_BOOK1 = ("topology/socket", "drawer0-book1-socket0")
 
 
 def test_a_running_holder_the_ledger_lost_still_counts_as_taken() -> None:
-    """Item 8: the ledger lacks llm's book (a kubelet restart with the API server away, an agent restart without
+    """The ledger lacks llm's book (a kubelet restart with the API server away, an agent restart without
     pod-resources), but llm runs pinned by its annotations: nobody else is widened onto its book."""
     llm = container("llm", frozenset(range(12)), mems="0", annotated_groups=("drawer0-book0",),
                     annotated_resource=BOOK)
@@ -134,7 +134,7 @@ def test_a_new_plain_container_is_created_off_a_running_holders_book_the_ledger_
 
 
 def test_a_holder_whose_groups_are_all_offline_is_confined_to_the_pool_and_reported() -> None:
-    """Item 6: nothing of its book is online; it never runs on another holder's CPUs."""
+    """Nothing of its book is online: it never runs on another holder's CPUs."""
     holders = {("ns", "llm", "c"): {BOOK0}, ("ns", "other", "c"): {BOOK1}}
     online = ONLINE - set(range(12))
     llm, other = container("llm"), container("other", frozenset(range(12, 22)), mems="0")
@@ -210,9 +210,9 @@ def _one_cpu_books(cpus: int) -> dict[DeviceKey, Group]:
     return groups
 
 
-def test_the_soaks_stranded_socket_holder_is_evicted_and_the_new_book_holder_is_untouched() -> None:
-    """Issue 34's soak: the holder of socket drawer0-book0-socket0 (CPU 0) was moved to the pool (CPU 1) when CPU 0
-    went offline; then a book pod took drawer0-book1 (CPU 1). No cpuset keeps the socket holder off the book pod's
+def test_a_pool_socket_holder_on_a_new_book_holders_cpu_is_evicted_and_the_book_holder_untouched() -> None:
+    """The holder of socket drawer0-book0-socket0 (CPU 0) was moved to the pool (CPU 1) when CPU 0 went offline;
+    then a book pod took drawer0-book1 (CPU 1). No cpuset keeps the socket holder off the book pod's
     CPU: its pod is to be evicted, and the book pod keeps its CPU."""
     groups = _one_cpu_books(2)
     socket0, book1 = ("topology/socket", "drawer0-book0-socket0"), (BOOK, "drawer0-book1")

@@ -197,7 +197,7 @@ def test_tied_topology_orders_give_the_exhaustive_answers() -> None:
 
 
 @pytest.mark.parametrize("size", [4, 6, 8])
-def test_the_issue_requests_on_z16_400_give_the_exhaustive_answers(size: int) -> None:
+def test_requests_of_4_6_and_8_books_on_z16_400_give_the_exhaustive_answers(size: int) -> None:
     books = group_topology(build_topology(SHAPES["z16-400"])).by_id("topology/book")
     assert len(books) == 16
     assert preferred_allocation(books, list(books), [], size) == exhaustive(books, list(books), [], size)

@@ -49,7 +49,7 @@ def test_explain_ends_with_the_causes() -> None:
 
 
 def test_explain_says_where_a_holder_of_offline_cpus_runs() -> None:
-    """Item 6: a CPU left out because it is offline comes with what happens to a pod that still holds its group."""
+    """A CPU left out because it is offline comes with what happens to a pod that still holds its group."""
     import dataclasses
 
     from agent.observe.report import explain
