@@ -37,6 +37,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from topology_devkit.testing.wait import wait_until
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "devkit"))
 
@@ -59,16 +61,6 @@ def kubectl(bins: Path, kubeconfig: Path, *args: str, doc: Any = None, timeout: 
     if done.returncode != 0:
         raise ScaleError(f"kubectl {' '.join(args[:3])}: {done.stderr.strip()[-400:]}")
     return done.stdout
-
-
-def wait(what: str, check: Any, timeout: float, every: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(every)
-    raise ScaleError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def audit_counts(log: Path, since: float, until: float) -> Counter[str]:
@@ -233,7 +225,7 @@ class Bench:
             pods = json.loads(self.k("get", "pods", "-n", "default", "-o", "json"))["items"]
             return sum(1 for p in pods if p["spec"].get("nodeName")) >= count
 
-        wait(f"{count} pods bound", bound, timeout=600, every=0.25)
+        wait_until(f"{count} pods bound", bound, 600, every=0.25, error=ScaleError)
         placed = time.monotonic() - t0
         claims = json.loads(self.k("get", "resourceclaims", "-n", "default", "-o", "json"))["items"]
         allocated = sum(1 for c in claims if (c.get("status") or {}).get("allocation"))
@@ -242,16 +234,16 @@ class Bench:
         # no kubelet runs the pods: force them away, then the claims (their reservations cleared by the controller)
         self.k("delete", "pods", "--all", "-n", "default", "--grace-period=0", "--force", "--wait=false", timeout=600)
         self.k("delete", "resourceclaims", "--all", "-n", "default", "--wait=false", timeout=600)
-        wait("the claims gone", lambda: not json.loads(self.k("get", "resourceclaims,pods", "-n", "default", "-o",
-                                                              "json"))["items"], timeout=300, every=1.0)
+        wait_until("the claims gone", lambda: not json.loads(self.k("get", "resourceclaims,pods", "-n", "default", "-o",
+                                                                    "json"))["items"], 300, every=1.0, error=ScaleError)
         return {"count": count, "create_s": created, "placed_s": placed, "allocated": allocated,
                 "nodes_used": spread}
 
     def step(self, first: int, last: int) -> dict[str, Any]:
         t_start = time.time()
         new = [self.start_agent(i) for i in range(first, last)]
-        wait(f"{len(new)} new nodes' pools complete", lambda: set(new) <= set(self.complete_nodes()),
-             timeout=120 + 6 * len(new), every=1.0)
+        wait_until(f"{len(new)} new nodes' pools complete", lambda: set(new) <= set(self.complete_nodes()),
+                   120 + 6 * len(new), every=1.0, error=ScaleError)
         up_s = time.time() - t_start
         time.sleep(10.0)
         start_counts = audit_counts(self.layout.log("audit"), t_start, time.time())

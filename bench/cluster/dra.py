@@ -35,7 +35,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -58,6 +58,7 @@ from bench.lib.common import (
     spread,
     stop_process,
 )
+from topology_devkit.testing.wait import wait_until
 
 NAME = "dra"
 CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR") or ROOT / ".cluster")
@@ -143,16 +144,6 @@ def _delete_slices(api: Any, node: str) -> None:
                 raise
 
 
-def _wait(what: str, check: Callable[[], Any], timeout: float, every: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(every)
-    raise BenchError(f"timed out after {timeout:g} s waiting for {what}")
-
-
 def _helm_upgrade(*extra: str) -> None:
     done = subprocess.run([_helm(), "upgrade", RELEASE, str(ROOT / "deploy" / "helm" / "s390x-topology-agent"),
                            "--namespace", RELEASE_NS, "--kubeconfig", str(KUBECONFIG),
@@ -175,12 +166,13 @@ def _dra_release(api: Any, core: Any, node: str) -> Iterator[Any]:
     """The chart's release in mode: dra (production defaults otherwise) for the block; the lane's install after."""
     _helm_upgrade("--set", "mode=dra")
     try:
-        pod = _wait("the agent in DRA mode ready with its slices",
-                    lambda: _agent_pod(core) if _agent_pod(core) is not None and _slices(api, node) else None, 180, 0.5)
+        pod = wait_until("the agent in DRA mode ready with its slices",
+                         lambda: _agent_pod(core) if _agent_pod(core) is not None and _slices(api, node) else None,
+                         180, every=0.5, error=BenchError)
         yield pod
     finally:
         _helm_upgrade()
-        _wait("the agent in device-plugin mode ready", lambda: _agent_pod(core), 180, 0.5)
+        wait_until("the agent in device-plugin mode ready", lambda: _agent_pod(core), 180, every=0.5, error=BenchError)
 
 
 # --------------------------------------------------------------------------- publication on the 16-book shape
@@ -250,23 +242,25 @@ def publication(api: Any, node: str, quick: bool) -> list[Row]:
         for _ in range(runs):
             _write_snapshot(snap, topology)
             _delete_slices(api, node)
-            _wait("the pool empty", lambda: not _slices(api, node), 30)
+            wait_until("the pool empty", lambda: not _slices(api, node), 30, every=0.02, error=BenchError)
             t0 = time.monotonic()
             proc = _host_agent(args, env, work / "agent.log")
             try:
-                got = _wait("the 16-book slices complete", lambda: _complete(api, node, plan), 120)
+                got = wait_until("the 16-book slices complete", lambda: _complete(api, node, plan), 120,
+                                 every=0.02, error=BenchError)
                 starts.append(time.monotonic() - t0)
                 sizes = [len(json.dumps(s, separators=(",", ":"))) for s in got]
                 time.sleep(1.0)  # the agent past its first publication, into its loops
                 _write_snapshot(snap, offline)
                 t0 = time.monotonic()
                 proc.send_signal(signal.SIGHUP)
-                _wait("the offline book's taint published", lambda: _complete(api, node, tainted_plan), 60)
+                wait_until("the offline book's taint published", lambda: _complete(api, node, tainted_plan), 60,
+                           every=0.02, error=BenchError)
                 changes.append(time.monotonic() - t0)
                 _write_snapshot(snap, topology)
                 t0 = time.monotonic()
                 proc.send_signal(signal.SIGHUP)
-                _wait("the taint gone", lambda: _complete(api, node, plan), 60)
+                wait_until("the taint gone", lambda: _complete(api, node, plan), 60, every=0.02, error=BenchError)
                 backs.append(time.monotonic() - t0)
             except BenchError as exc:
                 raise BenchError(f"{exc}; the agent's log: {(work / 'agent.log').read_text()[-1500:]}") from None
@@ -406,11 +400,12 @@ def _one_pod(api: Any, kind: str) -> Sample:
                 time.sleep(0.02)
     finally:
         _raw(api, "DELETE", f"{PODS}/{name}")
-        _wait(f"pod {name} gone", lambda: name not in {p["metadata"]["name"] for p in _raw(api, "GET", PODS)["items"]},
-              90, 0.1)
+        wait_until(f"pod {name} gone",
+                   lambda: name not in {p["metadata"]["name"] for p in _raw(api, "GET", PODS)["items"]}, 90,
+                   every=0.1, error=BenchError)
         if kind == "claim":
             _raw(api, "DELETE", f"{CLAIMS}/{claim}")
-        _wait("the claims gone", lambda: not _raw(api, "GET", CLAIMS)["items"], 90, 0.1)
+        wait_until("the claims gone", lambda: not _raw(api, "GET", CLAIMS)["items"], 90, every=0.1, error=BenchError)
     return Sample(name, marks, wall0, claim)
 
 
@@ -463,8 +458,9 @@ def pod_to_running(api: Any, core: Any, agent_pod: str, quick: bool) -> list[Row
                           "--cpuset-enforcement", "none", "--no-node-labels", "--metrics-port", "0",
                           "--log-format", "text"], {}, Path(tmp) / "dp.log")
         try:
-            _wait(f"the node advertising {DP_PREFIX}/book", lambda: int(
-                (core.read_node(_node(core)).status.allocatable or {}).get(f"{DP_PREFIX}/book", "0")) > 0, 60, 0.2)
+            wait_until(f"the node advertising {DP_PREFIX}/book", lambda: int(
+                (core.read_node(_node(core)).status.allocatable or {}).get(f"{DP_PREFIX}/book", "0")) > 0, 60,
+                every=0.2, error=BenchError)
             kinds = ("deviceplugin", "template", "claim")
             for i in range(rounds):
                 for kind in kinds if i % 2 == 0 else tuple(reversed(kinds)):

@@ -29,6 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.common import INFO, ROOT, Row, at_most, bench_main, median, percentile, skipped, spread
+from topology_devkit.testing.wait import poll_until, wait_until
 
 NAME = "pod_start"
 CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR") or ROOT / ".cluster")
@@ -80,11 +81,7 @@ def _pod(core: Any, name: str, book: bool, command: str) -> None:
 
 def _delete(core: Any, name: str) -> None:
     core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if name not in {p.metadata.name for p in core.list_namespaced_pod(NAMESPACE).items}:
-            return
-        time.sleep(0.1)
+    poll_until(lambda: name not in {p.metadata.name for p in core.list_namespaced_pod(NAMESPACE).items}, 60, every=0.1)
 
 
 def _exec_cpus(kubectl: str, name: str) -> str:
@@ -113,19 +110,17 @@ def _time_to_pinned(core: Any, kubectl: str, book: bool) -> float:
 def _pin_latency(core: Any) -> float:
     name = f"bench-pin-{uuid.uuid4().hex[:6]}"
     _pod(core, name, True, PIN_SCRIPT)
+    def latency() -> tuple[float] | None:  # a tuple: a latency of 0 s is an answer too
+        try:
+            log = core.read_namespaced_pod_log(name, NAMESPACE) or ""
+        except Exception:
+            log = ""
+        samples = [line.split()[1:3] for line in log.splitlines() if line.startswith("T ")]
+        pinned = [float(up) for up, cpus in samples if "-" not in cpus and "," not in cpus]
+        return (pinned[0] - float(samples[0][0]),) if samples and pinned else None
+
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                log = core.read_namespaced_pod_log(name, NAMESPACE) or ""
-            except Exception:
-                log = ""
-            samples = [line.split()[1:3] for line in log.splitlines() if line.startswith("T ")]
-            pinned = [float(up) for up, cpus in samples if "-" not in cpus and "," not in cpus]
-            if samples and pinned:
-                return pinned[0] - float(samples[0][0])
-            time.sleep(0.1)
-        raise RuntimeError(f"{name} never printed its book's cpuset")
+        return wait_until(f"{name} to print its book's cpuset", latency, 60, every=0.1, error=RuntimeError)[0]
     finally:
         _delete(core, name)
 
@@ -142,17 +137,15 @@ def _klog_time(line: str) -> float:
 
 
 def _reregistration(log: Path, start_offset: int) -> float:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def took() -> tuple[float] | None:  # a tuple: 0 s is an answer too
         with log.open(errors="replace") as f:
             f.seek(start_offset)
             lines = f.read().splitlines()
         server = [ln for ln in lines if "Starting device plugin registration server" in ln]
         got = [ln for ln in lines if "Got registration request from device plugin" in ln and BOOK in ln]
-        if server and got:
-            return _klog_time(got[0]) - _klog_time(server[0])
-        time.sleep(0.1)
-    raise RuntimeError("the agent did not register with the restarted kubelet within 30 s")
+        return (_klog_time(got[0]) - _klog_time(server[0]),) if server and got else None
+
+    return wait_until("the agent to register with the restarted kubelet", took, 30, every=0.1, error=RuntimeError)[0]
 
 
 def run(quick: bool) -> list[Row]:

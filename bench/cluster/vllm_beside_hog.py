@@ -38,6 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.common import INFO, ROOT, Row, at_most, median, percentile, skipped
+from topology_devkit.testing.wait import wait_until
 
 NAME = "vllm_beside_hog"
 CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR") or ROOT / ".cluster")
@@ -101,16 +102,6 @@ def helm_upgrade(*values: str) -> None:
     for daemonset in kubectl("-n", AGENT_NAMESPACE, "get", "daemonset", "-o", "name", "-l",
                              f"app.kubernetes.io/instance={RELEASE}").stdout.split():
         kubectl("-n", AGENT_NAMESPACE, "rollout", "status", daemonset, "--timeout=180s", timeout=200)
-
-
-def _wait(what: str, check: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(1)
-    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def _pod_json(name: str) -> dict[str, Any]:
@@ -206,19 +197,20 @@ def measure(mode: str, node: str, requests: int) -> dict[str, Any]:
             doc = _hog(node, hog_cpu)
             _apply(doc)
             made.append(doc["metadata"]["name"])
-            _wait("the hog to run", lambda: _pod_json(made[0]).get("status", {}).get("phase") == "Running", 120)
+            wait_until("the hog to run", lambda: _pod_json(made[0]).get("status", {}).get("phase") == "Running", 120,
+                       every=1, error=RuntimeError)
         server = vllm_pod(f"bench-vllm-{uuid.uuid4().hex[:6]}", node, books=1, tp=1, namespace=NAMESPACE)
         server["metadata"]["labels"] = {"app": "vllm-bench"}
         _apply(server)
         name = server["metadata"]["name"]
         made.append(name)
-        _wait(f"{name} to be Ready", lambda: _ready(name), 600)
+        wait_until(f"{name} to be Ready", lambda: _ready(name), 600, every=1, error=RuntimeError)
         port = _free_port()
         forward = subprocess.Popen([_kubectl(), "--kubeconfig", str(KUBECONFIG), "-n", NAMESPACE, "port-forward",
                                     f"pod/{name}", f"{port}:8000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True)
-        _wait("the port-forward", lambda: forward is not None and forward.stdout is not None
-              and "Forwarding from" in forward.stdout.readline(), 30)
+        wait_until("the port-forward", lambda: forward is not None and forward.stdout is not None
+                   and "Forwarding from" in forward.stdout.readline(), 30, every=1, error=RuntimeError)
         env = dict(line.split("=", 1) for line in kubectl("-n", NAMESPACE, "exec", name, "--", "sh", "-c",
                                                           "tr '\\0' '\\n' < /proc/1/environ").stdout.splitlines()
                    if "=" in line)
@@ -243,8 +235,9 @@ def run(quick: bool, requests: int | None = None) -> list[Row]:
         return [skipped(NAME, "vLLM beside a CPU hog", "-", why)]
     node = json.loads(kubectl("get", "nodes", "-o", "json").stdout)["items"][0]["metadata"]["name"]
     # the e2e suite deletes its namespace when it ends: wait until it is gone before making it again
-    _wait(f"namespace {NAMESPACE} to finish terminating", lambda: kubectl(
-        "get", "namespace", NAMESPACE, "-o", "jsonpath={.status.phase}", check=False).stdout != "Terminating", 300)
+    wait_until(f"namespace {NAMESPACE} to finish terminating", lambda: kubectl(
+        "get", "namespace", NAMESPACE, "-o", "jsonpath={.status.phase}", check=False).stdout != "Terminating", 300,
+        every=1, error=RuntimeError)
     kubectl("create", "namespace", NAMESPACE, check=False)
     count = requests or (20 if quick else 60)
     runs: dict[str, dict[str, Any]] = {}

@@ -7,7 +7,7 @@
   pip's cache or PyPI; when that fails, a ``.pth`` line pointing at the dev venv's site-packages,
   which the image constraints pin to the same versions), the agent as a wheel built from a copy of the
   sources, and everything compiled with ``--invalidation-mode unchecked-hash`` as the Dockerfile does.
-* **Node labels over TLS as in a pod** (:class:`FakeApiServer`): a tiny HTTPS server in the bench
+* **Node labels over TLS as in a pod** (:class:`NodeApiServer`): a tiny HTTPS server in the bench
   process answers GET and merge-PATCH of ``/api/v1/nodes/NAME`` (bearer token checked), and DRA mode's
   ResourceSlice list, create, replace and delete (kept in memory), with a
   self-signed certificate for 127.0.0.1 made by the openssl CLI. The agent runs in a private mount
@@ -33,22 +33,19 @@ import http.client
 import json
 import os
 import shutil
-import ssl
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import threading
-import time
-from collections.abc import Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from bench.lib.common import ROOT, BenchError
 from topology_devkit.agent_process import AgentProcess
 from topology_devkit.kubelet_emulator import KubeletEmulator
+from topology_devkit.testing.apiserver import FakeApiServer, Request
 
 NODE_NAME = "bench-s390x-node"
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -161,123 +158,64 @@ def make_certificate(directory: Path) -> tuple[Path, Path] | str:
     return cert, key
 
 
-@dataclass(frozen=True)
-class ApiRequest:
-    method: str
-    path: str
-    content_type: str
-    authorized: bool
-    at: float  # time.monotonic()
-
-
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
-class FakeApiServer:
-    """GET and JSON merge-PATCH of one Node over HTTPS, with a bearer token, and ResourceSlices (list, create,
-    replace, delete: DRA mode's publication); every request recorded."""
+class NodeApiServer(FakeApiServer):
+    """One Node (GET, and JSON merge-PATCH of its labels and annotations) and ResourceSlices (list, create, replace,
+    delete: DRA mode's publication) over HTTPS behind a bearer token, as an API server answers an agent in a pod;
+    every request recorded (``requests``)."""
 
     def __init__(self, cert: Path, key: Path, node: str = NODE_NAME) -> None:
         self.token = hashlib.sha256(os.urandom(16)).hexdigest()
+        self.node_name = node
         self.node: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": {
             "name": node, "uid": "00000000-0000-4000-8000-000000000001",
             "labels": {"kubernetes.io/arch": "s390x", "kubernetes.io/hostname": node,
                        "kubernetes.io/os": "linux"}, "annotations": {}}}
         self.slices: dict[str, dict[str, Any]] = {}
-        self.requests: list[ApiRequest] = []
-        self._lock = threading.Lock()
-        server = self
+        super().__init__(self.answer, tls=(cert, key), keep_alive=True)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    def answer(self, request: Request) -> tuple[int, Any]:
+        scheme, _, token = (request.headers.get("Authorization") or "").partition(" ")
+        if not (scheme.lower() == "bearer" and token == self.token):  # the scheme: any case
+            return 401, {"kind": "Status", "message": "Unauthorized", "code": 401}
+        if request.path == SLICES or request.path.startswith(SLICES + "/"):
+            return self._slices(request)
+        if request.target != f"/api/v1/nodes/{self.node_name}":
+            return 404, {"kind": "Status", "message": f"{request.target} not found", "code": 404}
+        if request.method == "PATCH":
+            if request.headers.get("Content-Type") != "application/merge-patch+json":
+                return 415, {"kind": "Status", "message": "unsupported patch", "code": 415}
+            patch = request.json()
+            with self.lock:
+                meta = self.node["metadata"]
+                for part in ("labels", "annotations"):
+                    for k, v in (patch.get("metadata", {}).get(part) or {}).items():
+                        if v is None:
+                            meta[part].pop(k, None)
+                        else:
+                            meta[part][k] = v
+        with self.lock:
+            return 200, json.loads(json.dumps(self.node))
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def _answer(self, status: int, body: Mapping[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _handle(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
-                scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
-                authorized = scheme.lower() == "bearer" and token == server.token  # the scheme: any case
-                with server._lock:
-                    server.requests.append(ApiRequest(self.command, self.path, self.headers.get("Content-Type", ""),
-                                                      authorized, time.monotonic()))
-                if not authorized:
-                    self._answer(401, {"kind": "Status", "message": "Unauthorized", "code": 401})
-                    return
-                path = self.path.partition("?")[0]
-                if path == SLICES or path.startswith(SLICES + "/"):
-                    self._slices(path, json.loads(body) if body else None)
-                    return
-                if self.path != f"/api/v1/nodes/{node}":
-                    self._answer(404, {"kind": "Status", "message": f"{self.path} not found", "code": 404})
-                    return
-                if self.command == "PATCH":
-                    if self.headers.get("Content-Type") != "application/merge-patch+json":
-                        self._answer(415, {"kind": "Status", "message": "unsupported patch", "code": 415})
-                        return
-                    patch = json.loads(body)
-                    with server._lock:
-                        meta = server.node["metadata"]
-                        for part in ("labels", "annotations"):
-                            for k, v in (patch.get("metadata", {}).get(part) or {}).items():
-                                if v is None:
-                                    meta[part].pop(k, None)
-                                else:
-                                    meta[part][k] = v
-                with server._lock:
-                    answer = json.loads(json.dumps(server.node))
-                self._answer(200, answer)
-
-            def _slices(self, path: str, body: Any) -> None:
-                name = path[len(SLICES) + 1:]
-                with server._lock:
-                    if self.command == "GET" and not name:
-                        answer = {"kind": "ResourceSliceList", "metadata": {},
-                                  "items": json.loads(json.dumps(list(server.slices.values())))}
-                    elif self.command in ("POST", "PUT") and isinstance(body, dict):
-                        body["metadata"]["resourceVersion"] = str(len(server.requests))
-                        server.slices[body["metadata"]["name"]] = body
-                        answer = body
-                    elif self.command == "DELETE" and server.slices.pop(name, None) is not None:
-                        answer = {"kind": "Status", "status": "Success"}
-                    else:
-                        self._answer(404, {"kind": "Status", "message": f"{path} not found", "code": 404})
-                        return
-                self._answer(201 if self.command == "POST" else 200, answer)
-
-            do_GET = _handle
-            do_PATCH = _handle
-            do_POST = do_PUT = do_DELETE = _handle
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(cert, key)
-        self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
-        self.port = int(self.httpd.server_address[1])
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="fake-apiserver", daemon=True)
-        self._thread.start()
+    def _slices(self, request: Request) -> tuple[int, Any]:
+        name, body = request.path[len(SLICES) + 1:], request.json()
+        with self.lock:
+            if request.method == "GET" and not name:
+                return 200, {"kind": "ResourceSliceList", "metadata": {},
+                             "items": json.loads(json.dumps(list(self.slices.values())))}
+            if request.method in ("POST", "PUT") and isinstance(body, dict):
+                body["metadata"]["resourceVersion"] = str(len(self.requests))
+                self.slices[body["metadata"]["name"]] = body
+                return (201 if request.method == "POST" else 200), body
+            if request.method == "DELETE" and self.slices.pop(name, None) is not None:
+                return 200, {"kind": "Status", "status": "Success"}
+        return 404, {"kind": "Status", "message": f"{request.path} not found", "code": 404}
 
     def labels(self) -> dict[str, str]:
-        with self._lock:
+        with self.lock:
             return dict(self.node["metadata"]["labels"])
-
-    def count(self, method: str | None = None, since: float = 0.0) -> int:
-        with self._lock:
-            return sum(1 for r in self.requests if (method is None or r.method == method) and r.at >= since)
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def refused_port() -> int:
@@ -408,7 +346,7 @@ class Production:
         self.kubelet_files.mkdir(parents=True, exist_ok=True)
         shutil.copy(KUBELET_CONFIG, self.kubelet_files / "config.yaml")
         (self.kubelet_files / "cpu_manager_state").write_text(CPU_MANAGER_STATE)
-        self.api: FakeApiServer | None = None
+        self.api: NodeApiServer | None = None
         self.wrapper: Path | None = None
         self.pin: list[str] = []  # a command prefix for the agent, e.g. ["taskset", "-c", "1"]
         self.labels_note = "node labels off (asked)"
@@ -419,7 +357,7 @@ class Production:
                 self.labels_note = f"NO node labels: {certificate}"
             else:
                 cert, key = certificate
-                self.api = FakeApiServer(cert, key)
+                self.api = NodeApiServer(cert, key)
                 secrets = workdir / "serviceaccount"
                 secrets.mkdir(exist_ok=True)
                 (secrets / "token").write_text(self.api.token)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent.topology.embedded import load_embedded
 from bench.lib.common import INFO, BenchError, Row, at_most, bench_main
-from bench.lib.production import SLICES, FakeApiServer, Prober, Production
+from bench.lib.production import SLICES, NodeApiServer, Prober, Production
 from topology_devkit.kubelet_emulator import KubeletEmulator
 from topology_devkit.sysfs_writer import write_sysfs_tree
 from topology_devkit.testing.wait import wait_until
@@ -41,7 +41,7 @@ QUICK_SETTLE = 10.0
 TARGET_EXTRA_MIB = 5.0  # DRA mode over device-plugin mode
 
 
-def published(api: FakeApiServer | None) -> bool:
+def published(api: NodeApiServer | None) -> bool:
     return api is not None and len(api.slices) > 0
 
 

@@ -58,11 +58,8 @@ def two_sockets(cpus: list[int], directory: Path) -> Path:
 
 def pinned_after(ctd: Containerd, container_id: str, expected: str, created_ns: int, timeout: float = 30.0) -> float:
     pid = ctd.container_pid(container_id)
-    deadline = time.monotonic() + timeout
-    while status_cpus_allowed(pid) != expected:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"container {container_id[:12]} not pinned to {expected} within {timeout:.0f}s")
-        time.sleep(0.005)
+    wait_until(f"container {container_id[:12]} pinned to {expected}", lambda: status_cpus_allowed(pid) == expected,
+               timeout, every=0.005)
     return time.time() - created_ns / 1e9
 
 

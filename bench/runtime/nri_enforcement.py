@@ -22,6 +22,7 @@ import tempfile
 
 from bench.lib.common import INFO, BenchError, Row, at_most, bench_main, median, skipped, spread
 from topology_devkit.agent_process import AgentProcess
+from topology_devkit.testing.wait import wait_until
 
 NAME = "nri_enforcement"
 BOOK = "topology/book"
@@ -40,7 +41,6 @@ def run(quick: bool) -> list[Row]:
     from agent.topology.model import Cpu, Machine, Topology
     from topology_devkit.containerd import Containerd, ContainerdUnavailable, PodContainer
     from topology_devkit.kubelet_emulator import Container, KubeletEmulator
-    from topology_devkit.testing.wait import wait_until
 
     root_dir = Path(__file__).resolve().parents[2]
     folder = Path(subprocess.run([str(root_dir / "devkit/cluster/build.sh"), "--print"], capture_output=True,
@@ -68,16 +68,15 @@ def run(quick: bool) -> list[Row]:
 
         def first_line(pod: PodContainer, timeout: float = 20.0) -> tuple[float, str]:
             log = ctd.workdir / "logs" / pod.pod_uid / pod.container_name / f"{pod.attempt}.log"
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
+
+            def printed() -> tuple[float, str] | None:
                 try:
                     lines = log.read_text().splitlines()
                 except OSError:
-                    lines = []
-                if lines:
-                    return time.perf_counter(), lines[0].split(" ", 3)[3].split(":", 1)[1].strip()
-                time.sleep(0.002)
-            raise BenchError(f"no first line in {log} within {timeout:g} s")
+                    return None
+                return (time.perf_counter(), lines[0].split(" ", 3)[3].split(":", 1)[1].strip()) if lines else None
+
+            return wait_until(f"the first line in {log}", printed, timeout, every=0.002, error=BenchError)
 
         with KubeletEmulator(root) as k:
             on: list[float] = []

@@ -39,6 +39,7 @@ from agent.topology import snapshot as snapshots  # noqa: E402
 from bench.cluster.soak.invariants import KINDS, Allowances, Checker, Violation  # noqa: E402
 from bench.cluster.soak.plan import FaultStep, Plan, PodStep, make_plan  # noqa: E402
 from bench.cluster.soak.truth import CONTAINERD, DRIVER, Config, Truth  # noqa: E402
+from topology_devkit.testing.wait import poll_until, wait_until  # noqa: E402
 
 POD_NS = "topology-soak"
 BOOK, SOCKET = "topology/book", "topology/socket"
@@ -137,15 +138,10 @@ class Soak:
 
     def wait_agent_ready(self, timeout: float = 180.0, restarted_after: int = -1) -> None:
         deadline = time.monotonic() + timeout
-        while not self.agent_ready(restarted_after):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the agent was not ready within {timeout:g} s")
-            time.sleep(0.5)
+        wait_until("the agent ready", lambda: self.agent_ready(restarted_after), timeout, every=0.5, error=RuntimeError)
         if self.config.mode == "dra":
-            while self.truth_slices() == 0:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("no ResourceSlice in DRA mode")
-                time.sleep(0.5)
+            wait_until("a ResourceSlice in DRA mode", lambda: self.truth_slices() > 0,
+                       max(0.0, deadline - time.monotonic()), every=0.5, error=RuntimeError)
 
     def truth_slices(self) -> int:
         items = self.custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
@@ -406,12 +402,8 @@ class Soak:
             self.wait_gone(step.name)
 
     def wait_gone(self, name: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            names = {p.metadata.name for p in self.core.list_namespaced_pod(POD_NS).items}
-            if name not in names:
-                return
-            time.sleep(0.25)
+        poll_until(lambda: name not in {p.metadata.name for p in self.core.list_namespaced_pod(POD_NS).items}, timeout,
+                   every=0.25)
 
     def clean_namespace(self, timeout: float = 120.0) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -420,9 +412,7 @@ class Soak:
             self.core.delete_collection_namespaced_pod(POD_NS, grace_period_seconds=1)
         with contextlib.suppress(ApiException):
             self.custom.delete_collection_namespaced_custom_object("resource.k8s.io", "v1", POD_NS, "resourceclaims")
-        deadline = time.monotonic() + timeout
-        while self.core.list_namespaced_pod(POD_NS).items and time.monotonic() < deadline:
-            time.sleep(1)
+        poll_until(lambda: not self.core.list_namespaced_pod(POD_NS).items, timeout, every=1)
 
     def main(self) -> int:
         from kubernetes import client

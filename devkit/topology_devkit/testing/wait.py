@@ -29,7 +29,7 @@ def _last(value: object) -> str:
     return f"; last: {value!r}"[:600]
 
 
-def wait_until(what: str, check: Callable[[], T], timeout: float, *, every: float = 0.02,
+def wait_until(what: str, check: Callable[[], T | None], timeout: float, *, every: float = 0.02,
                tolerate: tuple[type[BaseException], ...] = (),
                error: Callable[[str], BaseException] = WaitTimeout) -> T:
     """Call ``check`` every ``every`` seconds until it returns something truthy, and return that.
