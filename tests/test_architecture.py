@@ -25,8 +25,9 @@ LAYERS: dict[str, int] = {
     "agent.cri": 4,  # adapter: the container runtime (CRI)
     "agent.nri": 4,  # adapter: the container runtime (NRI plugin)
     "agent.dra": 4,  # adapter: DRA (ResourceSlices, ResourceClaims, the kubelet DRA plugin, CDI)
-    "agent.app": 5,  # wiring and the running agent
-    "agent.cli": 6, "agent.__main__": 7,
+    "agent.enforce": 5,  # the cpuset enforcement engines: the CRI loop, the NRI hooks, auto, evictions
+    "agent.app": 6,  # wiring and the running agent
+    "agent.cli": 7, "agent.__main__": 8,
 }
 CORE = ("agent.topology", "agent.policy")
 

@@ -981,7 +981,7 @@ def test_node_policy_admits_the_agents_own_patch(node_update: Callable[..., list
     """The body NodeLabeler really sends, applied as a merge patch, passes: the policy fits the agent."""
     from types import SimpleNamespace
 
-    from agent.node.kube import NodeLabeler
+    from agent.node.labeler import NodeLabeler
     from agent.node.labels import node_annotations, node_labels
     from agent.policy.grouping import group_topology
     from agent.topology.embedded import load_embedded
@@ -1050,7 +1050,7 @@ def test_node_policy_admits_only_our_allocatable_lowered_to_zero_in_the_status(
         node_update: Callable[..., list[str]]) -> None:
     """A hand-over to the other mode (agent/node/handover.py): the agent's own merge patch of its Node's status, and
     nothing else there."""
-    from agent.policy.handover import zero_patch
+    from agent.policy.allocatable import zero_patch
 
     assert node_update(changed(zero_patch(["topology/book"])), subresource="status") == []
     assert node_update(changed(zero_patch(["topology/book", "topology/socket"])), subresource="status") == []
@@ -1373,7 +1373,7 @@ def test_fake_topology_mode(render: Render) -> None:
     docs = render(*FAKE_ARGS, "--set-json", 'nodeSelector={"kubernetes.io/arch":"s390x","pool":"e2e"}')
     config_map = one(docs, "ConfigMap")
     assert sorted(config_map["data"]) == ["default.json", "worker2.json"]
-    from agent.topology import snapshot
+    from agent.topology import snapshot_format as snapshot
 
     topology = snapshot.loads(config_map["data"]["default.json"])  # a valid snapshot survives templating
     assert topology == snapshot.load(REPO / "agent/data/z16-lpar.json")

@@ -15,9 +15,9 @@ from typing import cast
 import pytest
 from prometheus_client import generate_latest
 
-from agent.app.enforcement import IDLE_INTERVAL, CpusetEnforcement
 from agent.cri.client import ContainerInfo, ContainerStatusInfo, CriClient
 from agent.devices.table import NodeDevices
+from agent.enforce.cri_loop import IDLE_INTERVAL, CpusetEnforcement
 from agent.errors import CriError
 from agent.observe.metrics import AgentMetrics
 from agent.observe.status import AgentStatus, EnforcementStatus
@@ -25,7 +25,7 @@ from agent.plugin.servicer import render
 from agent.policy.allocation import AllocationSettings
 from agent.policy.cpuset import CpusetPlan, Update
 from agent.policy.grouping import GroupingSettings, group_topology
-from agent.topology import snapshot
+from agent.topology import snapshot_format as snapshot
 from agent.topology.cpulist import format_cpulist, parse_cpulist
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Cpu, Machine, Topology

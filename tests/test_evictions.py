@@ -12,10 +12,10 @@ from typing import Any, cast
 
 import pytest
 
-from agent.app.enforcement import CpusetEnforcement
-from agent.app.evictions import Evictions
 from agent.cri.client import ContainerStatusInfo, CriClient
 from agent.devices.table import NodeDevices
+from agent.enforce.cri_loop import CpusetEnforcement
+from agent.enforce.evictions import Evictions
 from agent.errors import KubeApiError, NodeLabelerError
 from agent.node.kubeapi import KubeApi
 from agent.plugin.servicer import render
@@ -213,7 +213,7 @@ def test_the_soak_under_nri_the_new_book_pod_is_created_and_the_stranded_pod_evi
     """Issue 34's soak under NRI: CPU 0 went offline, so llm (book 0) runs on the pool, CPU 1; then a pod is
     allocated book 1 and created. Its creation answers at once (the API server hangs) and pins it to CPU 1; llm's
     pod, which no cpuset now keeps off CPU 1, is asked to be evicted."""
-    from agent.app.nri_enforcement import NriEnforcement
+    from agent.enforce.nri_hooks import NriEnforcement
     from agent.plugin.servicer import render as render_wire
     from tests.test_nri_enforcement import DOMAIN, annotated, container, pod, short_tmpdir_path, two_books
 
@@ -250,7 +250,7 @@ def test_the_composition_root_wires_the_evictions_into_the_enforcement_and_the_m
 
     from agent.app.build import build_agent
     from agent.app.config import AgentConfig
-    from agent.app.nri_enforcement import NriEnforcement
+    from agent.enforce.nri_hooks import NriEnforcement
     from tests.plugin_harness import short_tmpdir
     from tests.test_nri_enforcement import two_books
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from agent.app.handover import hand_over_if_last
+from agent.app.handover_on_stop import hand_over_if_last
 from agent.errors import KubeApiError
-from agent.policy.handover import is_zero, still_allocatable, zero_patch
-from agent.policy.uninstall import handing_over, template_mode
+from agent.policy.allocatable import is_zero, still_allocatable, zero_patch
+from agent.policy.teardown import handing_over, template_mode
 from tests.conftest import BOOK, SOCKET
 from tests.plugin_harness import Node, running_node
 from topology_devkit.kubelet_emulator import Container
@@ -141,11 +141,11 @@ def test_an_uninstall_withdraws_too_and_a_refused_patch_is_said(node: Node, capl
 @contextlib.contextmanager
 def dra_manager_with(monkeypatch: pytest.MonkeyPatch, api: ApiServer) -> Iterator[Any]:
     """build_agent in DRA mode against stand-ins (no API server, no kubelet): its DraManager, serving."""
-    import agent.app.dra as dra
+    import agent.dra.driver as dra
     from agent.app.build import build_agent
     from agent.app.config import AgentConfig
-    from agent.policy.dra import DRIVER
     from agent.policy.grouping import GroupingSettings
+    from agent.policy.resource_slices import DRIVER
     from agent.topology.embedded import load_embedded
     from tests.plugin_harness import short_tmpdir
     from tests.test_dra_publisher import FakeApi

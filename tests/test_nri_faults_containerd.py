@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
-from agent.app.enforcement import CpusetEnforcement, EnforcementCounters
-from agent.app.enforcement_auto import AutoEnforcement
-from agent.app.nri_enforcement import NriEnforcement
 from agent.cri.client import CriClient
 from agent.devices.table import NodeDevices
-from agent.nri.plugin import NriPlugin, UpdatesFailed
+from agent.enforce.auto_switch import AutoEnforcement
+from agent.enforce.cri_loop import CpusetEnforcement, EnforcementCounters
+from agent.enforce.nri_hooks import NriEnforcement
 from agent.nri.probe import socket_answers
+from agent.nri.stub import NriPlugin, UpdatesFailed
 from agent.plugin.servicer import render
 from agent.policy.allocation import AllocationSettings
 from agent.policy.grouping import GroupingSettings, group_topology

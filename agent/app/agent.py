@@ -11,12 +11,11 @@ from collections import Counter
 from collections.abc import Callable
 
 from agent.app.config import AgentConfig
-from agent.app.enforcement import CpusetEnforcement
-from agent.app.enforcement_auto import AutoEnforcement
-from agent.app.evictions import Evictions
-from agent.app.loops import PeriodicLoop, backoff_delay
-from agent.app.nri_enforcement import NriEnforcement
 from agent.devices.table import NodeDevices
+from agent.enforce.auto_switch import AutoEnforcement
+from agent.enforce.cri_loop import CpusetEnforcement
+from agent.enforce.evictions import Evictions
+from agent.enforce.nri_hooks import NriEnforcement
 from agent.errors import PodResourcesError, TopologyReadError
 from agent.node.reporter import NodeReporter
 from agent.observe.http import HttpEndpoint, make_app
@@ -24,6 +23,7 @@ from agent.observe.logs import dropped_records
 from agent.observe.metrics import AgentMetrics
 from agent.observe.report import machine_line
 from agent.observe.status import AgentStatus, EnforcementStatus, ResourceStatus
+from agent.periodic import PeriodicLoop, backoff_delay
 from agent.plugin.manager import PluginManager
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire

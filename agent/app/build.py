@@ -5,7 +5,7 @@ reading the saved file and asking pod-resources, the saved holds and the DRA che
 device table with the machine's health and the holders as known before serving, the plugin manager, the node
 reporter, metrics and the bound HTTP port. Nothing is served or registered here.
 
-Holds of both modes count in either (:mod:`agent.policy.health`): pod-resources' claim rows of the DRA driver are
+Holds of both modes count in either (:mod:`agent.policy.device_states`): pod-resources' claim rows of the DRA driver are
 read in device-plugin mode too, and the claims a DRA agent left prepared (its checkpoint) hold their devices there
 until pod-resources shows or drops them; in DRA mode the saved device-plugin holds are restored as in device-plugin
 mode. So a switch of modes, either way, hands out nothing the other mode holds, from the first ListAndWatch or the
@@ -22,10 +22,6 @@ from typing import cast
 
 from agent.app.agent import Agent, Enforcement, LatestTopology, exclusivity_confirmed
 from agent.app.config import AgentConfig
-from agent.app.enforcement import CpusetEnforcement, EnforcementCounters
-from agent.app.enforcement_auto import AutoEnforcement
-from agent.app.enforcement_mode import choose_enforcement, cri_socket_of
-from agent.app.nri_enforcement import NriEnforcement
 from agent.cri.client import CriClient
 from agent.devices.persist import StateFiles
 from agent.devices.table import NodeDevices
@@ -37,6 +33,10 @@ from agent.dra.prepare import (
     forget_claims,
     read_checkpoint,
 )
+from agent.enforce.auto_switch import AutoEnforcement
+from agent.enforce.cri_loop import CpusetEnforcement, EnforcementCounters
+from agent.enforce.engine_choice import choose_enforcement, cri_socket_of
+from agent.enforce.nri_hooks import NriEnforcement
 from agent.errors import PodResourcesError
 from agent.node.reporter import LabelerFactory, NodeReporter, default_labeler
 from agent.observe.http import HttpEndpoint
@@ -44,10 +44,10 @@ from agent.observe.metrics import AgentMetrics
 from agent.plugin.manager import PluginManager
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire, render
-from agent.policy.dra import DRIVER
+from agent.policy.device_states import shadow_groups
 from agent.policy.grouping import Group, Grouping, group_topology
-from agent.policy.health import shadow_groups
 from agent.policy.ledger import SavedHolds
+from agent.policy.resource_slices import DRIVER
 from agent.topology.model import Topology
 
 log = logging.getLogger("topology-agent")
@@ -181,7 +181,7 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
     metrics.prepare(grouping.resources())
     dra = None
     if config.mode == "dra":  # the second adapter: ResourceSlices and a kubelet DRA plugin (agent/dra)
-        from agent.app.dra import build_dra_manager
+        from agent.dra.driver import build_dra_manager
 
         dra = build_dra_manager(config, topology, grouping, devices, pod_resources)
         # DraManager has the face of PluginManager the agent uses (start, stop, ready, alive, registrations, ...).
@@ -218,7 +218,7 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
     cri_socket = cri_socket_of(config)
     evictions = None
     if config.cpuset_enforcement != "none" and devices.tables and config.stranded_policy == "evict":
-        from agent.app.evictions import Evictions
+        from agent.enforce.evictions import Evictions
         from agent.node.kubeapi import kube_api_from_environment
 
         evictions = Evictions(kube_api_from_environment)  # no API client, no thread, before a pod is to be evicted

@@ -1,14 +1,14 @@
-"""The running agent's part of a hand-over to the other mode (:mod:`agent.node.handover`): before an agent that is
-the last of its mode on its node stops, the scheduler is made to stop sending it pods, while it still serves those
-already on their way.
+"""The running agent's part of a hand-over to the other mode (:mod:`agent.node.resource_withdrawal`): before an
+agent that is the last of its mode on its node stops, the scheduler is made to stop sending it pods, while it still
+serves those already on their way.
 
 It is the last when its DaemonSet is being deleted (``helm uninstall``) or its pod template now runs the other mode
 (``helm upgrade --set mode=...``: the DaemonSet is updated before its pods are replaced, so the stopping agent reads
-the new template; :func:`agent.policy.uninstall.handing_over`). A restart or a rolling update in the same mode hands
+the new template; :func:`agent.policy.teardown.handing_over`). A restart or a rolling update in the same mode hands
 nothing over: the next agent serves the same names from its state files.
 
 * device-plugin mode: its resources' allocatable taken to zero on the Node, then ``drain`` seconds of serving
-  (:func:`agent.node.handover.withdraw_device_plugin`);
+  (:func:`agent.node.resource_withdrawal.withdraw_device_plugin`);
 * DRA mode: its ResourceSlices deleted (no claim is allocated on this node any more for a driver about to go; the
   kubelet would delete them only 30 s after the plugin went), then ``drain`` seconds of serving prepares for the
   claims allocated just before.
@@ -22,9 +22,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from agent.app.agent import Agent
-from agent.node.handover import DRAIN, REQUEST_TIMEOUT, withdraw_device_plugin
 from agent.node.kubeapi import NodeStatusApi
-from agent.policy.uninstall import handing_over
+from agent.node.resource_withdrawal import DRAIN, REQUEST_TIMEOUT, withdraw_device_plugin
+from agent.policy.teardown import handing_over
 
 log = logging.getLogger("topology-agent.handover")
 

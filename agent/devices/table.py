@@ -29,8 +29,7 @@ from agent.policy.allocation import (
     group_part,
     plan_ordered,
 )
-from agent.policy.grouping import Group, Grouping, GroupingSettings
-from agent.policy.health import (
+from agent.policy.device_states import (
     DeviceKey,
     DeviceState,
     Holder,
@@ -40,6 +39,7 @@ from agent.policy.health import (
     machine_health,
     overlap_map,
 )
+from agent.policy.grouping import Group, Grouping, GroupingSettings
 from agent.policy.ledger import AllocationLedger, ListedDevice, SavedHolds, admissible
 from agent.policy.preference import PreferenceIndex, preferred_allocation, spoiled_containers
 from agent.topology.model import Topology
@@ -326,7 +326,8 @@ class NodeDevices(Generic[W]):
         self.refresh()
 
     def elsewhere(self) -> dict[DeviceKey, str]:
-        """The devices held by the other mode (:func:`~agent.policy.health.held_elsewhere`), with who holds them."""
+        """The devices held by the other mode (:func:`~agent.policy.device_states.held_elsewhere`), with who holds
+        them."""
         with self.lock:
             return held_elsewhere(self.ledger.held(), self.mode)
 

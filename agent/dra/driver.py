@@ -5,7 +5,7 @@ The manager serves the kubelet plugin (:mod:`agent.dra.kubelet_plugin`) and keep
 (:mod:`agent.dra.publisher`): at start, when the kubelet takes the registration (a kubelet start wipes the node's
 slices), when a group stops or starts being whole (its device taint), and every ``interval`` seconds a look (one
 List, no write unless something is missing or differs). The same broken groups go to kubelet's health stream
-(:mod:`agent.dra.health`) at once. The discovery, grouping, planning, state and enforcement
+(:mod:`agent.dra.health_service`) at once. The discovery, grouping, planning, state and enforcement
 are the device-plugin mode's own (:func:`build_dra_manager` is handed them by :func:`agent.app.build.build_agent`).
 
 The prepared claims are holds in the node's device table from the prepare on (a prepare is a hold at once, in every
@@ -22,21 +22,21 @@ import time
 from collections.abc import Callable, Mapping
 
 from agent.app.config import AgentConfig
-from agent.app.loops import PeriodicLoop
 from agent.devices.table import NodeDevices
-from agent.dra.health import HealthService
+from agent.dra.health_service import HealthService
 from agent.dra.kubelet_plugin import KubeletPlugin
 from agent.dra.prepare import ClaimPreparer, checkpoint_path
 from agent.dra.publisher import DraApi, SlicePublisher
 from agent.errors import AgentError, NodeLabelerError, StartupError
-from agent.node.handover import ExtendedResourcesClear
 from agent.node.kubeapi import kube_api_from_environment
+from agent.node.resource_withdrawal import ExtendedResourcesClear
+from agent.periodic import PeriodicLoop
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire
-from agent.policy.claims import PreparedRequest
-from agent.policy.dra import DRIVER, PoolPlan, SliceSettings, build_pool
+from agent.policy.container_claims import PreparedRequest
+from agent.policy.device_states import DeviceKey
 from agent.policy.grouping import Grouping
-from agent.policy.health import DeviceKey
+from agent.policy.resource_slices import DRIVER, PoolPlan, SliceSettings, build_pool
 from agent.topology.model import Topology
 
 log = logging.getLogger("topology-agent.dra")

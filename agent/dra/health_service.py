@@ -7,7 +7,7 @@ v1alpha1 whatever the registration says. Both are served here with the same cont
 
 kubelet takes every response as the complete state of the driver's devices and stamps it with its own receive
 time; a device's entry older than its ``health_check_timeout_seconds`` reads as Unknown, so each stream sends the
-full report at its start, at once on every change and again every :data:`~agent.policy.dra_health.RESEND`
+full report at its start, at once on every change and again every :data:`~agent.policy.health_report.RESEND`
 seconds. A stream that ends (ours on stop, an error) is retried by kubelet every 5 s; when it ends kubelet
 forgets our devices' health (Unknown).
 
@@ -33,7 +33,7 @@ from agent._proto.dra_health.v1 import api_pb2 as health_v1
 from agent._proto.dra_health.v1 import api_pb2_grpc as health_v1_grpc
 from agent._proto.dra_health.v1alpha1 import api_pb2 as health_v1alpha1
 from agent._proto.dra_health.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
-from agent.policy.dra_health import HEALTH_TIMEOUT, RESEND, DeviceReport, health_report, unhealthy
+from agent.policy.health_report import HEALTH_TIMEOUT, RESEND, DeviceReport, health_report, unhealthy
 
 log = logging.getLogger("topology-agent.dra")
 

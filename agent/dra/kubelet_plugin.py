@@ -3,12 +3,12 @@
 * ``<registry dir>/<driver>-reg.sock`` (kubelet's plugin watcher scans ``<kubelet root>/plugins_registry``):
   ``GetInfo`` answers type ``DRAPlugin``, the driver name, the endpoint (the DRA socket's path as the kubelet sees
   it) and the gRPC services served, ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin`` (kubelet picks the newest it knows);
-  and, with a :class:`~agent.dra.health.HealthService`, ``v1.DRAResourceHealth`` and ``v1alpha1.DRAResourceHealth``
-  (kubelet 1.37 starts the health stream only for a driver that names it there);
+  and, with a :class:`~agent.dra.health_service.HealthService`, ``v1.DRAResourceHealth`` and
+  ``v1alpha1.DRAResourceHealth`` (kubelet 1.37 starts the health stream only for a driver that names it there);
   ``NotifyRegistrationStatus`` tells whether the kubelet took it.
 * ``<plugin dir>/dra.sock`` (``<kubelet root>/plugins/<driver>/``): ``NodePrepareResources`` and
   ``NodeUnprepareResources`` (:mod:`agent.dra.prepare`), per claim: an error in one claim's answer, never a failed
-  call; with a health service, ``NodeWatchResources`` (:mod:`agent.dra.health`).
+  call; with a health service, ``NodeWatchResources`` (:mod:`agent.dra.health_service`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from agent._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from agent._proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from agent._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from agent._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from agent.dra import health as dra_health
+from agent.dra import health_service as dra_health
 from agent.dra.prepare import ClaimPreparer, PrepareError
 from agent.errors import KubeApiError, SocketInUseError, SocketPathError, StartupError
 

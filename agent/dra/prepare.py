@@ -8,8 +8,8 @@ list per device in topology order, docs/inference/what-a-container-gets.md). Eac
 ``<cdi dir>/<driver>-<level>_<claim uid>.json`` (a transient spec per claim and class, as CDI names them). The CDI ids
 go back to the kubelet per device, so a container that references one request gets that request's environment.
 Each device's environment also carries ``TOPOLOGY_DRA_CLAIM=<claim uid>/<request>``: the NRI plugin
-(:mod:`agent.app.nri_enforcement`) reads it at CreateContainer and, for a request in :meth:`ClaimPreparer.requests`
-(a claim prepared here, and a pod of its namespace: :mod:`agent.policy.claims`), creates the container on its
+(:mod:`agent.enforce.nri_hooks`) reads it at CreateContainer and, for a request in :meth:`ClaimPreparer.requests`
+(a claim prepared here, and a pod of its namespace: :mod:`agent.policy.container_claims`), creates the container on its
 groups' CPUs and memory nodes, as the device-plugin mode's Allocate annotations let it.
 
 **Admin access** (a request with ``adminAccess: true``, copied into its allocation results): the scheduler does not
@@ -50,9 +50,9 @@ from typing import Any
 
 from agent.atomic import write_atomically
 from agent.policy.allocation import AllocationSettings, plan_allocation
-from agent.policy.claims import ADMIN_ENV, CLAIM_ENV, PreparedRequest, claim_value
+from agent.policy.container_claims import ADMIN_ENV, CLAIM_ENV, PreparedRequest, claim_value
+from agent.policy.device_states import DeviceKey, Holder, claim_holder
 from agent.policy.grouping import Group
-from agent.policy.health import DeviceKey, Holder, claim_holder
 
 log = logging.getLogger("topology-agent.dra")
 

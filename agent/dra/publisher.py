@@ -1,4 +1,4 @@
-"""Publishing the node's ResourceSlices (:mod:`agent.policy.dra` computes them): idempotent and converging.
+"""Publishing the node's ResourceSlices (:mod:`agent.policy.resource_slices` computes them): idempotent and converging.
 
 One step (:meth:`SlicePublisher.publish`) lists the driver's slices of this node (a read) and compares them with the
 plan by name and by a content hash kept in an annotation (``topology.s390x.ibm.com/content``, the sha256 of the spec
@@ -14,7 +14,7 @@ kubelet, when a DRA plugin stays unregistered past its grace period, deletes tha
 itself (``pkg/kubelet/cm/dra/plugin/registration.go`` ``DeRegisterPlugin``/``wipeResourceSlices``), as it does at
 its own start; a restarted agent registers again within the grace period and finds its slices as it left them.
 :meth:`SlicePublisher.remove_all` deletes them explicitly: on ``helm uninstall`` the agent calls it as it stops
-(:func:`agent.node.uninstall.cleanup_if_released`, handed :func:`agent.app.dra.remove_node_slices` by the CLI, only
+(:func:`agent.node.cleanup.cleanup_if_released`, handed :func:`agent.dra.driver.remove_node_slices` by the CLI, only
 while its DaemonSet is being deleted), so they are gone when the uninstall returns rather than 30 s later (measured
 on kubelet 1.37.2: 32 s with the kubelet alone).
 """
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from agent.backoff import Backoff
 from agent.errors import KubeApiError
-from agent.policy.dra import API_VERSION, CONTENT_ANNOTATION, PoolPlan, SlicePlan
+from agent.policy.resource_slices import API_VERSION, CONTENT_ANNOTATION, PoolPlan, SlicePlan
 
 log = logging.getLogger("topology-agent.dra")
 

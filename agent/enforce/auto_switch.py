@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.app.enforcement import CpusetEnforcement, EnforcementCounters
-from agent.app.nri_enforcement import NriEnforcement
-from agent.policy.health import DeviceKey
+from agent.enforce.cri_loop import CpusetEnforcement, EnforcementCounters
+from agent.enforce.nri_hooks import NriEnforcement
+from agent.policy.device_states import DeviceKey
 
 log = logging.getLogger("topology-agent.cpuset")
 

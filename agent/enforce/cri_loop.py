@@ -4,7 +4,7 @@ applies what differs with ``UpdateContainerResources``, as kubelet's CPU manager
 
 Never on the Allocate path, and never in the way of device serving: a failing or absent runtime is
 retried with backoff and reported. The pod of a stranded holder (its groups' CPUs all offline, no CPU left
-outside other holders' groups) is handed to :mod:`agent.app.evictions` (``--stranded-policy evict``), which asks
+outside other holders' groups) is handed to :mod:`agent.enforce.evictions` (``--stranded-policy evict``), which asks
 the API server on a thread of its own. A runtime that refuses one container's update (a sandboxed
 runtime, say) costs that container only: it is said once, counted, and tried again at the next
 step, while every other container is still updated in the same step. It is refused while kubelet
@@ -21,15 +21,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from agent.app.evictions import SETTLE
 from agent.backoff import Backoff
 from agent.cri.client import ContainerInfo, CriClient
 from agent.devices.table import NodeDevices
+from agent.enforce.evictions import SETTLE
 from agent.errors import AgentError, CriError
 from agent.plugin.servicer import Wire
 from agent.policy.cpuset import CpusetPlan, Eviction, Identity, RunningContainer, plan_cpusets
+from agent.policy.device_states import DeviceKey
 from agent.policy.grouping import Group
-from agent.policy.health import DeviceKey
 from agent.topology.cpulist import format_cpulist, parse_cpulist
 
 log = logging.getLogger("topology-agent.cpuset")
@@ -60,7 +60,7 @@ class EnforcementCounters:
 
 
 Notify = Callable[[str, str], None]  # (event reason, message): a Warning Event on the Node, sent off this thread
-Evict = Callable[[Iterable[Eviction]], None]  # the pods the plan names for eviction (agent/app/evictions.py; never
+Evict = Callable[[Iterable[Eviction]], None]  # the pods the plan names for eviction (agent/enforce/evictions.py; never
 # blocks)
 
 

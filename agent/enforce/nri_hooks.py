@@ -1,6 +1,6 @@
 """Enforcing CPU sets at creation (``--cpuset-enforcement nri``): the agent is an NRI plugin of the
-container runtime (:mod:`agent.nri.plugin`), and this is what it answers, decided by
-:mod:`agent.policy.creation` and :mod:`agent.policy.cpuset` from memory (the device table and the
+container runtime (:mod:`agent.nri.stub`), and this is what it answers, decided by
+:mod:`agent.policy.creation_cpuset` and :mod:`agent.policy.cpuset` from memory (the device table and the
 containers the runtime told about), never from I/O inside a handler.
 
 * CreateContainer: the new container's cpuset and memory nodes (its groups'; with
@@ -8,7 +8,7 @@ containers the runtime told about), never from I/O inside a handler.
   holder pushes out of its CPUs, all in the reply. A container the pool cannot take (an ordinary one
   while the shared pool is empty, a holder whose groups are all offline with no pool left) is refused:
   the runtime fails its creation and kubelet retries it, rather than it running on every CPU. A running stranded
-  holder's pod is handed to :mod:`agent.app.evictions` (``--stranded-policy evict``), which asks the API server
+  holder's pod is handed to :mod:`agent.enforce.evictions` (``--stranded-policy evict``), which asks the API server
   on a thread of its own: never from a handler (NRI's adaptation drops a plugin's evictions anyway).
 * Synchronize (at registration, and after every reconnect): every existing container reconciled
   as the CRI loop does, which repairs containers created while the plugin was away.
@@ -17,7 +17,7 @@ containers the runtime told about), never from I/O inside a handler.
 
 In DRA mode (``claims``: the kubelet plugin's prepared claim requests, in memory) a container's groups come
 from the ``TOPOLOGY_DRA_CLAIM`` variable its CDI device put into its environment, believed only for a claim the
-agent prepared and a pod of the claim's namespace (:mod:`agent.policy.claims`; anything else is logged at
+agent prepared and a pod of the claim's namespace (:mod:`agent.policy.container_claims`; anything else is logged at
 debug and the container is treated as any other), and every prepared claim's devices count as held.
 
 Annotations of the agent's domain that the pod itself carries are not believed: with containerd's
@@ -27,7 +27,7 @@ Annotations of the agent's domain that the pod itself carries are not believed: 
 are the pod's (kubelet puts them into the CRI container config only).
 
 What the runtime applied is remembered from what it says (Synchronize, the events) and from the updates in the
-replies (it applies them; containerd logs a failure). Updates sent outside any event (:mod:`agent.app.nri_upkeep`)
+replies (it applies them; containerd logs a failure). Updates sent outside any event (:mod:`agent.enforce.nri_upkeep`)
 are remembered only once the runtime confirms them; until then the container is in doubt and every reply plans it
 again. Refused, like the CRI loop, while kubelet runs the static CPU manager policy (it answers nothing).
 """
@@ -42,17 +42,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
-from agent.app.enforcement import EnforcementCounters, Evict, Notify, OfflineNotices
-from agent.app.nri_upkeep import RECHECK, Upkeep, container_update
 from agent.cri.client import CriClient
 from agent.devices.table import NodeDevices
-from agent.nri.plugin import DEFAULT_SOCKET, NriPlugin, Refused
+from agent.enforce.cri_loop import EnforcementCounters, Evict, Notify, OfflineNotices
+from agent.enforce.nri_upkeep import RECHECK, Upkeep, container_update
+from agent.nri.stub import DEFAULT_SOCKET, NriPlugin, Refused
 from agent.plugin.servicer import Wire
-from agent.policy.claims import PreparedRequest, claimed_devices, match_claim, prepared_keys, with_claims
+from agent.policy.container_claims import PreparedRequest, claimed_devices, match_claim, prepared_keys, with_claims
 from agent.policy.cpuset import CpusetPlan, Identity, RunningContainer, Update, desired_topology, plan_cpusets
-from agent.policy.creation import plan_creation
+from agent.policy.creation_cpuset import plan_creation
+from agent.policy.device_states import DeviceKey
 from agent.policy.grouping import Group
-from agent.policy.health import DeviceKey
 from agent.topology.cpulist import format_cpulist, parse_cpulist
 
 log = logging.getLogger("topology-agent.cpuset")
@@ -260,7 +260,7 @@ class NriEnforcement:
         self._forget(container.id)
         self._account()
 
-    # --- what the upkeep thread uses (agent/app/nri_upkeep.py) ----------------------------------------
+    # --- what the upkeep thread uses (agent/enforce/nri_upkeep.py) ----------------------------------------
     def wanted(self) -> list[Update]:
         """What the known containers need now, doubtful ones included; nothing is remembered."""
         if self._refused():

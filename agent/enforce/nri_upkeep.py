@@ -1,4 +1,4 @@
-"""What the NRI enforcement (:mod:`agent.app.nri_enforcement`) does outside any event, on a thread of its own.
+"""What the NRI enforcement (:mod:`agent.enforce.nri_hooks`) does outside any event, on a thread of its own.
 
 * **Push.** When devices change hands outside any event (pod-resources notices a pod has gone, an Allocate, a DRA
   prepare or unprepare), the known containers' updates go out at once with an unsolicited ``UpdateContainers``,
@@ -30,11 +30,11 @@ import time
 from typing import Protocol
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
-from agent.app.enforcement import RUNTIME_DOWN, EnforcementCounters
 from agent.backoff import Backoff
 from agent.cri.client import CriClient
+from agent.enforce.cri_loop import RUNTIME_DOWN, EnforcementCounters
 from agent.errors import CriError
-from agent.nri.plugin import NriPlugin, UpdatesFailed
+from agent.nri.stub import NriPlugin, UpdatesFailed
 from agent.nri.ttrpc import CallTimeout, TrunkClosed
 from agent.policy.cpuset import RunningContainer, Update
 from agent.topology.cpulist import format_cpulist, parse_cpulist
@@ -46,7 +46,7 @@ BACKOFF = (1.0, 30.0)  # seconds before a failed push is tried again, doubling
 
 
 class Kept(Protocol):
-    """What the upkeep needs of the NRI enforcement (agent.app.nri_enforcement.NriEnforcement)."""
+    """What the upkeep needs of the NRI enforcement (agent.enforce.nri_hooks.NriEnforcement)."""
 
     counters: EnforcementCounters
     plugin: NriPlugin

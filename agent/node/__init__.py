@@ -2,7 +2,7 @@
 
 * :mod:`agent.node.labels` -- pure: topology + grouping -> labels and one JSON annotation;
 * :mod:`agent.node.reporter` -- keeps the labels and the CPU manager findings current;
-* :mod:`agent.node.kube` -- a thin adapter that patches the Node object, only when something changed,
+* :mod:`agent.node.labeler` -- a thin adapter that patches the Node object, only when something changed,
   over :mod:`agent.node.kubeapi` (the standard library's HTTPS client, the pod's service account);
 * :mod:`agent.node.cpu_manager` -- kubelet's CPU manager checkpoint and ``reservedSystemCPUs``, and
   warnings when they clash with the advertised groups;

@@ -10,7 +10,7 @@
   in the foreground (it stays, marked, until its last pod is gone, so every agent sees the mark), waits for it to be
   gone, then removes the labels of nodes whose agent did not (a node where none ran) and names them.
 
-The decisions are pure (:mod:`agent.policy.uninstall`); this module does the requests and the file removals.
+The decisions are pure (:mod:`agent.policy.teardown`); this module does the requests and the file removals.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from agent.node.kubeapi import NodeRow
 from agent.node.labels import KEY_PREFIX
 from agent.node.seccomp import PROFILE_NAME, node_arch, profile
 from agent.policy.grouping import GroupingSettings
-from agent.policy.uninstall import label_selector, leftover_nodes, release_deleted, removal_patch, state_paths
+from agent.policy.teardown import label_selector, leftover_nodes, release_deleted, removal_patch, state_paths
 
 log = logging.getLogger("topology-agent.uninstall")
 
@@ -102,7 +102,7 @@ def cleanup_if_released(api: ReleaseApi, *, namespace: str, daemonset: str, node
                         remove_slices: Callable[[str], int] | None = None) -> bool:
     """After the agent stopped: clean the node up when its DaemonSet is being deleted, else keep everything.
     True when it cleaned up. Never raises: every failure is one log line. ``remove_slices`` (DRA mode: the node's
-    ResourceSlices, :func:`agent.app.dra.remove_node_slices`, handed in by the shell) deletes and counts them."""
+    ResourceSlices, :func:`agent.dra.driver.remove_node_slices`, handed in by the shell) deletes and counts them."""
     try:
         found = api.get_daemonset(namespace, daemonset, timeout)
     except Exception as exc:  # any doubt keeps the holds

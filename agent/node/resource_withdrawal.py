@@ -1,5 +1,5 @@
 """Handing the node's extended resources from one mode to the other without a failed pod (the decisions and the
-upstream behaviour they follow: :mod:`agent.policy.handover`).
+upstream behaviour they follow: :mod:`agent.policy.allocatable`).
 
 * :func:`withdraw_device_plugin`: a device-plugin agent that stops for good on its node (its DaemonSet now runs DRA
   mode, or is being uninstalled) takes its resources' allocatable to zero on the Node while it still serves, waits
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from agent.node.kubeapi import NodeStatusApi
-from agent.policy.handover import still_allocatable, zero_patch
+from agent.policy.allocatable import still_allocatable, zero_patch
 
 log = logging.getLogger("topology-agent.handover")
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from agent.policy.cpuset import Identity
-from agent.policy.health import DeviceKey
+from agent.policy.device_states import DeviceKey
 
 CLAIM_ENV = "TOPOLOGY_DRA_CLAIM"
 ADMIN_ENV = "TOPOLOGY_ADMIN_ACCESS"  # set (``true``) instead of CLAIM_ENV for a request allocated with admin access

@@ -33,8 +33,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from agent.policy.device_states import DeviceKey
 from agent.policy.grouping import Group
-from agent.policy.health import DeviceKey
 from agent.topology.cpulist import format_cpulist
 
 Identity = tuple[str, str, str]  # kubelet's namespace, pod, container

@@ -3,8 +3,8 @@ what the others need at that moment. Pure, and the same rules as :mod:`agent.pol
 
 * a container whose groups are known (pod-resources names its holder, Allocate's annotations name
   its groups, or in DRA mode its CDI environment names a claim request the agent prepared for its
-  namespace: :func:`agent.policy.claims.with_claims` adds those to ``holders``, and
-  :func:`agent.policy.claims.prepared_keys` every prepared claim's devices to ``held``) is created on
+  namespace: :func:`agent.policy.container_claims.with_claims` adds those to ``holders``, and
+  :func:`agent.policy.container_claims.prepared_keys` every prepared claim's devices to ``held``) is created on
   its groups' CPUs and memory nodes;
 * with the shared pool, every other container is created inside the pool, and the containers
   already running are confined to the pool the new holder leaves (the updates in the reply);
@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from agent.policy.cpuset import Identity, RunningContainer, Update, desired_topology, plan_cpusets
+from agent.policy.device_states import DeviceKey
 from agent.policy.enforcement_choice import enforcement_mode as enforcement_mode  # its home before
 from agent.policy.grouping import Group
-from agent.policy.health import DeviceKey
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,9 @@ hand them out; a device that is itself held is never marked, and no id is ever d
 Holds come from both modes, whatever the mode the agent runs in: device-plugin allocations (pod-resources'
 device rows, the agent's own Allocates, the saved holds) and DRA claims (pod-resources' claim rows, the prepared
 claims' checkpoint). What hands devices out in one mode knows nothing of the other's holds (kubelet's device
-manager knows no claim; the scheduler counts only claims), so a device held by the other mode (:func:`held_elsewhere`)
-is never handed out by this one: Unhealthy in device-plugin mode, tainted in DRA mode (:mod:`agent.policy.dra`).
+manager knows no claim; the scheduler counts only claims), so a device held by the other mode
+(:func:`held_elsewhere`) is never handed out by this one: Unhealthy in device-plugin mode, tainted in DRA mode
+(:mod:`agent.policy.resource_slices`).
 """
 
 from __future__ import annotations

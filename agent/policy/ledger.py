@@ -30,7 +30,7 @@ pods as the List before it (also begun that late). An API server away for longer
 two empty answers agree: then the holds go, as they would at kubelet's first Allocate after its
 sources are ready.
 
-**DRA claims** are holds too, in either mode (:mod:`agent.policy.health`, "held elsewhere"): pod-resources lists
+**DRA claims** are holds too, in either mode (:mod:`agent.policy.device_states`, "held elsewhere"): pod-resources lists
 them per container (a row with ``claim``); in DRA mode the claims the agent prepared hold their devices from the
 prepare until the unprepare, listed or not (:meth:`AllocationLedger.set_claims`); in device-plugin mode the claims
 a DRA agent left prepared (its checkpoint) hold theirs from the start until a ``List`` shows or drops them, as
@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from agent.policy.health import DeviceKey, Holder
+from agent.policy.device_states import DeviceKey, Holder
 
 PENDING = Holder("", "not yet listed by kubelet", "")
 INIT = "(init container)"

@@ -12,7 +12,7 @@ One pool per node (named after the node), every slice with ``nodeName`` set:
   for every socket it covers, that socket's cores: a book takes both of its sockets' counters whole, a socket its
   own, a drawer all of its drawer's. The scheduler therefore never hands out a book together with one of its
   sockets, nor a drawer with one of its books: the overlap rule of device-plugin mode
-  (:mod:`agent.policy.health`) is the counters' arithmetic here;
+  (:mod:`agent.policy.device_states`) is the counters' arithmetic here;
 * attributes under the driver's domain (unqualified names): ``level``, ``drawer``, ``book``, ``socket`` (the ids
   the group has), ``cores``, ``cpus`` (a count: no CPU list, string values are at most 64 characters),
   ``smtThreads``, ``memoryNode``, ``polarization`` (the group's one polarization, or ``mixed``),

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.topology import snapshot
+from agent.topology import snapshot_format as snapshot
 from tests.e2e.conftest import REPO, E2EEnv
 from tests.e2e.test_dra import DRIVER, agent_ready, allocated_device, apply, delete, kjson, slices, wait_for
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from agent.topology import snapshot
+from agent.topology import snapshot_format as snapshot
 from agent.topology.cpulist import parse_cpulist
 from tests.e2e.conftest import E2EEnv
 from tests.e2e.test_e2e import delete_pods, wait_for
