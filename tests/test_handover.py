@@ -141,7 +141,7 @@ def test_an_uninstall_withdraws_too_and_a_refused_patch_is_said(node: Node, capl
 @contextlib.contextmanager
 def dra_manager_with(monkeypatch: pytest.MonkeyPatch, api: ApiServer) -> Iterator[Any]:
     """build_agent in DRA mode against stand-ins (no API server, no kubelet): its DraManager, serving."""
-    import agent.dra.driver as dra
+    import agent.app.build_dra as dra
     from agent.app.build import build_agent
     from agent.app.config import AgentConfig
     from agent.policy.grouping import GroupingSettings

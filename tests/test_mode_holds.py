@@ -96,7 +96,7 @@ def kubelet() -> Iterator[KubeletEmulator]:
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> ClaimsApi:
     """The API server DRA mode talks to (its client replaced, as no cluster is here)."""
-    import agent.dra.driver as dra
+    import agent.app.build_dra as dra
 
     fake = ClaimsApi()
     monkeypatch.setattr(dra, "dra_api", lambda: fake)
@@ -193,7 +193,7 @@ def prepare_in_checkpoint(k: KubeletEmulator, topology: Topology, doc: dict[str,
 
 
 def allocate(agent: Agent, resource: str, ids: list[str]) -> dp.AllocateResponse:
-    path = agent.manager.servers[resource].path
+    path = agent.manager.servers[resource].path  # type: ignore[attr-defined]
     with grpc.insecure_channel(f"unix://{path}") as channel:
         request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)])
         answer: dp.AllocateResponse = dp_grpc.DevicePluginStub(channel).Allocate(request, timeout=5)

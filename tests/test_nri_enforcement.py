@@ -301,7 +301,7 @@ def test_without_dra_the_claim_variable_means_nothing() -> None:
 def test_build_agent_in_dra_mode_hands_the_nri_plugin_the_prepared_claims(monkeypatch: pytest.MonkeyPatch) -> None:
     """The composition root's wiring: the kubelet plugin's ClaimPreparer is what the NRI enforcement reads, and a
     prepare or unprepare wakes it (no API server: the claim reader is a dict)."""
-    import agent.dra.driver as dra
+    import agent.app.build_dra as dra
     from agent.app.build import build_agent
     from agent.app.config import AgentConfig
     from agent.policy.resource_slices import DRIVER

@@ -88,8 +88,8 @@ def test_remove_all_deletes_what_the_list_shows_and_ignores_404() -> None:
 def test_serve_hands_the_slice_remover_to_the_cleanup_in_dra_mode_only() -> None:
     from types import SimpleNamespace
 
+    from agent.app.build_dra import remove_node_slices
     from agent.cli.serve import node_slice_remover
-    from agent.dra.driver import remove_node_slices
 
     assert node_slice_remover(SimpleNamespace(mode="dra")) is remove_node_slices  # type: ignore[arg-type]
     assert node_slice_remover(SimpleNamespace(mode="deviceplugin")) is None  # type: ignore[arg-type]

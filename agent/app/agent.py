@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from agent.app.config import AgentConfig
+from agent.devices.serving import DeviceServer
 from agent.devices.table import NodeDevices
 from agent.enforce.auto_switch import AutoEnforcement
 from agent.enforce.cri_loop import CpusetEnforcement
@@ -24,7 +25,6 @@ from agent.observe.metrics import AgentMetrics
 from agent.observe.report import machine_line
 from agent.observe.status import AgentStatus, EnforcementStatus, ResourceStatus
 from agent.periodic import PeriodicLoop, backoff_delay
-from agent.plugin.manager import PluginManager
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire
 from agent.policy.grouping import Grouping
@@ -70,7 +70,7 @@ class Agent:
     node reporter, metrics, the HTTP endpoint and the loops that keep the state true."""
 
     def __init__(self, *, topology: Topology, config: AgentConfig, grouping: Grouping, devices: NodeDevices[Wire],
-                 manager: PluginManager, pod_resources: PodResourcesClient, reporter: NodeReporter,
+                 manager: DeviceServer, pod_resources: PodResourcesClient, reporter: NodeReporter,
                  metrics: AgentMetrics, http: HttpEndpoint | None, latest: LatestTopology,
                  loader: Callable[[], Topology] | None = None, fingerprint: Callable[[], object] | None = None,
                  first_fingerprint: object = None, enforcement: Enforcement | None = None,

@@ -18,12 +18,12 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import cast
 
 from agent.app.agent import Agent, Enforcement, LatestTopology, exclusivity_confirmed
 from agent.app.config import AgentConfig
 from agent.cri.client import CriClient
 from agent.devices.persist import StateFiles
+from agent.devices.serving import DeviceServer
 from agent.devices.table import NodeDevices
 from agent.dra.prepare import (
     PreparedClaim,
@@ -180,12 +180,11 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
     metrics = AgentMetrics()
     metrics.prepare(grouping.resources())
     dra = None
+    manager: DeviceServer
     if config.mode == "dra":  # the second adapter: ResourceSlices and a kubelet DRA plugin (agent/dra)
-        from agent.dra.driver import build_dra_manager
+        from agent.app.build_dra import build_dra_manager
 
-        dra = build_dra_manager(config, topology, grouping, devices, pod_resources)
-        # DraManager has the face of PluginManager the agent uses (start, stop, ready, alive, registrations, ...).
-        manager = cast(PluginManager, dra)
+        manager = dra = build_dra_manager(config, topology, grouping, devices, pod_resources)
     else:
         manager = PluginManager(config.kubelet_dir, devices.tables, metrics, config.timing,
                                 on_kubelet_restart=devices.kubelet_restarted)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from agent.app.agent import Agent
+from agent.dra.driver import DraManager
 from agent.node.kubeapi import NodeStatusApi
 from agent.node.resource_withdrawal import DRAIN, REQUEST_TIMEOUT, withdraw_device_plugin
 from agent.policy.teardown import handing_over
@@ -49,10 +50,9 @@ def hand_over_if_last(agent: Agent, api: Callable[[], HandoverApi], *, namespace
         return None
     log.info("the last agent of %s mode on node %s (%s): handing its resources over before stopping", config.mode,
              config.node_name, why)
-    if config.mode == "dra":
-        manager: Any = agent.manager
+    if isinstance(agent.manager, DraManager):  # DRA mode
         try:
-            manager.withdraw_slices()
+            agent.manager.withdraw_slices()
         except Exception as exc:
             log.warning("cannot delete the ResourceSlices of node %s now (the kubelet deletes them after its grace "
                         "period for a deregistered plugin): %s", config.node_name, exc)

@@ -132,6 +132,6 @@ def cleanup_after_stop(args: argparse.Namespace, config: AgentConfig) -> None:
 def node_slice_remover(config: AgentConfig) -> Callable[[str], int] | None:
     if config.mode != "dra":
         return None
-    from agent.dra.driver import remove_node_slices
+    from agent.app.build_dra import remove_node_slices
 
     return remove_node_slices

@@ -14,7 +14,7 @@ kubelet, when a DRA plugin stays unregistered past its grace period, deletes tha
 itself (``pkg/kubelet/cm/dra/plugin/registration.go`` ``DeRegisterPlugin``/``wipeResourceSlices``), as it does at
 its own start; a restarted agent registers again within the grace period and finds its slices as it left them.
 :meth:`SlicePublisher.remove_all` deletes them explicitly: on ``helm uninstall`` the agent calls it as it stops
-(:func:`agent.node.cleanup.cleanup_if_released`, handed :func:`agent.dra.driver.remove_node_slices` by the CLI, only
+(:func:`agent.node.cleanup.cleanup_if_released`, handed :func:`agent.app.build_dra.remove_node_slices` by the CLI, only
 while its DaemonSet is being deleted), so they are gone when the uninstall returns rather than 30 s later (measured
 on kubelet 1.37.2: 32 s with the kubelet alone).
 """

@@ -102,7 +102,7 @@ def cleanup_if_released(api: ReleaseApi, *, namespace: str, daemonset: str, node
                         remove_slices: Callable[[str], int] | None = None) -> bool:
     """After the agent stopped: clean the node up when its DaemonSet is being deleted, else keep everything.
     True when it cleaned up. Never raises: every failure is one log line. ``remove_slices`` (DRA mode: the node's
-    ResourceSlices, :func:`agent.dra.driver.remove_node_slices`, handed in by the shell) deletes and counts them."""
+    ResourceSlices, :func:`agent.app.build_dra.remove_node_slices`, handed in by the shell) deletes and counts them."""
     try:
         found = api.get_daemonset(namespace, daemonset, timeout)
     except Exception as exc:  # any doubt keeps the holds
