@@ -76,7 +76,7 @@ def test_a_node_that_advertises_posts_no_event() -> None:
 
 
 def test_a_warning_the_enforcement_gives_is_posted_by_the_label_loop() -> None:
-    """Item 6: an offline holder's notice (agent.enforce.cri_loop.OfflineNotices) becomes a Warning Event on the
+    """Item 6: an offline holder's notice (agent.enforce.engine.OfflineNotices) becomes a Warning Event on the
     Node at the next label sync, posted off the thread that gave it, which it wakes."""
     api = FakeApi()
     r = reporter(load_embedded("z16-lpar"), api)

@@ -513,7 +513,8 @@ def test_auto_switches_to_cri_when_nri_stops_answering_and_back_when_it_answers_
     nobody: after the patience the CRI loop takes over; a new NRI socket that answers brings NRI back."""
     from agent.cri.client import CriClient
     from agent.enforce.auto_switch import AutoEnforcement
-    from agent.enforce.cri_loop import CpusetEnforcement, EnforcementCounters
+    from agent.enforce.cri_loop import CpusetEnforcement
+    from agent.enforce.engine import EnforcementCounters
 
     root = short_tmpdir_path()
     nri_socket, cri_socket = root / "nri.sock", root / "cri.sock"

@@ -20,7 +20,8 @@ from agent._proto.nri.v1alpha1 import api_pb2 as nri
 from agent.cri.client import CriClient
 from agent.devices.table import NodeDevices
 from agent.enforce.auto_switch import AutoEnforcement
-from agent.enforce.cri_loop import CpusetEnforcement, EnforcementCounters
+from agent.enforce.cri_loop import CpusetEnforcement
+from agent.enforce.engine import EnforcementCounters
 from agent.enforce.nri_hooks import NriEnforcement
 from agent.nri.probe import socket_answers
 from agent.nri.stub import NriPlugin, UpdatesFailed

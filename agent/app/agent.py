@@ -13,10 +13,8 @@ from collections.abc import Callable
 from agent.app.config import AgentConfig
 from agent.devices.serving import DeviceServer
 from agent.devices.table import NodeDevices
-from agent.enforce.auto_switch import AutoEnforcement
-from agent.enforce.cri_loop import CpusetEnforcement
+from agent.enforce.engine import EnforcementEngine
 from agent.enforce.evictions import Evictions
-from agent.enforce.nri_hooks import NriEnforcement
 from agent.errors import PodResourcesError, TopologyReadError
 from agent.node.reporter import NodeReporter
 from agent.observe.http import HttpEndpoint, make_app
@@ -31,8 +29,6 @@ from agent.policy.grouping import Grouping
 from agent.topology.model import Topology
 
 log = logging.getLogger("topology-agent")
-
-Enforcement = CpusetEnforcement | NriEnforcement | AutoEnforcement
 
 SLOW_POD_RESOURCES = 30.0  # seconds between pod-resources Lists while nothing is held
 IDLE_AFTER = 60.0  # seconds after the last change of hands before pod-resources slows down
@@ -73,7 +69,7 @@ class Agent:
                  manager: DeviceServer, pod_resources: PodResourcesClient, reporter: NodeReporter,
                  metrics: AgentMetrics, http: HttpEndpoint | None, latest: LatestTopology,
                  loader: Callable[[], Topology] | None = None, fingerprint: Callable[[], object] | None = None,
-                 first_fingerprint: object = None, enforcement: Enforcement | None = None,
+                 first_fingerprint: object = None, enforcement: EnforcementEngine | None = None,
                  enforcement_mode: str = "none", evictions: Evictions | None = None) -> None:
         self.topology = topology
         self.config = config

@@ -19,8 +19,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from agent.app.agent import Agent, Enforcement, LatestTopology, exclusivity_confirmed
+from agent.app.agent import Agent, LatestTopology, exclusivity_confirmed
 from agent.app.config import AgentConfig
+from agent.app.paths import CRI_SOCKETS
 from agent.cri.client import CriClient
 from agent.devices.persist import StateFiles
 from agent.devices.serving import DeviceServer
@@ -34,7 +35,8 @@ from agent.dra.prepare import (
     read_checkpoint,
 )
 from agent.enforce.auto_switch import AutoEnforcement
-from agent.enforce.cri_loop import CpusetEnforcement, EnforcementCounters
+from agent.enforce.cri_loop import CpusetEnforcement
+from agent.enforce.engine import EnforcementCounters, EnforcementEngine
 from agent.enforce.engine_choice import choose_enforcement, cri_socket_of
 from agent.enforce.nri_hooks import NriEnforcement
 from agent.errors import PodResourcesError
@@ -206,15 +208,15 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
             step()
     http = HttpEndpoint(config.metrics_address, config.metrics_port) if config.metrics_port is not None else None
     latest = LatestTopology(topology)
-    enforcement: Enforcement | None = None
+    enforcement: EnforcementEngine | None = None
     mode = "none"
+    cri_socket = cri_socket_of(config.cri_socket, CRI_SOCKETS)
     if config.cpuset_enforcement != "none" and devices.tables:
-        mode, why = choose_enforcement(config)
+        mode, why = choose_enforcement(config.cpuset_enforcement, config.nri_socket, cri_socket)
         if mode == "none":
             log.warning("cpuset enforcement off (%s): containers run wherever kubelet puts them; devices are still "
                         "served", why, extra={"reason": why})
     groups = {(g.resource, g.id): g for g in every}
-    cri_socket = cri_socket_of(config)
     evictions = None
     if config.cpuset_enforcement != "none" and devices.tables and config.stranded_policy == "evict":
         from agent.enforce.evictions import Evictions

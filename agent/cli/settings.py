@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.app.paths import DEFAULT_KUBELET_DIR, DEFAULT_NRI_SOCKET
+from agent.app.paths import CRI_SOCKETS, DEFAULT_NRI_SOCKET
 from agent.cli.flags import bool_env
 from agent.errors import CpuListError, UsageError
 from agent.policy.grouping import Grouping, GroupingSettings
@@ -132,12 +132,10 @@ def enforcement_here(args: argparse.Namespace) -> dict[str, str]:
 
         mode, why = enforcement_mode(args.cpuset_enforcement, False, False)
         return {"requested": args.cpuset_enforcement, "mode": mode, "reason": why}
-    from agent.app.config import AgentConfig
-    from agent.enforce.engine_choice import choose_enforcement
+    from agent.enforce.engine_choice import choose_enforcement, cri_socket_of
 
-    config = AgentConfig(kubelet_dir=Path(DEFAULT_KUBELET_DIR), cpuset_enforcement=args.cpuset_enforcement,
-                         cri_socket=cri_socket(args.cri_socket), nri_socket=Path(args.nri_socket or DEFAULT_NRI_SOCKET))
-    mode, why = choose_enforcement(config)
+    mode, why = choose_enforcement(args.cpuset_enforcement, Path(args.nri_socket or DEFAULT_NRI_SOCKET),
+                                   cri_socket_of(cri_socket(args.cri_socket), CRI_SOCKETS))
     return {"requested": args.cpuset_enforcement, "mode": mode, "reason": why}
 
 

@@ -22,9 +22,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.enforce.cri_loop import CpusetEnforcement, EnforcementCounters
+from agent.enforce.cri_loop import CpusetEnforcement
+from agent.enforce.engine import EnforcementCounters, EnforcementEngine
 from agent.enforce.nri_hooks import NriEnforcement
 from agent.policy.device_states import DeviceKey
+from agent.worker import Worker
 
 log = logging.getLogger("topology-agent.cpuset")
 
@@ -32,14 +34,13 @@ PATIENCE = 30.0  # seconds without an NRI registration before falling back to CR
 REPROBE = 300.0  # seconds between dials of an unchanged NRI socket while on CRI or none
 LOOK = 2.0  # seconds between looks at the sockets' files
 
-Engine = CpusetEnforcement | NriEnforcement
 
-
-class AutoEnforcement:
+class AutoEnforcement(Worker):
     def __init__(self, first: str, *, make_nri: Callable[[EnforcementCounters], NriEnforcement],
                  make_cri: Callable[[EnforcementCounters], CpusetEnforcement], nri_socket: Path, cri_socket: Path,
                  nri_answers: Callable[[Path], bool], patience: float = PATIENCE, reprobe: float = REPROBE,
                  look: float = LOOK) -> None:
+        super().__init__(thread_name="cpuset-auto")
         self.counters = EnforcementCounters(updates={})
         self.make_nri = make_nri
         self.make_cri = make_cri
@@ -51,15 +52,13 @@ class AutoEnforcement:
         self.look = look
         self.switches = 0
         self.why = ""  # why the current mode, when a switch chose it
-        self._engine: Engine | None = self._make(first)
+        self._engine: EnforcementEngine | None = self._make(first)
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._unregistered_since: float | None = None
         self._nri_file: object = self._identity(nri_socket)
         self._probed_at = time.monotonic()
 
-    def _make(self, mode: str) -> Engine | None:
+    def _make(self, mode: str) -> EnforcementEngine | None:
         if mode == "nri":
             return self.make_nri(self.counters)
         if mode == "cri":
@@ -97,13 +96,10 @@ class AutoEnforcement:
     def start(self) -> None:
         if self._engine is not None:
             self._engine.start()
-        self._thread = threading.Thread(target=self._run, name="cpuset-auto", daemon=True)
-        self._thread.start()
+        super().start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        super().stop()
         with self._lock:
             if self._engine is not None:
                 self._engine.stop()

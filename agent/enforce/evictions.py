@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from agent.backoff import Backoff
 from agent.errors import AgentError, KubeApiError
 from agent.policy.cpuset import Eviction
+from agent.worker import Worker
 
 if TYPE_CHECKING:  # the API client is made on the thread, at the first eviction
     from agent.node.kubeapi import EvictionApi
@@ -37,12 +38,15 @@ FIRST_RETRY, MAX_RETRY = 5.0, 120.0  # the backoff of refused or failed eviction
 SETTLE = 10.0  # seconds a pod must stay named before it is asked for
 
 
-class Evictions:
+class Evictions(Worker):
     """The pods to evict, and the thread that asks for them."""
+
+    join_timeout = TIMEOUT + 1  # a call under way may take its timeout
 
     def __init__(self, api: Callable[[], EvictionApi], *, first: float = FIRST_RETRY, cap: float = MAX_RETRY,
                  timeout: float = TIMEOUT, settle: float = SETTLE, clock: Callable[[], float] = time.monotonic,
                  thread: bool = True) -> None:
+        super().__init__(thread_name="evictions")
         self._make_api = api  # called on the thread, at the first eviction: no API client before one is needed
         self._api: EvictionApi | None = None
         self.backoff = Backoff(first, cap)
@@ -56,9 +60,6 @@ class Evictions:
         self._asked: set[tuple[str, str]] = set()  # of those, the ones the API server accepted (or does not know)
         self._said: dict[tuple[str, str], str] = {}  # pod -> the last failure logged for it
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def want(self, evictions: Iterable[Eviction]) -> None:
         """The pods the plan names now (never blocks: any thread may call it)."""
@@ -72,7 +73,7 @@ class Evictions:
             self._wanted = wanted
             start = bool(new) and self.threaded and self._thread is None and not self._stop.is_set()
             if start:
-                self._thread = threading.Thread(target=self._run, name="evictions", daemon=True)
+                self._thread = self._new_thread()
         if start and self._thread is not None:
             self._thread.start()
         if new:
@@ -88,12 +89,6 @@ class Evictions:
         """(reason, result) -> eviction calls so far."""
         with self._lock:
             return dict(self._counts)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=TIMEOUT + 1)
 
     def run_once(self) -> tuple[bool, float | None]:
         """Ask for every pod the plans have named for ``settle`` seconds and the API server has not accepted: (none
@@ -131,8 +126,7 @@ class Evictions:
             else:
                 retry = self.backoff.next()
                 delay = retry if due is None else min(retry, due)
-            self._wake.wait(delay)
-            self._wake.clear()
+            self._pause(delay)
 
     def _ask(self, eviction: Eviction) -> str:
         who = f"{eviction.namespace}/{eviction.pod}"

@@ -44,7 +44,7 @@ from pathlib import Path
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
 from agent.cri.client import CriClient
 from agent.devices.table import NodeDevices
-from agent.enforce.cri_loop import EnforcementCounters, Evict, Notify, OfflineNotices
+from agent.enforce.engine import CpusetEngine, EnforcementCounters, Evict, Notify
 from agent.enforce.nri_upkeep import RECHECK, Upkeep, container_update
 from agent.nri.stub import DEFAULT_SOCKET, NriPlugin, Refused
 from agent.plugin.servicer import Wire
@@ -81,7 +81,7 @@ def running_container(pod: nri.PodSandbox, container: nri.Container, domain: str
         created_at=container.created_at / 1e9 if container.created_at else 0.0)
 
 
-class NriEnforcement:
+class NriEnforcement(CpusetEngine):
     """The NRI plugin's decisions, and what it reports (the CRI loop's counters and notes)."""
 
     mode = "nri"
@@ -93,17 +93,10 @@ class NriEnforcement:
                  claims: Callable[[], Mapping[str, PreparedRequest]] | None = None, notify: Notify | None = None,
                  verifier: CriClient | None = None, recheck: float | None = None, evict: Evict | None = None,
                  counters: EnforcementCounters | None = None) -> None:
-        self.devices = devices
-        self.groups = groups
-        self.domain = annotation_domain
-        self.online = online
-        self.reserved = reserved
-        self.shared_pool = shared_pool
-        self.cpu_manager_policy = cpu_manager_policy
-        self.observe_pinned = observe_pinned
-        self.claims = claims
-        self.counters = counters if counters is not None else EnforcementCounters(updates={})
-        self.offline = OfflineNotices(notify, evict)
+        super().__init__(devices, groups, annotation_domain, online=online, reserved=reserved, shared_pool=shared_pool,
+                         cpu_manager_policy=cpu_manager_policy, observe_pinned=observe_pinned, notify=notify,
+                         evict=evict, counters=counters)
+        self.claims = claims  # DRA mode: the prepared claims' requests
         self.plugin = NriPlugin(self, socket_path, index=plugin_index)
         self.upkeep = Upkeep(self, verifier, RECHECK if recheck is None else recheck)
         self._containers: dict[str, RunningContainer] = {}  # what the runtime has, as far as it said
@@ -378,10 +371,6 @@ class NriEnforcement:
             self._doubt.pop(update.container, None)
             if old is not None:
                 self._containers[update.container] = self._moved(old, update)
-
-    def _count(self, kind: str, result: str) -> None:
-        key = (kind, result)
-        self.counters.updates[key] = self.counters.updates.get(key, 0) + 1
 
     def _account(self) -> None:
         with self._lock:

@@ -25,19 +25,19 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Protocol
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
 from agent.backoff import Backoff
 from agent.cri.client import CriClient
-from agent.enforce.cri_loop import RUNTIME_DOWN, EnforcementCounters
+from agent.enforce.engine import RUNTIME_DOWN, EnforcementCounters
 from agent.errors import CriError
 from agent.nri.stub import NriPlugin, UpdatesFailed
 from agent.nri.ttrpc import CallTimeout, TrunkClosed
 from agent.policy.cpuset import RunningContainer, Update
 from agent.topology.cpulist import format_cpulist, parse_cpulist
+from agent.worker import Worker
 
 log = logging.getLogger("topology-agent.cpuset")
 
@@ -62,35 +62,26 @@ class Kept(Protocol):
     def seen(self, expected: RunningContainer, cpus: frozenset[int]) -> bool: ...
 
 
-class Upkeep:
+class Upkeep(Worker):
     def __init__(self, enforcement: Kept, verifier: CriClient | None, recheck: float) -> None:
+        super().__init__(thread_name="nri-upkeep")
         self.enforcement = enforcement
         self.verifier = verifier
         self.recheck_interval = recheck
         self._said: set[str] = set()  # containers said to be overridden (once each)
         self.rechecks = 0  # read-backs done
         self._failing = ""  # the last push failure said
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         if self.verifier is None:
             log.info("NRI: no CRI socket at hand, so what the runtime applied is not read back (a lost update is "
                      "sent again at the next event only)")
-        self._thread = threading.Thread(target=self._run, name="nri-upkeep", daemon=True)
-        self._thread.start()
+        super().start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        super().stop()
         if self.verifier is not None:
             self.verifier.close()
-
-    def wake(self) -> None:
-        self._wake.set()
 
     def _run(self) -> None:
         backoff = Backoff(*BACKOFF)
@@ -98,8 +89,7 @@ class Upkeep:
         check_at = time.monotonic() + self.recheck_interval
         while not self._stop.is_set():
             until = min(retry_at, check_at if self.verifier is not None else retry_at)
-            self._wake.wait(None if until == float("inf") else max(0.0, until - time.monotonic()))
-            self._wake.clear()
+            self._pause(None if until == float("inf") else max(0.0, until - time.monotonic()))
             if self._stop.is_set():
                 break
             plugin = self.enforcement.plugin
