@@ -34,9 +34,9 @@ from typing import Any, Protocol, TypeVar
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
 from agent.backoff import Backoff
-from agent.nri.probe import socket_answers as socket_answers  # re-exported
 from agent.nri.ttrpc import CallTimeout, Trunk, TrunkClosed
 from agent.nri.wire import INVALID_ARGUMENT, OK, RESOURCE_EXHAUSTED, UNIMPLEMENTED, Request, Response
+from agent.worker import Worker
 
 log = logging.getLogger("topology-agent.nri")
 
@@ -104,10 +104,11 @@ class PluginState:
     refusals: int = 0  # CreateContainer requests refused (Refused)
 
 
-class NriPlugin:
+class NriPlugin(Worker):
     def __init__(self, handlers: Handlers, socket_path: Path = Path(DEFAULT_SOCKET), *, name: str = "topology-agent",
                  index: str = "10", dial_timeout: float = 1.0, backoff: tuple[float, float] = (0.1, 5.0),
                  register_timeout: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(thread_name="nri-plugin")
         self.handlers = handlers
         self.socket_path = socket_path
         self.name = name
@@ -119,23 +120,16 @@ class NriPlugin:
         self.state = PluginState()
         self._sync_parts: list[tuple[list[nri.PodSandbox], list[nri.Container]]] = []
         self._trunk: Trunk | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._synced = threading.Event()  # set when the current connection has synchronized
         self._lock = threading.Lock()
 
     # --- lifecycle -------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="nri-plugin", daemon=True)
-        self._thread.start()
-
     def stop(self) -> None:
-        self._stop.set()
+        self._stop.set()  # before the trunk closes: the connection loop then ends instead of dialing again
         trunk = self._trunk
         if trunk is not None:
             trunk.close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        super().stop()
 
     def wait_registered(self, timeout: float) -> bool:
         """Wait until registered and synchronized (tests and the start-up log)."""
