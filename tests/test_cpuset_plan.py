@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.policy.cpuset import RunningContainer, plan_cpusets
-from agent.policy.device_states import DeviceKey
 from agent.policy.grouping import Group, GroupingSettings, group_topology
+from agent.policy.keys import DeviceKey
 from agent.topology.embedded import load_embedded
 from tests.conftest import BOOK
 

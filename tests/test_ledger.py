@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from agent.policy.device_states import Holder, overlap_map
+from agent.policy.device_states import overlap_map
 from agent.policy.grouping import GroupingSettings, group_topology
+from agent.policy.keys import Holder
 from agent.policy.ledger import PENDING, AllocationLedger, ListedDevice
 from agent.topology.embedded import load_embedded
 from tests.conftest import BOOK, SOCKET

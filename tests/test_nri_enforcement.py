@@ -23,7 +23,8 @@ from agent.policy.container_claims import (
     with_claims,
 )
 from agent.policy.cpuset import RunningContainer
-from agent.policy.creation_cpuset import enforcement_mode, plan_creation
+from agent.policy.creation_cpuset import plan_creation
+from agent.policy.enforcement_choice import enforcement_mode
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology.model import Cpu, Machine, Topology
 from tests.test_chart import Render, agent_container, env_of, helm, mounts_of, render  # noqa: F401

@@ -22,8 +22,8 @@ from agent.node.kubeapi import kube_api_from_environment
 from agent.node.resource_withdrawal import ExtendedResourcesClear
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire
-from agent.policy.device_states import DeviceKey
 from agent.policy.grouping import Grouping
+from agent.policy.keys import DeviceKey
 from agent.policy.resource_slices import DRIVER, PoolPlan, SliceSettings, build_pool
 from agent.topology.model import Topology
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from agent.atomic import write_atomically
 from agent.errors import SavedStateError
-from agent.policy.device_states import DeviceKey
 from agent.policy.grouping import Grouping, GroupingSettings
+from agent.policy.keys import DeviceKey
 from agent.policy.ledger import SavedHolds
 from agent.policy.state_codec import grouping_from_dict, grouping_to_dict, holds_from_dict, holds_to_dict
 

@@ -30,9 +30,7 @@ from agent.policy.allocation import (
     plan_ordered,
 )
 from agent.policy.device_states import (
-    DeviceKey,
     DeviceState,
-    Holder,
     device_states,
     elsewhere_conflict,
     held_elsewhere,
@@ -40,6 +38,7 @@ from agent.policy.device_states import (
     overlap_map,
 )
 from agent.policy.grouping import Group, Grouping, GroupingSettings
+from agent.policy.keys import DeviceKey, Holder
 from agent.policy.ledger import AllocationLedger, ListedDevice, SavedHolds, admissible
 from agent.policy.preference import PreferenceIndex, preferred_allocation, spoiled_containers
 from agent.topology.model import Topology

@@ -24,7 +24,7 @@ from agent.dra.publisher import SlicePublisher
 from agent.errors import AgentError
 from agent.periodic import PeriodicLoop
 from agent.policy.container_claims import PreparedRequest
-from agent.policy.device_states import DeviceKey
+from agent.policy.keys import DeviceKey
 from agent.policy.resource_slices import PoolPlan
 
 log = logging.getLogger("topology-agent.dra")

@@ -51,8 +51,8 @@ from typing import Any
 from agent.atomic import write_atomically
 from agent.policy.allocation import AllocationSettings, plan_allocation
 from agent.policy.container_claims import ADMIN_ENV, CLAIM_ENV, PreparedRequest, claim_value
-from agent.policy.device_states import DeviceKey, Holder, claim_holder
 from agent.policy.grouping import Group
+from agent.policy.keys import DeviceKey, Holder, claim_holder
 
 log = logging.getLogger("topology-agent.dra")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from agent.enforce.cri_loop import CpusetEnforcement
 from agent.enforce.engine import EnforcementCounters, EnforcementEngine
 from agent.enforce.nri_hooks import NriEnforcement
-from agent.policy.device_states import DeviceKey
+from agent.policy.keys import DeviceKey
 from agent.worker import Worker
 
 log = logging.getLogger("topology-agent.cpuset")

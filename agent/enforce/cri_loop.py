@@ -27,8 +27,8 @@ from agent.enforce.engine import RUNTIME_DOWN, CpusetEngine, EnforcementCounters
 from agent.errors import AgentError, CriError
 from agent.plugin.servicer import Wire
 from agent.policy.cpuset import CpusetPlan, RunningContainer, plan_cpusets
-from agent.policy.device_states import DeviceKey
 from agent.policy.grouping import Group
+from agent.policy.keys import DeviceKey
 from agent.topology.cpulist import format_cpulist, parse_cpulist
 from agent.worker import Worker
 

@@ -16,9 +16,9 @@ from typing import Protocol
 from agent.devices.table import NodeDevices
 from agent.enforce.evictions import SETTLE
 from agent.plugin.servicer import Wire
-from agent.policy.cpuset import CpusetPlan, Eviction, Identity
-from agent.policy.device_states import DeviceKey
+from agent.policy.cpuset import CpusetPlan, Eviction
 from agent.policy.grouping import Group
+from agent.policy.keys import DeviceKey, Identity
 from agent.topology.cpulist import format_cpulist
 
 log = logging.getLogger("topology-agent.cpuset")

@@ -49,10 +49,10 @@ from agent.enforce.nri_upkeep import RECHECK, Upkeep, container_update
 from agent.nri.stub import DEFAULT_SOCKET, NriPlugin, Refused
 from agent.plugin.servicer import Wire
 from agent.policy.container_claims import PreparedRequest, claimed_devices, match_claim, prepared_keys, with_claims
-from agent.policy.cpuset import CpusetPlan, Identity, RunningContainer, Update, desired_topology, plan_cpusets
+from agent.policy.cpuset import CpusetPlan, RunningContainer, Update, desired_topology, plan_cpusets
 from agent.policy.creation_cpuset import plan_creation
-from agent.policy.device_states import DeviceKey
 from agent.policy.grouping import Group
+from agent.policy.keys import DeviceKey, Identity
 from agent.topology.cpulist import format_cpulist, parse_cpulist
 
 log = logging.getLogger("topology-agent.cpuset")

@@ -24,8 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from agent.policy.cpuset import Identity
-from agent.policy.device_states import DeviceKey
+from agent.policy.keys import DeviceKey, Identity
 
 CLAIM_ENV = "TOPOLOGY_DRA_CLAIM"
 ADMIN_ENV = "TOPOLOGY_ADMIN_ACCESS"  # set (``true``) instead of CLAIM_ENV for a request allocated with admin access

@@ -33,11 +33,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from agent.policy.device_states import DeviceKey
 from agent.policy.grouping import Group
+from agent.policy.keys import DeviceKey, Identity
 from agent.topology.cpulist import format_cpulist
 
-Identity = tuple[str, str, str]  # kubelet's namespace, pod, container
 KINDS = ("topology", "shrink", "widen", "offline")  # what an update does (metrics label every one)
 EVICTION_REASONS = ("stranded",)  # why a pod is to be evicted (metrics label every one)
 EVICTION_RESULTS = ("evicted", "blocked", "failed", "gone")  # what the API server made of an eviction: accepted,

@@ -20,10 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from agent.policy.cpuset import Identity, RunningContainer, Update, desired_topology, plan_cpusets
-from agent.policy.device_states import DeviceKey
-from agent.policy.enforcement_choice import enforcement_mode as enforcement_mode  # its home before
+from agent.policy.cpuset import RunningContainer, Update, desired_topology, plan_cpusets
 from agent.policy.grouping import Group
+from agent.policy.keys import DeviceKey, Identity
 
 
 @dataclass(frozen=True, slots=True)

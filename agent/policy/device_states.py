@@ -19,34 +19,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from agent.policy.grouping import Group, Grouping, GroupingSettings, group_topology
+from agent.policy.keys import DeviceKey, Holder
 from agent.topology.cpulist import format_cpulist
 from agent.topology.model import Topology
 
-DeviceKey = tuple[str, str]  # (resource, device id)
 MODES = ("deviceplugin", "dra")
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Holder:
-    """Who holds a device: a pod's container, or our own Allocate not yet listed by kubelet; ``claim``
-    (``namespace/name``) when it is held through a DRA claim (a prepared claim no container is listed with yet has
-    no namespace, pod or container)."""
-
-    namespace: str
-    pod: str
-    container: str
-    claim: str = ""
-
-    def __str__(self) -> str:
-        if not self.namespace:
-            return self.pod if self.claim else f"pending allocation ({self.pod})"
-        through = f" (claim {self.claim})" if self.claim else ""
-        return f"{self.namespace}/{self.pod}/{self.container}{through}"
-
-
-def claim_holder(claim: str) -> Holder:
-    """A prepared DRA claim (``namespace/name``) as a holder of its devices."""
-    return Holder("", f"claim {claim}", "", claim)
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from agent.policy.device_states import DeviceKey, Holder
+from agent.policy.keys import DeviceKey, Holder
 
 PENDING = Holder("", "not yet listed by kubelet", "")
 INIT = "(init container)"

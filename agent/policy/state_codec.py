@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from agent.errors import SavedStateError
-from agent.policy.device_states import DeviceKey
 from agent.policy.grouping import LEVELS, Group, Grouping, GroupingSettings, Uniform
+from agent.policy.keys import DeviceKey
 from agent.policy.ledger import SavedHolds
 from agent.topology.model import POLARIZATIONS
 
