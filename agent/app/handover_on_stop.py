@@ -1,18 +1,11 @@
-"""The running agent's part of a hand-over to the other mode (:mod:`agent.node.resource_withdrawal`): before an
-agent that is the last of its mode on its node stops, the scheduler is made to stop sending it pods, while it still
-serves those already on their way.
+"""The running agent's part of a hand-over to the other mode (:mod:`agent.node.resource_withdrawal`): before an agent
+that is the last of its mode on its node stops, the scheduler is made to stop sending it pods (device-plugin mode:
+its resources' allocatable taken to zero; DRA mode: its ResourceSlices deleted), while it still serves, for ``drain``
+seconds, those already on their way.
 
-It is the last when its DaemonSet is being deleted (``helm uninstall``) or its pod template now runs the other mode
-(``helm upgrade --set mode=...``: the DaemonSet is updated before its pods are replaced, so the stopping agent reads
-the new template; :func:`agent.policy.teardown.handing_over`). A restart or a rolling update in the same mode hands
-nothing over: the next agent serves the same names from its state files.
-
-* device-plugin mode: its resources' allocatable taken to zero on the Node, then ``drain`` seconds of serving
-  (:func:`agent.node.resource_withdrawal.withdraw_device_plugin`);
-* DRA mode: its ResourceSlices deleted (no claim is allocated on this node any more for a driver about to go; the
-  kubelet would delete them only 30 s after the plugin went), then ``drain`` seconds of serving prepares for the
-  claims allocated just before.
-"""
+Must hold: it is the last only when its DaemonSet is being deleted or its pod template now runs the other mode
+(:func:`agent.policy.teardown.handing_over`); a restart or a rolling update in the same mode, and any doubt, hands
+nothing over. Design: docs/contributing/design/mode-handover.md."""
 
 from __future__ import annotations
 

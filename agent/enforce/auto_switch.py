@@ -1,18 +1,11 @@
 """``--cpuset-enforcement auto`` for as long as the agent runs, not only at its start: NRI while the runtime's NRI
-socket answers, else CRI while a CRI socket exists, else none; the choice is looked at again when the runtime
-changes under the agent (containerd restarted with NRI turned off or on).
+socket answers, else CRI while a CRI socket exists, else none. NRI unregistered for ``patience`` seconds (the
+runtime restarted without it) switches to the CRI loop; while on CRI or none, the NRI socket is dialed again when its
+file changed and every ``reprobe`` seconds, and NRI is taken back when it answers.
 
-* **NRI gone.** A runtime restarted with NRI off leaves the plugin dialing a socket nobody answers, and every
-  container created meanwhile unpinned. After ``patience`` seconds (30) without a registration the agent switches to
-  the CRI loop (if a CRI socket exists), which pins from pod-resources and annotations shortly after the start, and
-  says so (a warning, ``/readyz``, ``topology_agent_cpuset_enforcement_mode``).
-* **NRI back.** While on CRI (or none), the NRI socket is dialed again whenever its file changed (a new inode or
-  time: the runtime made it anew, which it does at every start with NRI on) and every ``reprobe`` seconds (300); when
-  it answers, the agent switches to NRI, whose ``Synchronize`` repairs every container.
-
-Each switch stops one engine before the next starts (never two writing cpusets), and both share one set of
-counters, so the metrics stay monotonic.
-"""
+Must hold: each switch stops one engine before the next starts (never two writing cpusets), both share one set of
+counters (the metrics stay monotonic), and a switch is said (a warning, ``/readyz``, the mode metric).
+Design: docs/contributing/design/cpuset-enforcement.md."""
 
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
-"""Enforcing CPU sets through the container runtime (``--cpuset-enforcement cri``): a loop of its own
-that lists the running containers over CRI, plans their cpusets (:mod:`agent.policy.cpuset`) and
-applies what differs with ``UpdateContainerResources``, as kubelet's CPU manager does.
+"""Enforcing CPU sets through the container runtime (``--cpuset-enforcement cri``): a loop of its own that lists the
+running containers over CRI, plans their cpusets (:mod:`agent.policy.cpuset`) and applies what differs with
+``UpdateContainerResources``, as kubelet's CPU manager does.
 
-Never on the Allocate path, and never in the way of device serving: a failing or absent runtime is
-retried with backoff and reported. The pod of a stranded holder (its groups' CPUs all offline, no CPU left
-outside other holders' groups) is handed to :mod:`agent.enforce.evictions` (``--stranded-policy evict``), which asks
-the API server on a thread of its own. A runtime that refuses one container's update (a sandboxed
-runtime, say) costs that container only: it is said once, counted, and tried again at the next
-step, while every other container is still updated in the same step. It is refused while kubelet
-runs the static CPU manager policy (kubelet reconciles cpusets itself: the two would fight).
-Nothing is persisted: container ids and pins are rebuilt from pod-resources and the runtime after a
-restart.
-"""
+Must hold: never on the Allocate path and never in the way of device serving (a failing or absent runtime is retried
+with backoff and reported); a runtime that refuses one container's update costs that container only (said once,
+counted, tried again at the next step); a stranded holder's pod goes to :mod:`agent.enforce.evictions`; nothing is
+done while kubelet runs the static CPU manager policy (the two would fight); nothing is persisted (container ids and
+pins are rebuilt from pod-resources and the runtime). Design: docs/contributing/design/cpuset-enforcement.md."""
 
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
-"""Asking the API server to evict the pods the cpuset plan names (:attr:`agent.policy.cpuset.CpusetPlan.evict`: the
-pod of a stranded holder, which no cpuset keeps off other pods' CPUs), through the policy/v1 Eviction subresource,
-so that the pod's PodDisruptionBudgets and its termination grace are honoured (``--stranded-policy evict``).
+"""Asking the API server to evict the pods the cpuset plan names (:attr:`agent.policy.cpuset.CpusetPlan.evict`: the pod
+of a stranded holder, which no cpuset keeps off other pods' CPUs), through the policy/v1 Eviction subresource, so that
+its PodDisruptionBudgets and termination grace are honoured (``--stranded-policy evict``).
 
-Never in the way of anything: :meth:`Evictions.want` only records what the plan names (the NRI handlers and the CRI
-loop call it at every plan) and wakes a thread of its own, started for the first pod to evict, which makes the calls.
-A pod is asked for once the plans have named it for ``settle`` seconds in a row (10 s): what the plan knows comes
-from several sources (the rescan's online CPUs, pod-resources' holders every 2 s, the runtime's containers), and a
-pod stranded only between two of their updates (a holder that ended but is still listed, a CPU back but not yet
-rescanned) is not evicted for it. Each pod is asked once: an accepted eviction is remembered while the plan still
-names the pod (it terminates meanwhile), and forgotten once it does not. A refusal (429: a PodDisruptionBudget
-allows no disruption now; any other answer or no answer) is logged once per pod and reason and tried again with
-backoff (:class:`agent.backoff.Backoff`) for as long as the plan names the pod; a pod the plan no longer names (a CPU
-came back, a group was freed) is not asked again. A pod the API server does not know (404) is gone already.
-"""
+Must hold: never in the way of anything (:meth:`Evictions.want` only records and wakes; the calls are made on a thread
+of its own, started for the first pod to evict); a pod is asked for only once the plans have named it for ``settle``
+seconds in a row, once if accepted, again with backoff while refused and named, never once the plan no longer names
+it; a pod the API server does not know is gone already. Design: docs/contributing/design/cpuset-enforcement.md."""
 
 from __future__ import annotations
 

@@ -1,36 +1,14 @@
-"""Enforcing CPU sets at creation (``--cpuset-enforcement nri``): the agent is an NRI plugin of the
-container runtime (:mod:`agent.nri.stub`), and this is what it answers, decided by
-:mod:`agent.policy.creation_cpuset` and :mod:`agent.policy.cpuset` from memory (the device table and the
-containers the runtime told about), never from I/O inside a handler.
+"""Enforcing CPU sets at creation (``--cpuset-enforcement nri``): the NRI protocol's hooks. The agent is an NRI plugin
+of the container runtime (:mod:`agent.nri.stub`), and this is what it answers to CreateContainer, Synchronize,
+UpdateContainer, StopContainer and RemoveContainer, decided by :mod:`agent.policy.creation_cpuset` and
+:mod:`agent.policy.cpuset`; what happens outside any event is :mod:`agent.enforce.nri_upkeep`. In DRA mode a
+container's groups come from the claim its CDI environment names (:mod:`agent.policy.container_claims`).
 
-* CreateContainer: the new container's cpuset and memory nodes (its groups'; with
-  ``--shared-pool`` the pool for every other container), and the running containers the new
-  holder pushes out of its CPUs, all in the reply. A container the pool cannot take (an ordinary one
-  while the shared pool is empty, a holder whose groups are all offline with no pool left) is refused:
-  the runtime fails its creation and kubelet retries it, rather than it running on every CPU. A running stranded
-  holder's pod is handed to :mod:`agent.enforce.evictions` (``--stranded-policy evict``), which asks the API server
-  on a thread of its own: never from a handler (NRI's adaptation drops a plugin's evictions anyway).
-* Synchronize (at registration, and after every reconnect): every existing container reconciled
-  as the CRI loop does, which repairs containers created while the plugin was away.
-* UpdateContainer: a topology container keeps its groups' CPUs whatever kubelet updates; Stop and
-  Remove forget the container, and their replies widen the others when the pool grew back.
-
-In DRA mode (``claims``: the kubelet plugin's prepared claim requests, in memory) a container's groups come
-from the ``TOPOLOGY_DRA_CLAIM`` variable its CDI device put into its environment, believed only for a claim the
-agent prepared and a pod of the claim's namespace (:mod:`agent.policy.container_claims`; anything else is logged at
-debug and the container is treated as any other), and every prepared claim's devices count as held.
-
-Annotations of the agent's domain that the pod itself carries are not believed: with containerd's
-``pod_annotations`` pass-through a pod's own annotations reach its containers' (containerd
-``internal/cri/server/container_create.go`` adds them to the OCI spec; ``internal/cri/nri/nri_api_linux.go``
-``criContainer.GetAnnotations`` merges the spec's with kubelet's, kubelet's winning), while Allocate's never
-are the pod's (kubelet puts them into the CRI container config only).
-
-What the runtime applied is remembered from what it says (Synchronize, the events) and from the updates in the
-replies (it applies them; containerd logs a failure). Updates sent outside any event (:mod:`agent.enforce.nri_upkeep`)
-are remembered only once the runtime confirms them; until then the container is in doubt and every reply plans it
-again. Refused, like the CRI loop, while kubelet runs the static CPU manager policy (it answers nothing).
-"""
+Must hold: decided from memory (the device table, the containers the runtime told about), never from I/O inside a
+handler; a container the pool cannot take is refused, never created on every CPU; a stranded holder's pod goes to
+the evictions, never evicted from a handler; the agent's annotations a pod carries itself are not believed; an update
+sent outside an event is remembered only once the runtime confirms it; nothing is answered while kubelet runs the
+static CPU manager policy. Why: docs/contributing/design/cpuset-enforcement.md."""
 
 from __future__ import annotations
 

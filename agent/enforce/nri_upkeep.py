@@ -1,26 +1,12 @@
-"""What the NRI enforcement (:mod:`agent.enforce.nri_hooks`) does outside any event, on a thread of its own.
+"""What the NRI enforcement (:mod:`agent.enforce.nri_hooks`) does outside any event, on a thread of its own: the push
+(devices changed hands outside any event: the known containers' updates go out at once with an unsolicited
+``UpdateContainers``) and the re-check (every ``recheck`` seconds each known container's cpuset is read back over
+CRI, and one found on another cpuset than the agent knew is counted, said once and set again).
 
-* **Push.** When devices change hands outside any event (pod-resources notices a pod has gone, an Allocate, a DRA
-  prepare or unprepare), the known containers' updates go out at once with an unsolicited ``UpdateContainers``,
-  only on runtimes whose NRI is v0.12.1 or later (containerd 2.4+: before, it can deadlock containerd). They are
-  sent without ``ignore_failure``, so that a failure comes back: containerd's ``domainTable.updateContainers``
-  (``internal/nri/domain.go``) then returns an error, though not which container failed (ttrpc's ``unaryCall``
-  marshals no payload with an error), so a failed batch is sent again one container at a time to learn it. Only
-  what the runtime confirms is remembered. A failed update leaves the container as it was (the next reply and the
-  next push send it again, with backoff from 1 s to 30 s); a call that timed out (containerd's
-  ``updateFromPlugin`` waits on the lock every NRI event holds, and may apply it later) leaves the container in
-  doubt: every reply sends it again whichever cpuset it has, until the runtime says which.
-* **Re-check.** Every ``recheck`` seconds (60 by default), when the runtime's CRI socket is at hand, each known
-  container's cpuset is read back (``ContainerStatus``, from the OCI spec the runtime keeps: its status's
-  resources miss NRI adjustments made at creation, :class:`agent.cri.client.ContainerStatusInfo`): a pre-create
-  update that failed (containerd only logs those) is otherwise never tried again, and NRI tells a plugin nothing
-  of other plugins' updates. A container the agent decides (a holder; with ``--shared-pool`` every one) found on
-  another cpuset than the one it knew is counted (``topology_agent_cpuset_overridden_total``), said once per
-  container, and set again. NRI gives each field of a container to one plugin per event only
-  (``pkg/api/owners.go``: two plugins setting ``cpuset.cpus`` in one CreateContainer fail the creation); updates
-  from different events or sent unsolicited are not owned, and the last one wins, so two plugins that manage
-  cpusets on one runtime fight: run one.
-"""
+Must hold: unsolicited updates only on runtimes whose NRI is v0.12.1 or later, sent without ``ignore_failure`` and,
+when a batch fails, again one container at a time to learn which; only what the runtime confirms is remembered; a
+timed-out update leaves its container in doubt (every reply sends it again) until the runtime says which cpuset it
+has. Why, with containerd's and NRI's code: docs/contributing/design/cpuset-enforcement.md."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@
 * :mod:`agent.node.cpu_manager` -- kubelet's CPU manager checkpoint and ``reservedSystemCPUs``, and
   warnings when they clash with the advertised groups;
 * :mod:`agent.node.seccomp` -- the seccomp profile vLLM needs, written where kubelet reads profiles.
+* :mod:`agent.node.resource_withdrawal`, :mod:`agent.node.cleanup` -- a hand-over to the other mode, the uninstall.
 
 Nothing is imported here: ``seccomp-profile`` (the chart's init container) loads only what it uses.
 """

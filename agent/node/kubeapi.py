@@ -1,18 +1,13 @@
-"""The agent's Kubernetes API client, over the standard library: the Node (GET, a JSON merge PATCH of metadata,
-one Event when the node advertises nothing; on a hand-over to the other mode, its extended resources' allocatable
-taken to zero with a merge PATCH of the status, :mod:`agent.policy.allocatable`), DRA mode's ResourceSlices (list by
-field selector with pagination, create, replace with the resourceVersion read, delete) and ResourceClaims (get), a
-pod's eviction (the policy/v1 Eviction subresource: a stranded holder, :mod:`agent.enforce.evictions`), and an
-uninstall's DaemonSet and node list. Raw JSON in and out: the ``kubernetes`` package's API models cost 0.7 s of
-import and about 35 MiB kept for the life of the agent.
+"""The agent's Kubernetes API client, over the standard library: the Node (GET, a merge PATCH of its metadata, one
+Event, its extended resources' allocatable taken to zero on a hand-over), DRA mode's ResourceSlices (list with
+pagination, create, replace with the resourceVersion read, delete) and ResourceClaims (get), a pod's eviction (the
+policy/v1 Eviction subresource), and an uninstall's DaemonSet and node list. Raw JSON in and out: the ``kubernetes``
+package's API models cost 0.7 s of import and about 35 MiB kept for the life of the agent.
 
-:class:`KubeApi` holds the calls; a transport sends them. :class:`LeanKubeApi` speaks HTTP/1.1 to the API server with
-the in-cluster service account (the token is read again for every request: bound tokens rotate). Outside a cluster
-(a kubeconfig, local runs), :func:`kubeconfig_api` sends the same calls through the ``kubernetes`` package's
-authenticated HTTP client (its exec plugins, its auth providers), imported only then (the ``kubeconfig`` extra).
-Failures are :class:`~agent.errors.KubeApiError` (the API server answered with an error),
-``TimeoutError`` or another ``OSError`` (it could not be reached).
-"""
+:class:`KubeApi` holds the calls; a transport sends them: :class:`LeanKubeApi` (HTTP/1.1 with the in-cluster service
+account, its token read again for every request: bound tokens rotate) or, outside a cluster, :func:`kubeconfig_api`
+(the ``kubernetes`` package's authenticated client, imported only then). Must hold: a failure is a
+:class:`~agent.errors.KubeApiError` (the API server answered with an error), ``TimeoutError`` or another ``OSError``."""
 
 from __future__ import annotations
 

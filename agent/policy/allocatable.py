@@ -1,18 +1,13 @@
-"""Handing a node's extended resources from one mode to the other without a failed pod (issue 30). Pure.
+"""Handing a node's extended resources from one mode to the other without a failed pod. Pure.
 
-The scheduler takes the device-plugin path for ``topology/book: 1`` while the Node's allocatable has a non-zero
-``topology/book``, and the DRA path (the DeviceClass's ``extendedResourceName``) once it is zero or absent
-(kubernetes ``pkg/scheduler/framework/plugins/dynamicresources/extendeddynamicresources.go``
-``filterExtendedResources``: ``isBackedByDRA && allocatable == 0``). kubelet derives that allocatable from the
-device plugin's healthy devices (``pkg/kubelet/cm/devicemanager/manager.go`` ``GetCapacity``) but writes it to the
-Node only at its next status sync (``nodeStatusUpdateFrequency``, 10 s by default), while its device manager refuses
-an Allocate the moment the plugin is gone (``devicesToAllocate``: "no healthy devices present; cannot allocate
-unhealthy devices"): a pod bound in between fails admission (``UnexpectedAdmissionError``) instead of waiting.
+The scheduler takes the device-plugin path for a resource while the Node's allocatable of it is non-zero and DRA's
+once it is zero, but kubelet writes that zero only at its next status sync while it refuses an Allocate the moment
+the plugin is gone. So the agent that hands over writes the zero itself before its device plugin stops, and a DRA
+agent writes it at its start too. These are the quantities and the patch.
 
-So the agent that hands the node over takes its resources' allocatable to zero itself before its device plugin
-stops (the value kubelet writes once it is gone), keeps serving while pods bound before the scheduler saw the zero
-are admitted, and a DRA agent writes the zero at its start too (an agent of an older release stops without it).
-"""
+Must hold: only a quantity that reads as zero (``0``, ``0k``, ``0.0``) counts as withdrawn; the patch touches the
+allocatable only (capacity stays, as kubelet keeps it). The upstream code this follows:
+docs/contributing/design/mode-handover.md."""
 
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
-"""Device health: what is held, what that blocks, and what the machine still has. Pure.
+"""Device states: what is held, what that blocks, and what the machine still has. Pure.
 
-kubelet treats ``topology/book`` and ``topology/socket`` as unrelated resources, so the agent
-enforces exclusivity across levels itself: a held book blocks its sockets, a held socket blocks
-its book (drawers likewise). Blocked devices are published ``Unhealthy`` so kubelet will not
-hand them out; a device that is itself held is never marked, and no id is ever dropped.
+kubelet treats ``topology/book`` and ``topology/socket`` as unrelated resources, so the agent enforces exclusivity
+across levels itself: a held book blocks its sockets, a held socket blocks its book (drawers likewise), and the
+groups not advertised (:func:`shadow_groups`) block what they overlap when held.
 
-Holds come from both modes, whatever the mode the agent runs in: device-plugin allocations (pod-resources'
-device rows, the agent's own Allocates, the saved holds) and DRA claims (pod-resources' claim rows, the prepared
-claims' checkpoint). What hands devices out in one mode knows nothing of the other's holds (kubelet's device
-manager knows no claim; the scheduler counts only claims), so a device held by the other mode
-(:func:`held_elsewhere`) is never handed out by this one: Unhealthy in device-plugin mode, tainted in DRA mode
-(:mod:`agent.policy.resource_slices`).
-"""
+Must hold: a blocked device is published ``Unhealthy`` so kubelet will not hand it out; a held device is never marked
+and no id is ever dropped; a device the other mode holds (:func:`held_elsewhere`) is never handed out by this one
+(Unhealthy here, tainted in DRA mode's slices). Why: docs/contributing/design/holds.md."""
 
 from __future__ import annotations
 
