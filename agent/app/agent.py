@@ -11,12 +11,10 @@ from collections import Counter
 from collections.abc import Callable
 
 from agent.app.config import AgentConfig
-from agent.app.enforcement import CpusetEnforcement
-from agent.app.enforcement_auto import AutoEnforcement
-from agent.app.evictions import Evictions
-from agent.app.loops import PeriodicLoop, backoff_delay
-from agent.app.nri_enforcement import NriEnforcement
+from agent.devices.serving import DeviceServer
 from agent.devices.table import NodeDevices
+from agent.enforce.engine import EnforcementEngine
+from agent.enforce.evictions import Evictions
 from agent.errors import PodResourcesError, TopologyReadError
 from agent.node.reporter import NodeReporter
 from agent.observe.http import HttpEndpoint, make_app
@@ -24,15 +22,13 @@ from agent.observe.logs import dropped_records
 from agent.observe.metrics import AgentMetrics
 from agent.observe.report import machine_line
 from agent.observe.status import AgentStatus, EnforcementStatus, ResourceStatus
-from agent.plugin.manager import PluginManager
+from agent.periodic import PeriodicLoop, backoff_delay
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire
 from agent.policy.grouping import Grouping
 from agent.topology.model import Topology
 
 log = logging.getLogger("topology-agent")
-
-Enforcement = CpusetEnforcement | NriEnforcement | AutoEnforcement
 
 SLOW_POD_RESOURCES = 30.0  # seconds between pod-resources Lists while nothing is held
 IDLE_AFTER = 60.0  # seconds after the last change of hands before pod-resources slows down
@@ -70,10 +66,10 @@ class Agent:
     node reporter, metrics, the HTTP endpoint and the loops that keep the state true."""
 
     def __init__(self, *, topology: Topology, config: AgentConfig, grouping: Grouping, devices: NodeDevices[Wire],
-                 manager: PluginManager, pod_resources: PodResourcesClient, reporter: NodeReporter,
+                 manager: DeviceServer, pod_resources: PodResourcesClient, reporter: NodeReporter,
                  metrics: AgentMetrics, http: HttpEndpoint | None, latest: LatestTopology,
                  loader: Callable[[], Topology] | None = None, fingerprint: Callable[[], object] | None = None,
-                 first_fingerprint: object = None, enforcement: Enforcement | None = None,
+                 first_fingerprint: object = None, enforcement: EnforcementEngine | None = None,
                  enforcement_mode: str = "none", evictions: Evictions | None = None) -> None:
         self.topology = topology
         self.config = config

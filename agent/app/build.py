@@ -1,15 +1,12 @@
-"""The composition root: every bit of start-up I/O, then finished parts handed to :class:`Agent`.
+"""The composition root: every bit of start-up I/O, then finished parts handed to :class:`Agent`; nothing is served
+or registered here. :func:`build_agent` runs its named steps in order (the groups to advertise, the device table
+with the holds known before serving, what serves the devices to kubelet, the node reporter, the holders before
+serving, the cpuset enforcement).
 
-In order: the groups to advertise (the saved ones while anything holds them, else the ones found now;
-reading the saved file and asking pod-resources, the saved holds and the DRA checkpoint who holds what), the
-device table with the machine's health and the holders as known before serving, the plugin manager, the node
-reporter, metrics and the bound HTTP port. Nothing is served or registered here.
-
-Holds of both modes count in either (:mod:`agent.policy.health`): pod-resources' claim rows of the DRA driver are
-read in device-plugin mode too, and the claims a DRA agent left prepared (its checkpoint) hold their devices there
-until pod-resources shows or drops them; in DRA mode the saved device-plugin holds are restored as in device-plugin
-mode. So a switch of modes, either way, hands out nothing the other mode holds, from the first ListAndWatch or the
-first slice publication on.
+Must hold: holds of both modes count in either (pod-resources' claim rows are read in device-plugin mode too, a DRA
+agent's checkpoint holds its claims' devices there until pod-resources shows or drops them, and DRA mode restores
+the saved device-plugin holds), so a switch of modes, either way, hands out nothing the other mode holds, from the
+first ListAndWatch or the first slice publication on (docs/contributing/design/holds.md).
 """
 
 from __future__ import annotations
@@ -18,16 +15,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING
 
-from agent.app.agent import Agent, Enforcement, LatestTopology, exclusivity_confirmed
+from agent.app.agent import Agent, LatestTopology, exclusivity_confirmed
 from agent.app.config import AgentConfig
-from agent.app.enforcement import CpusetEnforcement, EnforcementCounters
-from agent.app.enforcement_auto import AutoEnforcement
-from agent.app.enforcement_mode import choose_enforcement, cri_socket_of
-from agent.app.nri_enforcement import NriEnforcement
+from agent.app.paths import CRI_SOCKETS
 from agent.cri.client import CriClient
 from agent.devices.persist import StateFiles
+from agent.devices.serving import DeviceServer
 from agent.devices.table import NodeDevices
 from agent.dra.prepare import (
     PreparedClaim,
@@ -37,6 +32,11 @@ from agent.dra.prepare import (
     forget_claims,
     read_checkpoint,
 )
+from agent.enforce.auto_switch import AutoEnforcement
+from agent.enforce.cri_loop import CpusetEnforcement
+from agent.enforce.engine import EnforcementCounters, EnforcementEngine
+from agent.enforce.engine_choice import choose_enforcement, cri_socket_of
+from agent.enforce.nri_hooks import NriEnforcement
 from agent.errors import PodResourcesError
 from agent.node.reporter import LabelerFactory, NodeReporter, default_labeler
 from agent.observe.http import HttpEndpoint
@@ -44,11 +44,16 @@ from agent.observe.metrics import AgentMetrics
 from agent.plugin.manager import PluginManager
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire, render
-from agent.policy.dra import DRIVER
+from agent.policy.device_states import shadow_groups
 from agent.policy.grouping import Group, Grouping, group_topology
-from agent.policy.health import shadow_groups
+from agent.policy.keys import DeviceKey
 from agent.policy.ledger import SavedHolds
+from agent.policy.resource_slices import DRIVER
 from agent.topology.model import Topology
+
+if TYPE_CHECKING:  # made only in the steps that need them (DRA mode, --stranded-policy evict)
+    from agent.dra.driver import DraManager
+    from agent.enforce.evictions import Evictions
 
 log = logging.getLogger("topology-agent")
 
@@ -136,20 +141,25 @@ def socket_age(path: Path) -> float | None:
         return None
 
 
-def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[], Topology] | None = None,
-                fingerprint: Callable[[], object] | None = None,
-                labeler_factory: LabelerFactory = default_labeler) -> Agent:
-    first_fingerprint = fingerprint() if fingerprint is not None else None
-    pod_resources = PodResourcesClient(config.pod_resources_socket)
-    pod_resources.dra_driver = DRIVER  # claim rows are holds in either mode
-    files = StateFiles(config.kubelet_dir, config.grouping)
-    claims = read_checkpoint(checkpoint_path(config.kubelet_dir))  # DRA mode's prepared claims (the preparer's own)
+def advertised_groups(topology: Topology, config: AgentConfig, files: StateFiles, pod_resources: PodResourcesClient,
+                      claims: Mapping[str, PreparedClaim]) -> tuple[Grouping, tuple[Group, ...]]:
+    """Step 1: the groups to advertise (:func:`choose_grouping`) and the ``shadow`` groups, those of every level not
+    advertised (another level, too small), which the other mode or an earlier choice may hold all the same.
+    pod-resources is told every id of either, so that its rows of both are read as holds."""
     grouping = choose_grouping(group_topology(topology, config.grouping), files, pod_resources, topology, claims)
-    machine = topology.machine
-    # Groups not advertised (another level, too small): the other mode, or an earlier choice, may hold them.
     shadow = shadow_groups(grouping, topology, config.grouping)
+    pod_resources.dra_devices = {g.id: g.resource for g in (*grouping.groups, *shadow)}
+    return grouping, shadow
+
+
+def device_table(topology: Topology, config: AgentConfig, grouping: Grouping, shadow: Sequence[Group],
+                 files: StateFiles, pod_resources: PodResourcesClient,
+                 claims: Mapping[str, PreparedClaim]) -> tuple[NodeDevices[Wire], list[Callable[[], None]]]:
+    """Step 2: the node's device table with every hold known before serving: the saved holds (of an earlier instance)
+    and, in device-plugin mode, the claims a DRA agent left prepared; and the steps to run after the first List
+    (the prepared claims that hold nothing any more are then forgotten)."""
+    machine = topology.machine
     every = (*grouping.groups, *shadow)
-    pod_resources.dra_devices = {g.id: g.resource for g in every}
     devices = NodeDevices(grouping, config.grouping, config.allocation, render,
                           numa_topology=machine.has_node_dirs and len(machine.memory_nodes) > 1, store=files,
                           mode=config.mode, shadow=shadow)
@@ -177,48 +187,69 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
             devices.add_listener(forget)
             after_first_sync.append(forget)
         pod_resources.dra_admin = lambda: admin_devices(claims)
-    metrics = AgentMetrics()
-    metrics.prepare(grouping.resources())
+    return devices, after_first_sync
+
+
+def device_server(config: AgentConfig, topology: Topology, grouping: Grouping, devices: NodeDevices[Wire],
+                  pod_resources: PodResourcesClient,
+                  metrics: AgentMetrics) -> tuple[DeviceServer, DraManager | None]:
+    """Step 3: what serves the devices to kubelet, made but not started: the plugin manager, or in DRA mode the DRA
+    driver (returned a second time, for the enforcement's wiring). A kubelet younger than the ledger's settling time
+    (the node rebooted, or kubelet restarted with the agent) counts as just restarted: its first List is not news."""
+    manager: DeviceServer
     dra = None
     if config.mode == "dra":  # the second adapter: ResourceSlices and a kubelet DRA plugin (agent/dra)
-        from agent.app.dra import build_dra_manager
+        from agent.app.build_dra import build_dra_manager
 
-        dra = build_dra_manager(config, topology, grouping, devices, pod_resources)
-        # DraManager has the face of PluginManager the agent uses (start, stop, ready, alive, registrations, ...).
-        manager = cast(PluginManager, dra)
+        manager = dra = build_dra_manager(config, topology, grouping, devices, pod_resources)
     else:
         manager = PluginManager(config.kubelet_dir, devices.tables, metrics, config.timing,
                                 on_kubelet_restart=devices.kubelet_restarted)
     kubelet_age = socket_age(config.kubelet_dir / "kubelet.sock")
     if kubelet_age is not None and kubelet_age < devices.ledger.restart_settle:
-        devices.kubelet_restarted(kubelet_age)  # the node rebooted, or kubelet restarted with us: its List is not news
+        devices.kubelet_restarted(kubelet_age)
+    return manager, dra
+
+
+def node_reporter(topology: Topology, grouping: Grouping, config: AgentConfig, devices: NodeDevices[Wire],
+                  labeler_factory: LabelerFactory) -> NodeReporter:
+    """Step 4: the node reporter (labels, annotation, Events), with kubelet's CPU manager state read once."""
     reporter = NodeReporter(topology, grouping, node_name=config.node_name, labels_enabled=config.node_labels,
                             cpu_manager_state=config.cpu_manager_state, kubelet_config=config.kubelet_config,
                             labeler_factory=labeler_factory,
                             exclusivity=lambda: exclusivity_confirmed(config, devices))
     reporter.check_cpu_manager()
-    if devices.tables:
-        # Know what is in use, and what is whole, before serving: a restarted agent must not hand
-        # out held groups, nor groups (kept from before the restart) that lost CPUs meanwhile.
-        devices.apply_topology(topology)
-        if config.pod_resources_interval > 0:
-            first_pod_resources_sync(devices, pod_resources, config)
-        for step in after_first_sync:
-            step()
-    http = HttpEndpoint(config.metrics_address, config.metrics_port) if config.metrics_port is not None else None
-    latest = LatestTopology(topology)
-    enforcement: Enforcement | None = None
+    return reporter
+
+
+def holders_before_serving(topology: Topology, config: AgentConfig, devices: NodeDevices[Wire],
+                           pod_resources: PodResourcesClient, after_first_sync: Sequence[Callable[[], None]]) -> None:
+    """Step 5: know what is in use, and what is whole, before serving: a restarted agent must not hand out held
+    groups, nor groups (kept from before the restart) that lost CPUs meanwhile."""
+    devices.apply_topology(topology)
+    if config.pod_resources_interval > 0:
+        first_pod_resources_sync(devices, pod_resources, config)
+    for step in after_first_sync:
+        step()
+
+
+def cpuset_enforcement(config: AgentConfig, devices: NodeDevices[Wire], groups: Mapping[DeviceKey, Group],
+                       latest: LatestTopology, reporter: NodeReporter, metrics: AgentMetrics,
+                       dra: DraManager | None) -> tuple[EnforcementEngine | None, str, Evictions | None]:
+    """Step 6: the cpuset enforcement engine (none, cri, nri or auto, chosen once here; auto may switch later), the
+    mode in force, and the evictions of stranded holders' pods (``--stranded-policy evict``). Made, not started;
+    nothing to enforce on a node that advertises nothing. In DRA mode a prepare wakes the NRI hooks (a hold)."""
+    enforcement: EnforcementEngine | None = None
     mode = "none"
+    cri_socket = cri_socket_of(config.cri_socket, CRI_SOCKETS)
     if config.cpuset_enforcement != "none" and devices.tables:
-        mode, why = choose_enforcement(config)
+        mode, why = choose_enforcement(config.cpuset_enforcement, config.nri_socket, cri_socket)
         if mode == "none":
             log.warning("cpuset enforcement off (%s): containers run wherever kubelet puts them; devices are still "
                         "served", why, extra={"reason": why})
-    groups = {(g.resource, g.id): g for g in every}
-    cri_socket = cri_socket_of(config)
     evictions = None
     if config.cpuset_enforcement != "none" and devices.tables and config.stranded_policy == "evict":
-        from agent.app.evictions import Evictions
+        from agent.enforce.evictions import Evictions
         from agent.node.kubeapi import kube_api_from_environment
 
         evictions = Evictions(kube_api_from_environment)  # no API client, no thread, before a pod is to be evicted
@@ -260,8 +291,34 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
         devices.enforced = enforcement.enforced
         if dra is not None and not isinstance(enforcement, CpusetEnforcement):
             dra.on_claims_changed(enforcement.changed)  # NRI (or auto, which may be NRI): a prepare is a hold
+    return enforcement, mode, evictions
+
+
+def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[], Topology] | None = None,
+                fingerprint: Callable[[], object] | None = None,
+                labeler_factory: LabelerFactory = default_labeler) -> Agent:
+    """The agent for ``topology`` and ``config``, every part made and its start-up I/O done, nothing served,
+    registered or started (:meth:`Agent.start` does that). ``loader`` reads the topology again (rescans; None: no
+    rescans), ``fingerprint`` cheaply tells whether it may have changed; ``labeler_factory`` makes the Node's
+    labeler (tests hand in their own). The steps run in the order below: each needs what the ones before made."""
+    first_fingerprint = fingerprint() if fingerprint is not None else None
+    pod_resources = PodResourcesClient(config.pod_resources_socket)
+    pod_resources.dra_driver = DRIVER  # claim rows are holds in either mode
+    files = StateFiles(config.kubelet_dir, config.grouping)
+    claims = read_checkpoint(checkpoint_path(config.kubelet_dir))  # DRA mode's prepared claims (the preparer's own)
+    grouping, shadow = advertised_groups(topology, config, files, pod_resources, claims)
+    devices, after_first_sync = device_table(topology, config, grouping, shadow, files, pod_resources, claims)
+    metrics = AgentMetrics()
+    metrics.prepare(grouping.resources())
+    manager, dra = device_server(config, topology, grouping, devices, pod_resources, metrics)
+    reporter = node_reporter(topology, grouping, config, devices, labeler_factory)
+    if devices.tables:
+        holders_before_serving(topology, config, devices, pod_resources, after_first_sync)
+    http = HttpEndpoint(config.metrics_address, config.metrics_port) if config.metrics_port is not None else None
+    latest = LatestTopology(topology)
+    groups = {(g.resource, g.id): g for g in (*grouping.groups, *shadow)}
+    enforcement, mode, evictions = cpuset_enforcement(config, devices, groups, latest, reporter, metrics, dra)
     return Agent(topology=topology, config=config, grouping=grouping, devices=devices, manager=manager,
                  pod_resources=pod_resources, reporter=reporter, metrics=metrics, http=http, loader=loader,
                  fingerprint=fingerprint, first_fingerprint=first_fingerprint, latest=latest,
                  enforcement=enforcement, enforcement_mode=mode, evictions=evictions)
-

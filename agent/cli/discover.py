@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         dra: dict[str, object] = {}
         if plan is not None:  # DRA mode only
-            from agent.policy.dra import pool_dict
+            from agent.policy.resource_slices import pool_dict
 
             dra = {"dra": pool_dict(plan)}
         sys.stdout.write(json.dumps({**grouping_dict(topology, grouping), "cpuset_enforcement": enforcement, **dra},

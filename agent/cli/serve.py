@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
 def hand_over(agent: Agent, daemonset: str, namespace: str) -> None:
     """On a signal, before stopping: hand the node's resources over when this is the last agent of its mode there."""
-    from agent.app.handover import hand_over_if_last
+    from agent.app.handover_on_stop import hand_over_if_last
     from agent.node.kubeapi import LeanKubeApi
 
     hand_over_if_last(agent, LeanKubeApi.in_cluster, namespace=namespace, daemonset=daemonset)
@@ -109,8 +109,8 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
 
 def cleanup_after_stop(args: argparse.Namespace, config: AgentConfig) -> None:
     """After serve stopped: clean the node up only if the agent's DaemonSet is being deleted (agent/node/uninstall)."""
+    from agent.node.cleanup import cleanup_if_released, log
     from agent.node.kubeapi import LeanKubeApi
-    from agent.node.uninstall import cleanup_if_released, log
 
     namespace = os.environ.get("POD_NAMESPACE")
     if not namespace:
@@ -132,6 +132,6 @@ def cleanup_after_stop(args: argparse.Namespace, config: AgentConfig) -> None:
 def node_slice_remover(config: AgentConfig) -> Callable[[str], int] | None:
     if config.mode != "dra":
         return None
-    from agent.app.dra import remove_node_slices
+    from agent.app.build_dra import remove_node_slices
 
     return remove_node_slices

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.app.paths import DEFAULT_KUBELET_DIR, DEFAULT_NRI_SOCKET
+from agent.app.paths import CRI_SOCKETS, DEFAULT_NRI_SOCKET
 from agent.cli.flags import bool_env
 from agent.errors import CpuListError, UsageError
 from agent.policy.grouping import Grouping, GroupingSettings
@@ -19,7 +19,7 @@ from agent.topology.source import TopologySource
 
 if TYPE_CHECKING:  # what explain and DRA mode import when they run: discover does without them
     from agent.policy.allocation import AllocationSettings
-    from agent.policy.dra import PoolPlan
+    from agent.policy.resource_slices import PoolPlan
 
 
 def _int(flag: str, value: str) -> int:
@@ -132,12 +132,10 @@ def enforcement_here(args: argparse.Namespace) -> dict[str, str]:
 
         mode, why = enforcement_mode(args.cpuset_enforcement, False, False)
         return {"requested": args.cpuset_enforcement, "mode": mode, "reason": why}
-    from agent.app.config import AgentConfig
-    from agent.app.enforcement_mode import choose_enforcement
+    from agent.enforce.engine_choice import choose_enforcement, cri_socket_of
 
-    config = AgentConfig(kubelet_dir=Path(DEFAULT_KUBELET_DIR), cpuset_enforcement=args.cpuset_enforcement,
-                         cri_socket=cri_socket(args.cri_socket), nri_socket=Path(args.nri_socket or DEFAULT_NRI_SOCKET))
-    mode, why = choose_enforcement(config)
+    mode, why = choose_enforcement(args.cpuset_enforcement, Path(args.nri_socket or DEFAULT_NRI_SOCKET),
+                                   cri_socket_of(cri_socket(args.cri_socket), CRI_SOCKETS))
     return {"requested": args.cpuset_enforcement, "mode": mode, "reason": why}
 
 
@@ -151,7 +149,7 @@ def dra_plan(args: argparse.Namespace, topology: Topology, grouping: Grouping) -
         return None
     import socket
 
-    from agent.policy.dra import SliceSettings, build_pool
+    from agent.policy.resource_slices import SliceSettings, build_pool
 
     node = os.environ.get("NODE_NAME") or socket.gethostname().lower()
     try:
@@ -163,6 +161,6 @@ def dra_plan(args: argparse.Namespace, topology: Topology, grouping: Grouping) -
 def dra_text(plan: PoolPlan | None) -> str:
     if plan is None:
         return ""
-    from agent.policy.dra import describe
+    from agent.policy.resource_slices import describe
 
     return describe(plan)

@@ -18,7 +18,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.topology import snapshot
+    from agent.topology import snapshot_format as snapshot
 
     topology = topology_from(args, details=True)
     if args.output in (None, "-"):

@@ -22,9 +22,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The chart's pre-delete hook: delete the DaemonSet in the foreground, wait, remove leftover node labels."""
+    from agent.node.cleanup import run_uninstall_hook
     from agent.node.kubeapi import LeanKubeApi
-    from agent.node.uninstall import run_uninstall_hook
-    from agent.policy.uninstall import parse_label_selector
+    from agent.policy.teardown import parse_label_selector
 
     namespace = args.namespace or os.environ.get("POD_NAMESPACE") or ""
     if not namespace:

@@ -80,8 +80,8 @@ class ContainerStatusInfo(ContainerInfo):
     and containerd do, in the verbose info) or the container has no process. ``applied_cpus`` is the
     cpuset of the OCI spec the runtime keeps for the container (verbose info's ``runtimeSpec``): unlike
     the status's resources it includes NRI plugins' adjustments at creation (containerd 2.4's
-    ``createContainer`` fills the status from the spec before ``WithContainerAdjustment`` runs, in
-    ``internal/cri/server/container_create.go``; updates change both).
+    ``createContainer`` fills the status from the spec before ``WithContainerAdjustment`` runs:
+    https://github.com/containerd/containerd/blob/v2.4.2/internal/cri/server/container_create.go; updates change both).
     """
 
     started_at: int = 0

@@ -1,7 +1,7 @@
 """The agent's own state on the node, in a directory of its own inside kubelet's device-plugin
 directory (kubelet deletes sockets there, never directories): per resource prefix, the groups it
 advertised and every hold it knows of (pod-resources may be away when it restarts). Reads are bounded and checked
-(:mod:`agent.policy.saved`); a file that cannot be trusted is said loudly and not used."""
+(:mod:`agent.policy.state_codec`); a file that cannot be trusted is said loudly and not used."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from typing import Any
 from agent.atomic import write_atomically
 from agent.errors import SavedStateError
 from agent.policy.grouping import Grouping, GroupingSettings
-from agent.policy.health import DeviceKey
+from agent.policy.keys import DeviceKey
 from agent.policy.ledger import SavedHolds
-from agent.policy.saved import grouping_from_dict, grouping_to_dict, holds_from_dict, holds_to_dict
+from agent.policy.state_codec import grouping_from_dict, grouping_to_dict, holds_from_dict, holds_to_dict
 
 log = logging.getLogger("topology-agent.state")
 

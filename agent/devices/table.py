@@ -29,20 +29,20 @@ from agent.policy.allocation import (
     group_part,
     plan_ordered,
 )
-from agent.policy.grouping import Group, Grouping, GroupingSettings
-from agent.policy.health import (
-    DeviceKey,
+from agent.policy.device_states import (
     DeviceState,
-    Holder,
     device_states,
     elsewhere_conflict,
     held_elsewhere,
     machine_health,
     overlap_map,
 )
+from agent.policy.grouping import Group, Grouping, GroupingSettings
+from agent.policy.keys import DeviceKey, Holder
 from agent.policy.ledger import AllocationLedger, ListedDevice, SavedHolds, admissible
 from agent.policy.preference import PreferenceIndex, preferred_allocation, spoiled_containers
 from agent.topology.model import Topology
+from agent.worker import Worker
 
 log = logging.getLogger("topology-agent.devices")
 
@@ -286,9 +286,7 @@ class NodeDevices(Generic[W]):
         self._publish_lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []  # told after every publish (off the Allocate path)
         self.enforced: Callable[[], Mapping[DeviceKey, list[str]]] | None = None  # cpusets applied, per device
-        self._dirty = threading.Event()
-        self._stopping = threading.Event()
-        self._publisher: threading.Thread | None = None
+        self._publisher: StatePublisher | None = None
 
     def table(self, resource: str) -> DeviceTable[W]:
         return next(t for t in self.tables if t.resource == resource)
@@ -326,7 +324,8 @@ class NodeDevices(Generic[W]):
         self.refresh()
 
     def elsewhere(self) -> dict[DeviceKey, str]:
-        """The devices held by the other mode (:func:`~agent.policy.health.held_elsewhere`), with who holds them."""
+        """The devices held by the other mode (:func:`~agent.policy.device_states.held_elsewhere`), with who holds
+        them."""
         with self.lock:
             return held_elsewhere(self.ledger.held(), self.mode)
 
@@ -441,43 +440,20 @@ class NodeDevices(Generic[W]):
     # --- publishing off the Allocate path -------------------------------------------------
     def start_publisher(self) -> None:
         """Publish allocation-driven changes from a thread of their own (until stop_publisher)."""
-        self._publisher = threading.Thread(target=self._publish_loop, name="state-publisher", daemon=True)
+        self._publisher = StatePublisher(self)
         self._publisher.start()
 
     def stop_publisher(self) -> None:
-        self._stopping.set()
-        self._dirty.set()
         if self._publisher is not None:
-            self._publisher.join(timeout=5)
+            self._publisher.stop()
             self._publisher = None
 
     def request_refresh(self) -> None:
-        if self._publisher is None:
+        publisher = self._publisher
+        if publisher is None:
             self.refresh()
         else:
-            self._dirty.set()
-
-    def _publish_loop(self) -> None:
-        try:  # every one-group answer ready before kubelet asks (most pods hold one)
-            for table in self.tables:
-                for device in table.groups:
-                    if self._stopping.is_set():
-                        return
-                    table.prepare([device])
-        except Exception:  # an Allocate plans it then; publishing must go on
-            log.exception("preparing the one-group answers failed")
-        while True:
-            dirty = self._dirty.wait(self.TEND_EVERY)
-            self._dirty.clear()
-            if self._stopping.is_set():
-                return
-            try:
-                if dirty:
-                    self.refresh()
-                if self.store is not None:
-                    self.store.tend()
-            except Exception:  # keep publishing whatever happens to one refresh
-                log.exception("publishing device states failed")
+            publisher.wake()
 
     def _save_holds(self) -> None:
         """Keep every hold on disk (off the Allocate path: refresh runs in the publisher)."""
@@ -517,3 +493,35 @@ class NodeDevices(Generic[W]):
                 return
         for listener in self._listeners:  # devices changed hands, or health
             listener()
+
+
+class StatePublisher(Worker):
+    """Publishes a node's device states from a thread of its own: first every one-group answer (most pods hold one),
+    then a refresh whenever woken (an Allocate, a List) and the store's upkeep every ``TEND_EVERY`` seconds."""
+
+    def __init__(self, devices: NodeDevices[Any]) -> None:
+        super().__init__(thread_name="state-publisher")
+        self.devices = devices
+
+    def _run(self) -> None:
+        devices = self.devices
+        try:  # every one-group answer ready before kubelet asks
+            for table in devices.tables:
+                for device in table.groups:
+                    if self._stop.is_set():
+                        return
+                    table.prepare([device])
+        except Exception:  # an Allocate plans it then; publishing must go on
+            log.exception("preparing the one-group answers failed")
+        while True:
+            dirty = self._wake.wait(devices.TEND_EVERY)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                if dirty:
+                    devices.refresh()
+                if devices.store is not None:
+                    devices.store.tend()
+            except Exception:  # keep publishing whatever happens to one refresh
+                log.exception("publishing device states failed")

@@ -1,1 +1,1 @@
-"""DRA mode: the second adapter beside agent/plugin (ResourceSlices, the kubelet DRA plugin, CDI)."""
+"""DRA mode: the second adapter beside agent/plugin (the driver, ResourceSlices, the kubelet DRA plugin, CDI)."""

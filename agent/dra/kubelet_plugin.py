@@ -3,21 +3,18 @@
 * ``<registry dir>/<driver>-reg.sock`` (kubelet's plugin watcher scans ``<kubelet root>/plugins_registry``):
   ``GetInfo`` answers type ``DRAPlugin``, the driver name, the endpoint (the DRA socket's path as the kubelet sees
   it) and the gRPC services served, ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin`` (kubelet picks the newest it knows);
-  and, with a :class:`~agent.dra.health.HealthService`, ``v1.DRAResourceHealth`` and ``v1alpha1.DRAResourceHealth``
-  (kubelet 1.37 starts the health stream only for a driver that names it there);
+  and, with a :class:`~agent.dra.health_service.HealthService`, ``v1.DRAResourceHealth`` and
+  ``v1alpha1.DRAResourceHealth`` (kubelet 1.37 starts the health stream only for a driver that names it there);
   ``NotifyRegistrationStatus`` tells whether the kubelet took it.
 * ``<plugin dir>/dra.sock`` (``<kubelet root>/plugins/<driver>/``): ``NodePrepareResources`` and
   ``NodeUnprepareResources`` (:mod:`agent.dra.prepare`), per claim: an error in one claim's answer, never a failed
-  call; with a health service, ``NodeWatchResources`` (:mod:`agent.dra.health`).
+  call; with a health service, ``NodeWatchResources`` (:mod:`agent.dra.health_service`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
-import stat
 import threading
 import time
 from collections.abc import Callable
@@ -34,41 +31,16 @@ from agent._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from agent._proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from agent._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from agent._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from agent.dra import health as dra_health
+from agent.dra import health_service as dra_health
 from agent.dra.prepare import ClaimPreparer, PrepareError
-from agent.errors import KubeApiError, SocketInUseError, SocketPathError, StartupError
+from agent.errors import KubeApiError, SocketPathError, StartupError
+from agent.unix_socket import MAX_SOCKET_PATH, clear_stale_socket, too_long
 
 log = logging.getLogger("topology-agent.dra")
 
 PLUGIN_TYPE = "DRAPlugin"  # k8s.io/kubelet pkg/apis/pluginregistration/v1 constants.go
 SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # gRPC service names, newest first (draplugin.go)
 WORKERS = 8
-MAX_SOCKET_PATH = 107  # bytes: sun_path holds 108 with the terminating NUL
-
-
-def socket_is_live(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(0.5)
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-    return True
-
-
-def clear_stale_socket(path: Path) -> None:
-    """Remove a socket left by a dead instance; refuse to take over a live one (as device-plugin mode does)."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return
-    if stat.S_ISSOCK(st.st_mode) and socket_is_live(path):
-        raise SocketInUseError(f"{path} is served by another running process (another topology-agent instance?); "
-                               "refusing to take it over")
-    if stat.S_ISDIR(st.st_mode):
-        raise SocketPathError(f"{path} is a directory, not a socket: remove it")
-    path.unlink()
-    log.info("removed stale socket %s", path)
 
 
 class RegistrationServicer(reg_grpc.RegistrationServicer):
@@ -119,7 +91,7 @@ def _prepare_servicer(pb: ModuleType, base: type, preparer: ClaimPreparer) -> An
 
 
 def _check_path(path: Path) -> None:
-    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+    if too_long(path):
         raise StartupError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes, the limit of Unix sockets")
 
 

@@ -1,41 +1,13 @@
 """NodePrepareResources and NodeUnprepareResources: a ResourceClaim's allocation -> CDI spec files, checkpointed.
 
-For a claim the kubelet names (namespace, name, uid), the agent GETs the ResourceClaim, takes the results of its
-``status.allocation.devices`` that are this driver's and this node's pool, and, per request, plans the container
-environment with the device-plugin mode's own planning (:func:`agent.policy.allocation.plan_allocation`: one rank
-list per device in topology order, docs/inference/what-a-container-gets.md). Each request becomes one CDI device
-``<driver>/<level>=<claim uid>-<request>`` whose ``containerEdits.env`` is that environment, written to
-``<cdi dir>/<driver>-<level>_<claim uid>.json`` (a transient spec per claim and class, as CDI names them). The CDI ids
-go back to the kubelet per device, so a container that references one request gets that request's environment.
-Each device's environment also carries ``TOPOLOGY_DRA_CLAIM=<claim uid>/<request>``: the NRI plugin
-(:mod:`agent.app.nri_enforcement`) reads it at CreateContainer and, for a request in :meth:`ClaimPreparer.requests`
-(a claim prepared here, and a pod of its namespace: :mod:`agent.policy.claims`), creates the container on its
-groups' CPUs and memory nodes, as the device-plugin mode's Allocate annotations let it.
+Per request of this driver's results for this node's pool, the container environment is planned as in device-plugin
+mode (:func:`agent.policy.allocation.plan_allocation`) and written as one CDI device whose env also carries
+``TOPOLOGY_DRA_CLAIM=<claim uid>/<request>`` (the NRI hooks read it); the CDI ids go back to the kubelet per device.
 
-**Admin access** (a request with ``adminAccess: true``, copied into its allocation results): the scheduler does not
-count such a device as allocated (``pkg/scheduler/framework/plugins/dynamicresources/allocateddevices.go``
-``foreachAllocatedDevice`` skips it), so it may give the same book to an admin claim and a socket inside it to an
-ordinary claim, in either order. Such a request is prepared for observation only: its CDI device carries
-``TOPOLOGY_GROUPS``, ``TOPOLOGY_CPUS`` and ``TOPOLOGY_ADMIN_ACCESS=true``, no binding variables and no
-``TOPOLOGY_DRA_CLAIM``, so its container is never pinned onto the group's CPUs, and the device is held by nobody
-(neither here nor through pod-resources' claim rows): an admin-access claim never takes or blocks CPUs.
-
-**Held elsewhere**: a claim whose devices (ordinary requests) are held by the other mode, or overlap such a device,
-is refused (``check``): after a switch from device-plugin mode the scheduler counts only claims, and the slices
-carry a taint on those devices, so this is the second line.
-
-Idempotent and checkpointed: what was prepared is saved (atomically) in the agent's state directory before the
-answer goes out, so a second NodePrepareResources for a prepared claim (a kubelet restart, an agent restart)
-answers from the checkpoint without reading the claim again, and rewrites a CDI file that went missing; unprepare
-removes the files and the entry, and unpreparing an unknown claim succeeds.
-
-**No CDI file outlives its claim** (the soak's ``leaked-cdi-file``, issue 34): a claim's files carry its uid in their
-name (:func:`cdi_file_uid`), so unpreparing a claim the checkpoint does not know still removes this driver's files of
-that uid (a device-plugin agent forgot it after its pod went, and kubelet's DRA manager unprepares it once a DRA
-plugin runs again); the device-plugin agent removes a claim's files when it forgets the claim; and a DRA agent that
-starts from a checkpoint it trusts removes this driver's files of claims the checkpoint does not hold (a prepare
-that wrote its files but could not save the checkpoint, or a checkpoint dropped while no agent ran).
-"""
+Must hold: an admin-access request is observed only (no binding variables, no claim variable, held by nobody); a claim
+on devices the other mode holds, or overlapping them, is refused; what was prepared is checkpointed (atomically)
+before the answer goes out, so a repeated prepare answers from the checkpoint; unpreparing an unknown claim succeeds;
+and no CDI file outlives its claim. Why and how: docs/contributing/design/dra-claims.md."""
 
 from __future__ import annotations
 
@@ -50,9 +22,9 @@ from typing import Any
 
 from agent.atomic import write_atomically
 from agent.policy.allocation import AllocationSettings, plan_allocation
-from agent.policy.claims import ADMIN_ENV, CLAIM_ENV, PreparedRequest, claim_value
+from agent.policy.container_claims import ADMIN_ENV, CLAIM_ENV, PreparedRequest, claim_value
 from agent.policy.grouping import Group
-from agent.policy.health import DeviceKey, Holder, claim_holder
+from agent.policy.keys import DeviceKey, Holder, claim_holder
 
 log = logging.getLogger("topology-agent.dra")
 

@@ -1,23 +1,11 @@
-"""Publishing the node's ResourceSlices (:mod:`agent.policy.dra` computes them): idempotent and converging.
+"""Publishing the node's ResourceSlices (:mod:`agent.policy.resource_slices` computes them): idempotent and converging.
+One step (:meth:`SlicePublisher.publish`) lists the driver's slices of this node and compares them with the plan by
+name and by a content hash kept in an annotation; when they differ the pool generation goes up by one, every slice of
+the plan is created or replaced (a concurrent writer is a 409: retried from a fresh List), then the rest deleted.
 
-One step (:meth:`SlicePublisher.publish`) lists the driver's slices of this node (a read) and compares them with the
-plan by name and by a content hash kept in an annotation (``topology.s390x.ibm.com/content``, the sha256 of the spec
-without the pool generation). When every slice is there with its content and one generation, nothing is written:
-an agent restart, or a periodic look, costs one List. Otherwise the pool generation goes up by one and every slice
-of the plan is created or replaced with it (replace carries the resourceVersion read, so a concurrent writer is a
-409 conflict: the step is retried from a fresh List), then the slices that are no longer in the plan are deleted.
-Every slice has ``nodeName`` and an ownerReference to its Node (deleted with the Node).
-
-What removes them: the agent does **not** delete its slices on SIGTERM (a rolling update or a restart would then
-empty the pool for a moment and a pending pod could see no devices). It removes its registration socket instead, and
-kubelet, when a DRA plugin stays unregistered past its grace period, deletes that driver's slices of its node
-itself (``pkg/kubelet/cm/dra/plugin/registration.go`` ``DeRegisterPlugin``/``wipeResourceSlices``), as it does at
-its own start; a restarted agent registers again within the grace period and finds its slices as it left them.
-:meth:`SlicePublisher.remove_all` deletes them explicitly: on ``helm uninstall`` the agent calls it as it stops
-(:func:`agent.node.uninstall.cleanup_if_released`, handed :func:`agent.app.dra.remove_node_slices` by the CLI, only
-while its DaemonSet is being deleted), so they are gone when the uninstall returns rather than 30 s later (measured
-on kubelet 1.37.2: 32 s with the kubelet alone).
-"""
+Must hold: an unchanged plan costs one List and no write; the slices are not deleted on SIGTERM (a restart must not
+empty the pool: kubelet deletes a deregistered driver's slices after its grace), only by :meth:`remove_all` when the
+DaemonSet is being deleted or the node handed to the other mode. Why: docs/contributing/design/dra-slices.md."""
 
 from __future__ import annotations
 
@@ -28,7 +16,7 @@ from typing import Any, Protocol
 
 from agent.backoff import Backoff
 from agent.errors import KubeApiError
-from agent.policy.dra import API_VERSION, CONTENT_ANNOTATION, PoolPlan, SlicePlan
+from agent.policy.resource_slices import API_VERSION, CONTENT_ANNOTATION, PoolPlan, SlicePlan
 
 log = logging.getLogger("topology-agent.dra")
 

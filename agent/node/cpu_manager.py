@@ -1,16 +1,12 @@
 """Who else owns CPUs on this node: kubelet's CPU manager and ``reservedSystemCPUs``.
 
-kubelet's CPU manager keeps a checkpoint at ``/var/lib/kubelet/cpu_manager_state``::
+kubelet's CPU manager keeps a checkpoint at ``/var/lib/kubelet/cpu_manager_state``
+(``{"policyName":"static","defaultCpuSet":"0-1,6-7","entries":{"<pod-uid>":{"<container>":"2-5"}},"checksum":1}``;
+``none`` has an empty ``defaultCpuSet`` and no entries). With the static policy kubelet pins the cgroups of Guaranteed
+pods with integer CPU requests to CPUs of its own choosing and re-applies them every reconcile period, which defeats
+the CPU binding the agent hands out: that is a finding.
 
-    {"policyName":"static","defaultCpuSet":"0-1,6-7",
-     "entries":{"<pod-uid>":{"<container>":"2-5"}},"checksum":123}
-
-(``"policyName":"none"`` has ``"defaultCpuSet":""`` and no entries). With the static policy kubelet
-pins the cgroups of Guaranteed pods with integer CPU requests to CPUs of its own choosing and
-re-applies them every reconcile period, which defeats the CPU binding the agent hands out.
-
-Parsing and the findings are pure; the two ``read_*`` functions do the file I/O.
-"""
+Parsing and the findings are pure; the two ``read_*`` functions do the file I/O."""
 
 from __future__ import annotations
 

@@ -1,18 +1,13 @@
-"""The agent's Kubernetes API client, over the standard library: the Node (GET, a JSON merge PATCH of metadata,
-one Event when the node advertises nothing; on a hand-over to the other mode, its extended resources' allocatable
-taken to zero with a merge PATCH of the status, :mod:`agent.policy.handover`), DRA mode's ResourceSlices (list by
-field selector with pagination, create, replace with the resourceVersion read, delete) and ResourceClaims (get), a
-pod's eviction (the policy/v1 Eviction subresource: a stranded holder, :mod:`agent.app.evictions`), and an
-uninstall's DaemonSet and node list. Raw JSON in and out: the ``kubernetes`` package's API models cost 0.7 s of
-import and about 35 MiB kept for the life of the agent.
+"""The agent's Kubernetes API client, over the standard library: the Node (GET, a merge PATCH of its metadata, one
+Event, its extended resources' allocatable taken to zero on a hand-over), DRA mode's ResourceSlices (list with
+pagination, create, replace with the resourceVersion read, delete) and ResourceClaims (get), a pod's eviction (the
+policy/v1 Eviction subresource), and an uninstall's DaemonSet and node list. Raw JSON in and out: the ``kubernetes``
+package's API models cost 0.7 s of import and about 35 MiB kept for the life of the agent.
 
-:class:`KubeApi` holds the calls; a transport sends them. :class:`LeanKubeApi` speaks HTTP/1.1 to the API server with
-the in-cluster service account (the token is read again for every request: bound tokens rotate). Outside a cluster
-(a kubeconfig, local runs), :func:`kubeconfig_api` sends the same calls through the ``kubernetes`` package's
-authenticated HTTP client (its exec plugins, its auth providers), imported only then (the ``kubeconfig`` extra).
-Failures are :class:`~agent.errors.KubeApiError` (the API server answered with an error),
-``TimeoutError`` or another ``OSError`` (it could not be reached).
-"""
+:class:`KubeApi` holds the calls; a transport sends them: :class:`LeanKubeApi` (HTTP/1.1 with the in-cluster service
+account, its token read again for every request: bound tokens rotate) or, outside a cluster, :func:`kubeconfig_api`
+(the ``kubernetes`` package's authenticated client, imported only then). Must hold: a failure is a
+:class:`~agent.errors.KubeApiError` (the API server answered with an error), ``TimeoutError`` or another ``OSError``."""
 
 from __future__ import annotations
 
@@ -54,7 +49,7 @@ class EvictionApi(Protocol):
 
 
 class NodeStatusApi(Protocol):
-    """What a hand-over to the other mode needs of the Node (:mod:`agent.node.handover`)."""
+    """What a hand-over to the other mode needs of the Node (:mod:`agent.node.resource_withdrawal`)."""
 
     def node_allocatable(self, name: str, timeout: float) -> dict[str, str]:
         """The Node's ``status.allocatable``."""
@@ -139,13 +134,13 @@ class KubeApi:
     def create_event(self, namespace: str, body: Mapping[str, Any], timeout: float) -> None:
         self._request("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", dict(body), timeout)
 
-    # --- a pod's eviction (:mod:`agent.app.evictions`) ----------------------------------------------
+    # --- a pod's eviction (:mod:`agent.enforce.evictions`) ----------------------------------------------
     def evict_pod(self, namespace: str, name: str, timeout: float) -> None:
         body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
         self._request("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/eviction",
                       body, timeout)
 
-    # --- an uninstall (:mod:`agent.node.uninstall`) -------------------------------------------------
+    # --- an uninstall (:mod:`agent.node.cleanup`) -------------------------------------------------
     def get_daemonset(self, namespace: str, name: str, timeout: float) -> JSON | None:
         """The DaemonSet, or None when there is none (404)."""
         try:

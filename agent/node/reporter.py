@@ -18,7 +18,7 @@ from agent.policy.grouping import Grouping
 from agent.topology.model import Topology
 
 if TYPE_CHECKING:
-    from agent.node.kube import NodeLabeler
+    from agent.node.labeler import NodeLabeler
 
 log = logging.getLogger("topology-agent.node")
 
@@ -39,7 +39,7 @@ def _file_identity(path: Path | None) -> object:
 
 
 def default_labeler(node_name: str) -> NodeLabeler:
-    from agent.node.kube import NodeLabeler  # http.client and ssl: only when labels are on
+    from agent.node.labeler import NodeLabeler  # http.client and ssl: only when labels are on
 
     return NodeLabeler.from_environment(node_name)
 

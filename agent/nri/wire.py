@@ -1,18 +1,11 @@
-"""NRI's wire, bottom to top, as pure functions (../shared/docs/nri.md §1-§2): the multiplexer's
-frames, ttrpc's messages, and ttrpc's ``Request``/``Response`` envelopes.
+"""NRI's wire, bottom to top, as pure functions (../shared/docs/nri.md §1-§2): the multiplexer's frames (conn 1 the
+Plugin service, conn 2 the Runtime service), ttrpc's messages, and ttrpc's ``Request``/``Response`` envelopes (the
+messages generated from ttrpc's ``request.proto`` and googleapis' ``google/rpc/status.proto``, behind two small
+records).
 
-* A mux frame is ``ConnID u32 BE | length u32 BE | payload``; conn 1 carries the Plugin service
-  (the runtime calls, we serve), conn 2 the Runtime service (we call). Each conn's payloads form
-  one byte stream. Go's reader fails a frame larger than its 4096-byte buffer, so every frame we
-  send is at most 4096 bytes.
-* A ttrpc message is ``length u32 BE | stream id u32 BE | type u8 | flags u8 | data``; requests
-  (type 1) and responses (type 2), unary only, client streams odd and increasing, data at most
-  4 MiB.
-* ``ttrpc.Request{service=1, method=2, payload=3, timeout_nano=4, metadata=5}`` and
-  ``ttrpc.Response{status=1 (google.rpc.Status{code=1, message=2}), payload=2}``: the messages generated from
-  ttrpc's ``request.proto`` and googleapis' ``google/rpc/status.proto`` (``proto/ttrpc/README.md``), behind two small
-  records.
-"""
+Must hold: every frame sent is at most 4096 bytes (Go's reader fails a larger one); messages are unary requests and
+responses, client streams odd and increasing, data at most 4 MiB. The formats, field by field:
+docs/contributing/design/nri-protocol.md."""
 
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
-"""The agent's HTTP endpoint: /metrics (prometheus-client's exposition), /healthz, /readyz and
-/allocations, on one asyncio event loop in a thread of its own.
+"""The agent's HTTP endpoint: /metrics (prometheus-client's exposition), /healthz, /readyz and /allocations, on one
+asyncio event loop in a thread of its own; the default (empty) address listens on every address of both families
+(one IPv6 socket that also accepts IPv4, or IPv4 alone where the node has no IPv6).
 
-Built to survive the network: idle connections cost a file descriptor, never a thread; a request
-must arrive within :data:`IDLE_TIMEOUT` seconds; at most :func:`max_connections` are open (a new one
-closes the longest-idle one, so a probe always gets through); only GET and HEAD; no Server header.
-When descriptors run out, asyncio pauses accepting for a second instead of spinning. Nothing here
-can take a thread from gRPC.
-
-The listening address comes from ``getaddrinfo``; the default (empty) address listens on every
-address of both families through one IPv6 socket that also accepts IPv4 (``IPV6_V6ONLY`` off), or
-on IPv4 alone where the node has no IPv6.
-"""
+Must hold: nothing here can take a thread from gRPC, and the network cannot exhaust it: an idle connection costs a
+file descriptor, never a thread; a request must arrive within :data:`IDLE_TIMEOUT` seconds; at most
+:func:`max_connections` are open (a new one closes the longest-idle one, so a probe always gets through); only GET
+and HEAD; no Server header; with descriptors exhausted, accepting pauses for a second instead of spinning."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from agent.policy.grouping import Grouping, group_sizes, uniform_size
 from agent.topology.cpulist import format_cpulist
 from agent.topology.model import Machine, Topology
-from agent.topology.snapshot import to_dict
+from agent.topology.snapshot_format import to_dict
 
 if TYPE_CHECKING:  # explain's: discover, which imports this module, does not plan
     from agent.policy.allocation import AllocationSettings

@@ -24,6 +24,7 @@ from agent.plugin.registration import KUBELET_SOCKET, PendingRegistration
 from agent.plugin.server import PluginServer
 from agent.plugin.servicer import Observer, Wire
 from agent.plugin.timing import Timing
+from agent.worker import Worker
 
 log = logging.getLogger("topology-agent.plugin")
 
@@ -33,9 +34,10 @@ USUAL_DIRS = ("/var/lib/kubelet/device-plugins (kubeadm, OpenShift, most distrib
               "/var/lib/k0s/kubelet/device-plugins (k0s)")
 
 
-class PluginManager:
+class PluginManager(Worker):
     def __init__(self, kubelet_dir: Path, tables: Sequence[DeviceTable[Wire]], observer: Observer | None = None,
                  timing: Timing | None = None, on_kubelet_restart: Callable[[], None] | None = None) -> None:
+        super().__init__(thread_name="plugin-manager")  # woken by the directory watch, by stop(), when a stream ends
         self.kubelet_dir = Path(kubelet_dir)
         self.on_kubelet_restart = on_kubelet_restart  # told at once, before serving again
         self.kubelet_socket = self.kubelet_dir / KUBELET_SOCKET
@@ -48,11 +50,8 @@ class PluginManager:
         self.last_registered: dict[str, float] = {}  # resource -> time.monotonic() of its last registration
         self.restarts = 0
         self.registration_failures = 0
-        self._stop = threading.Event()
-        self._wake = threading.Event()  # set by the directory watch, by stop(), and when a stream ends
         self._watch = DirectoryWatch(self.kubelet_dir, self._wake)
         self._interval = self.timing.poll
-        self._thread: threading.Thread | None = None
         self._kubelet_inode: tuple[int, int, int] | None = None
         self._registered_at = 0.0
 
@@ -67,14 +66,10 @@ class PluginManager:
             log.warning("cannot serve yet, retrying with backoff: %s", exc, extra={"reason": str(exc)})
         if self._watch.start():  # woken by kubelet's directory: a slow safety poll is enough
             self._interval = self.timing.idle_poll
-        self._thread = threading.Thread(target=self._run, name="plugin-manager", daemon=True)
-        self._thread.start()
+        super().start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        super().stop()
         self._watch.stop()  # after the thread: it may be re-arming the watch until then
         self._stop_servers()
 
@@ -135,8 +130,7 @@ class PluginManager:
         """Wait until woken or ``seconds`` pass; True when stopping."""
         if self._stop.is_set():  # stop() may have set (and an earlier sleep cleared) the wake-up already
             return True
-        self._wake.wait(seconds)
-        self._wake.clear()
+        self._pause(seconds)
         self._keep_watching()
         return self._stop.is_set()
 
@@ -168,8 +162,7 @@ class PluginManager:
                                           self.timing.register_timeout)
             pending.future.add_done_callback(lambda _f: self._wake.set())
             while not pending.done():
-                self._wake.wait(self._interval)
-                self._wake.clear()
+                self._pause(self._interval)
                 stale = self._kubelet_moved_on(inode) if not pending.done() else None
                 if stale is not None or self._stop.is_set():
                     pending.abandon()

@@ -6,7 +6,6 @@ import contextlib
 import logging
 import os
 import socket
-import stat
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -14,47 +13,21 @@ from pathlib import Path
 import grpc
 
 from agent.devices.table import DeviceTable
-from agent.errors import SocketInUseError, SocketPathError, StartupError
+from agent.errors import SocketPathError, StartupError
 from agent.plugin.servicer import DevicePluginServicer, Observer, Wire, add_to_server
+from agent.unix_socket import MAX_SOCKET_PATH, clear_stale_socket, too_long
 
 log = logging.getLogger("topology-agent.plugin")
 
 # Each open ListAndWatch stream pins a worker thread; kubelet's Register call-back and
 # Allocate need free ones at the same time.
 WORKERS = 16
-MAX_SOCKET_PATH = 107  # bytes: sun_path holds 108 with the terminating NUL
 
 
 def socket_name(resource: str) -> str:
     """``topology/book`` -> ``topology-book.sock`` (unique per resource, stable across restarts)."""
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in resource)
     return f"{safe}.sock"
-
-
-def socket_is_live(path: Path) -> bool:
-    """True when something accepts connections on the Unix socket at ``path``."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(0.5)
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-    return True
-
-
-def clear_stale_socket(path: Path) -> None:
-    """Remove a socket left by a dead instance; refuse to steal a live one."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return
-    if stat.S_ISSOCK(st.st_mode) and socket_is_live(path):
-        raise SocketInUseError(f"{path} is served by another running process (another topology-agent instance?); "
-                               "refusing to take it over")
-    if stat.S_ISDIR(st.st_mode):
-        raise SocketPathError(f"{path} is a directory, not a socket: remove it")
-    path.unlink()
-    log.info("removed stale socket %s", path)
 
 
 def _bind_problem(path: Path) -> str | None:
@@ -94,7 +67,7 @@ class PluginServer:
         return self.path.name
 
     def start(self) -> None:
-        if len(os.fsencode(self.path)) > MAX_SOCKET_PATH:
+        if too_long(self.path):
             raise StartupError(f"socket path {self.path} is longer than {MAX_SOCKET_PATH} bytes, the limit of "
                                "Unix sockets: use a shorter --kubelet-dir or --resource-prefix")
         clear_stale_socket(self.path)

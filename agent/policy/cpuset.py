@@ -1,32 +1,12 @@
-"""Which cpuset every running container should have, when the agent enforces CPU sets through the
-container runtime (``--cpuset-enforcement cri`` or ``nri``). Pure: containers, holders and groups in, updates out.
+"""Which cpuset every running container should have, when the agent enforces CPU sets through the container runtime
+(``--cpuset-enforcement cri`` or ``nri``). Pure: containers, holders and groups in, updates out.
 
-* A container that holds topology devices gets its groups' CPUs and memory nodes (what Allocate
-  handed it as ``TOPOLOGY_CPUS`` and ``CPU_VISIBLE_MEMORY_NODES``). It is known by kubelet's names
-  (namespace/pod/container) from pod-resources, or, right after it was created and before
-  pod-resources lists it, by the group ids the agent's Allocate put in its annotations. Annotations
-  that name a CPU pod-resources lists for another container are not what kubelet allocated (a pod can
-  put its own annotations there through containerd's ``pod_annotations``): such a container is treated
-  as any other.
-* Every container pinned that way counts as taken, whatever the ledger says: the ledger may have
-  dropped a hold whose container still runs (a kubelet restart while the API server is away, an
-  agent restart without pod-resources), and nobody else may be widened onto it.
-* With the shared pool, every other container runs on the pool: the online CPUs minus the CPUs of
-  every group held or pinned right now, with ``reserved`` CPUs always in it, as kubelet's static CPU
-  manager keeps its shared pool apart from exclusive CPUs. A pool that would be empty shrinks nobody.
-* A holder whose groups' CPUs are all offline runs on the pool too (kind ``offline``), with or without
-  ``--shared-pool``, and is reported: it must never run on CPUs other pods hold. With no pool left it runs on the
-  online CPUs of the groups its own pod's other containers hold, if any (its pod's, nobody else's). Else it is
-  ``stranded``: no cpuset can keep it off other pods' CPUs (left as it is, it runs where it last was: the pool it
-  was moved to before another pod took that CPU, or every CPU), so its pod is named in ``evict`` (reason
-  ``stranded``, once per pod whatever its number of stranded containers): a held group belongs to one pod, and the
-  pod cannot run anywhere on this node that is not another pod's. The adapter asks the API server for the eviction
-  (``--stranded-policy evict``; ``keep`` only reports it); NRI defines evictions too, but its adaptation drops a
-  plugin's (``pkg/adaptation/result.go`` ``apply`` takes the adjustment and the updates of a reply only). A new
-  container of it is refused.
-* Only what differs is changed; a container with no cpuset of its own runs on every CPU, its groups' offline
-  ones included (they may come back).
-"""
+Must hold: a holder (known from pod-resources, or from the agent's own Allocate annotations before it is listed)
+runs on its groups' CPUs and memory nodes; a pinned container's CPUs count as taken whatever the ledger says; with
+the shared pool every other container runs on the online CPUs no held or pinned group has (``reserved`` always in
+it), and a pool that would be empty shrinks nobody; a holder whose groups' CPUs are all offline never runs on CPUs
+other pods hold: the pool, else its own pod's groups, else it is stranded and its pod is named for eviction; only
+what differs is changed. The rules, case by case: docs/contributing/design/cpuset-enforcement.md."""
 
 from __future__ import annotations
 
@@ -34,10 +14,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from agent.policy.grouping import Group
-from agent.policy.health import DeviceKey
+from agent.policy.keys import DeviceKey, Identity
 from agent.topology.cpulist import format_cpulist
 
-Identity = tuple[str, str, str]  # kubelet's namespace, pod, container
 KINDS = ("topology", "shrink", "widen", "offline")  # what an update does (metrics label every one)
 EVICTION_REASONS = ("stranded",)  # why a pod is to be evicted (metrics label every one)
 EVICTION_RESULTS = ("evicted", "blocked", "failed", "gone")  # what the API server made of an eviction: accepted,

@@ -1,6 +1,5 @@
 """Which cpuset enforcement is in force for ``--cpuset-enforcement``. Pure, and light on purpose:
-``discover`` and ``explain`` say it, and importing it must not import the planners
-(:mod:`agent.policy.creation` re-exports it)."""
+``discover`` and ``explain`` say it, and importing it must not import the planners."""
 
 from __future__ import annotations
 

@@ -1,26 +1,12 @@
 """The grouping policy: which CPU groups a node advertises. Pure: model + settings -> groups.
 
-Rules (vLLM PR #40714 for the automatic level choice):
+Usable CPUs are online, configured, not reserved and not of an excluded polarization; the automatic level is
+``book`` when more than one book has usable CPUs, else ``socket``.
 
-* usable CPUs are online and configured, minus ``reserved_cpus``, minus excluded polarizations;
-* a group never splits the SMT threads of a core: a core with any unusable thread is left out;
-* automatic levels: ``book`` when more than one book has usable CPUs, else ``socket``;
-* groups much smaller than their peers are not advertised (``min_group_cores``; automatic: half
-  the cores of the median group of that level, at least 1): kubelet counts devices, it does not
-  size them, so ``topology/book: 1`` must mean a real book, not a one-core remnant;
-* ``uniform_groups``: a level advertises only groups of one size (in CPUs), so that one pod spec
-  (``cpu`` = that size x the groups asked for) is right whichever group kubelet picks: the most
-  common size among the groups left after ``min_group_cores``, a tie going to the larger size; the
-  others are reported as not advertised, with the reason;
-* a machine known not to be IBM Z (its architecture is x86_64, aarch64, ...) advertises nothing,
-  with the reason, unless ``allow_non_s390x`` (the command line sets it for a snapshot or an
-  explicit flag); an unknown architecture (a sysfs tree without /proc) is grouped as it is;
-* degenerate topology (no topology facility, or, when /proc/sysinfo does not say, one CPU per
-  book and socket on a multi-CPU s390 machine: z/VM and classic KVM guests) is not advertised
-  at all, with the reason;
-* a group's memory node is a real node; a recorded node that is not one falls back to the
-  first real node with a warning (a book or socket number is never a memory node).
-"""
+Must hold: a group never splits a core's SMT threads; a group much smaller than its peers, one of another size than
+its level's (``uniform_groups``), anything on a machine known not to be IBM Z and anything of a degenerate topology
+(one CPU per book and socket) is not advertised, each with its reason; a group's memory node is a real node. The
+rules with their reasons: docs/contributing/design/grouping.md."""
 
 from __future__ import annotations
 

@@ -1,50 +1,19 @@
-"""Who holds which device: kubelet's pod-resources ``List`` plus our own Allocates that ``List``
-does not show yet, and the admission rule that keeps books and sockets exclusive. Pure: time is
-passed in; the caller holds one lock around every call.
+"""Who holds which device: kubelet's pod-resources ``List`` plus our own Allocates that ``List`` does not show yet, the
+prepared DRA claims, and the admission rule that keeps books and sockets exclusive. Pure: time is passed in; the
+caller holds one lock around every call.
 
-kubelet never reports deallocation, and an Allocate becomes visible in ``List`` only after it
-returns. While pod-resources does not answer, what the agent handed out stays held, however long.
-A pending allocation that a ``List`` begun well after it still does not show is either
-
-* held by a plain (non-restartable) init container: kubelet's ``List`` leaves those out
-  (``pkg/kubelet/apis/podresources/server_v1.go``, ``TestListPodResourcesWithInitContainersV1``),
-  yet the device manager keeps their devices in ``allocatedDevices`` for the pod's lifetime and
-  reuses them for its app containers (``pkg/kubelet/cm/devicemanager/manager.go`` ``devicesToReuse``,
-  ``pod_devices.go``). The pods that List shows for the first time since the Allocate with none of
-  our devices are taken to hold it, and it stays held while any of them is listed (a guess that
-  errs on holding: a pod started meanwhile that holds none of our devices keeps it too);
-* or, when no such pod appeared, rolled back by kubelet (the pod was rejected later in admission),
-  and dropped.
-
-**After a kubelet restart** ``List`` is no news of a release. kubelet answers it from its pod
-manager (``server_v1.go`` ``List`` walks ``podsProvider.GetPods()``/``GetActivePods()``, never the
-device checkpoint), and that is empty after a restart until the API server has sent the pods back,
-while the device manager restored every allocation from its checkpoint at start
-(``manager.go`` ``readCheckpoint``) and frees nothing itself until its sources are ready
-(``UpdateAllocatedDevices`` returns early while ``!m.sourcesReady.AllReady()``). No RPC says
-"sources ready" (``Get`` answers "not found" alike for a pod not yet synced and a deleted one;
-``GetAllocatableResources`` lists healthy devices, in use or not), so the ledger does what kubelet
-does without that signal: every hold known at the restart stays, and Lists may add holders but
-release nothing, until a List begun ``restart_settle`` seconds after the restart gives the same
-pods as the List before it (also begun that late). An API server away for longer than that makes
-two empty answers agree: then the holds go, as they would at kubelet's first Allocate after its
-sources are ready.
-
-**DRA claims** are holds too, in either mode (:mod:`agent.policy.health`, "held elsewhere"): pod-resources lists
-them per container (a row with ``claim``); in DRA mode the claims the agent prepared hold their devices from the
-prepare until the unprepare, listed or not (:meth:`AllocationLedger.set_claims`); in device-plugin mode the claims
-a DRA agent left prepared (its checkpoint) hold theirs from the start until a ``List`` shows or drops them, as
-restored holds do (:meth:`AllocationLedger.restore_claims`). An Allocate is refused a device held through a claim
-(kubelet's device manager knows nothing of it). The saved holds are the device-plugin ones: the claims are in the
-DRA checkpoint.
-"""
+Must hold: kubelet never reports deallocation, so nothing the agent handed out is released while pod-resources does
+not answer; a pending allocation a later ``List`` does not show is held by the pods that appeared since (a plain init
+container's) or, when none did, dropped; after a kubelet restart Lists add holders but release nothing until two
+Lists begun ``restart_settle`` seconds after it agree; a claim's devices are held in either mode, and an Allocate is
+refused a device held through a claim. Why, with kubelet's code: docs/contributing/design/holds.md."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from agent.policy.health import DeviceKey, Holder
+from agent.policy.keys import DeviceKey, Holder
 
 PENDING = Holder("", "not yet listed by kubelet", "")
 INIT = "(init container)"

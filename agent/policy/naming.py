@@ -8,7 +8,7 @@ from agent.errors import PolicyError
 
 MAX_DEVICE_ID = 63
 
-# kubelet's patterns (tests/test_grouping.py holds them to the kubelet emulator's copy).
+# kubelet's patterns (tests/unit/policy/test_grouping.py holds them to the kubelet emulator's copy).
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
 _QUALIFIED_NAME_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")

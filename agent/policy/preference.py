@@ -1,68 +1,13 @@
 """GetPreferredAllocation: which free groups to hand a multi-group request. Deterministic, no I/O.
 
-The answer minimises one lexicographic score of the whole set (``must_include`` and the chosen
-groups together), most important first:
+The answer minimises one lexicographic score of the whole set (``must_include`` and the chosen groups together):
+the fewest parent containers, the most balanced group sizes, the fewest ``vertical:low`` groups, the most containers
+left whole where some are in use, then the lowest topology orders. It has exactly ``size`` ids: ``must_include``'s
+first, as given, then the chosen ones in topology order; unknown available ids are ignored.
 
-1. the fewest distinct parent containers (``Group.key[:-1]``: the drawer of a book, the book of a
-   socket);
-2. the smallest difference between the largest and the smallest group in cores (balanced
-   tensor-parallel ranks);
-3. the fewest groups with ``vertical:low`` CPUs;
-4. when some containers are in use already (``spoiled``: the drawers, books and sockets that hold or
-   lie inside a held or broken group, of any resource), the most containers left whole: the fewest
-   whole parents the answer touches, then the fewest whole grandparents (a socket of a book in use
-   before one of a whole book, a book of a drawer in use before one of a whole drawer), so that a
-   book or drawer request can still be met;
-5. the lowest sorted tuple of topology orders (``Group.order``).
-
-``must_include`` ids are always part of the answer, which has exactly ``size`` ids: the
-``must_include`` ids first, as given, then the chosen ones in topology order. Unknown available ids
-are ignored.
-
-How, without scoring combinations (N groups in the table, n of them free, P parents, d distinct
-group sizes):
-
-* Each group's features (parent, size in cores, vertical:low, topology order) are computed once
-  per table and kept while the table is the same object with the same ids and groups (checked
-  on every call by identity, O(N); a few tables are kept). The free groups are then sorted by
-  their rank in the table's topology order.
-* (1) The fewest extra parents ``m``: ``must_include``'s parents cost nothing; then the parents
-  with the most free groups first.
-* (2) The narrowest size window ``[lo, lo + D]`` (``lo`` one of the sizes, holding
-  ``must_include``'s sizes) whose groups fill the request from those parents plus ``m`` others:
-  two pointers over the sorted sizes. Every window of width ``D`` that can is a candidate; an
-  answer's sizes lie in one of them.
-* (3) Per window, the fewest vertical:low groups: none when the ``m`` parents richest in other
-  groups suffice. Otherwise the answer takes every non-low group of its parents, and the parents
-  must give as many non-low groups ``H`` as any ``m`` can while still holding the request: a
-  bitset dynamic programme over (parents, non-low groups, shortfall from full parents) finds ``H``.
-  A pool of ``m`` parents that holds the request falls short of ``m`` full parents by at most a
-  slack ``s`` (below one parent's groups when parents are alike), so that last dimension is small.
-* (4) Lowest topology orders: walk the window's groups in topology order and take each group
-  when some optimal answer contains it and every group taken so far (the standard greedy for the
-  lexicographically smallest set). A parent is decided at its first group: in use if the rest can
-  still be completed from the parents not yet reached. Without low groups that is the sum of the
-  largest counts among them (a histogram of counts); with low groups, a lookup in the table of
-  (3), built backwards over the parents. The window whose answer has the fewest low groups, then
-  the lowest orders, wins.
-
-Complexity: O(N) to check the table index (O(N log N) to build it, once per table), then
-O(n log n + d^2 * P) for the n free groups, parents and windows; per candidate window (at most d)
-O(n + P * c) for the walk without low groups (c: the most groups of a parent). With low groups add
-P shifts of a big int of (m + 1) * (H + 1) * (s + c) bits and at most P lookups in it:
-O(d * P * m * N * (s + c) / 64) word operations, at most O(N^5 / 64) for contrived tables and
-dominated by the rest on real ones (160 books: 0.1-0.15 ms either way). Polynomial for every
-request size; nothing is enumerated.
-
-With containers in use (4), the exhaustive search below decides up to 2,000 combinations (one or
-two sockets or books out of a node's, a few ms); above that, parents are walked with those whose
-containers are in use first, which keeps (1) to (3) optimal and (4) a best effort.
-
-The walk is exact when every parent's groups are one run in topology order. They are not only when
-two parents share a topology-order prefix (a topology file mixing null and -1 container ids: both
-are order -1); then the exhaustive search is kept up to 20,000 combinations (it also breaks the
-ties of (4) such tables have), and above that the walk's answer is optimal under (1) to (3) only.
-"""
+Must hold: polynomial for every request size (nothing is enumerated beyond a bounded exhaustive search), and exact
+under the first three criteria always. The algorithm, its complexity and where it is a best effort:
+docs/contributing/design/preference.md."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from importlib.resources import files
 from importlib.resources.abc import Traversable
 
 from agent.errors import TopologyReadError
-from agent.topology import snapshot
+from agent.topology import snapshot_format as snapshot
 from agent.topology.model import Topology
 
 _SUFFIX = ".json"

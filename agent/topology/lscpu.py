@@ -1,43 +1,13 @@
-"""Read the topology from ``lscpu -J -e=...`` output: a second source and a cross-check.
+"""Read the topology from ``lscpu -J -e=...`` output: a second source and a cross-check of sysfs, and what vLLM sees
+(it runs ``lscpu -J -e=CPU,CORE,NODE,SOCKET,BOOK`` on s390x).
 
-sysfs (:mod:`agent.topology.sysfs`) is the primary source; this reader exists so that the
-agent can compare its view with what vLLM computes inside the pod (vLLM runs
-``lscpu -J -e=CPU,CORE,NODE,SOCKET,BOOK`` on s390x).
+``parse_lscpu_json`` is pure; ``read_lscpu`` runs the command and parses its output. Every util-linux dialect is
+read (strings, numbers, a bare ``-`` for a missing number, repaired by :func:`repair_lscpu_json` only where a JSON
+value stands alone); anything else is a :class:`TopologyReadError` naming the source, the cpu entry and the value.
+lscpu's CORE/SOCKET/BOOK/DRAWER are logical indexes in order of first appearance, kept as the model's ids.
 
-``parse_lscpu_json`` is pure; ``read_lscpu`` runs the command and parses its output.
-
-Dialects (util-linux release tags; see ../shared/docs/s390x-topology.md §A.4):
-
-* <= 2.37: every value a string (``"0"``, ``"-"``, ``"yes"``/``"no"``);
-* 2.38 - 2.40: numbers and booleans, and a *bare* ``-`` for a missing number, which is not
-  JSON. :func:`repair_lscpu_json` replaces such a ``-`` with ``null``, but only where a JSON
-  value is expected (after ``:`` in an object, after ``[`` or ``,`` in an array) and only when
-  the ``-`` stands alone (the next significant character ends the value); a ``-`` inside a
-  string or starting a number is never touched;
-* >= 2.41: a whole column turns into strings once one of its cells is ``-``.
-
-DRAWER, POLARIZATION and ADDRESS are strings in every version. Every cell is therefore read
-leniently: a number may be a JSON integer or a string of decimal digits; ``"-"``, ``""`` and
-``null`` mean missing; booleans may be ``true``/``false`` or ``"yes"``/``"no"``. Anything
-else is a :class:`TopologyReadError` naming the source, the cpu entry and the bad value.
-
-lscpu's CORE/SOCKET/BOOK/DRAWER (without ``-y``) are logical indexes in order of first
-appearance, not kernel ids. They are kept as the model's ids: each is a consistent partition,
-and it is what vLLM sees. Columns that are not in the output take the model's defaults
-(levels None, online/configured True, polarization "unknown").
-
-Machine facts, as far as lscpu's per-CPU table tells them:
-
-* arch: ``"s390x"`` when any CPU has a BOOK, DRAWER or ADDRESS value or a known polarization
-  (all four come from s390-only sysfs files, so lscpu prints ``-`` for them elsewhere), else
-  ``"unknown"`` (the table does not name the architecture);
-* environment ``"unknown"``, topology_facility None, machine_type None (not in the table);
-* dispatching: ``"vertical"`` if any CPU is vertically polarized, else ``"horizontal"`` if any
-  is horizontal, else ``"unknown"``;
-* smt_threads: the most CPUs sharing one core (at least 1);
-* memory_nodes: the sorted distinct NODE values with has_node_dirs True, or ``(0,)`` with
-  has_node_dirs False when no CPU has a node.
-"""
+Must hold: machine facts are only what the per-CPU table tells (s390x from BOOK/DRAWER/ADDRESS/polarization, no
+machine type). The dialects and the facts, one by one: docs/contributing/design/lscpu.md."""
 
 from __future__ import annotations
 

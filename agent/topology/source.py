@@ -66,7 +66,7 @@ def load_topology(host_root: str | Path = "/", topology_file: str | None = None,
             from agent.topology.embedded import load_embedded
 
             return load_embedded(topology_file[len(EMBEDDED_PREFIX):])
-        from agent.topology import snapshot
+        from agent.topology import snapshot_format as snapshot
 
         return snapshot.load(snapshot_path(topology_file, node_name))
     if source == "lscpu":

@@ -178,15 +178,15 @@ def _dra_release(api: Any, core: Any, node: str) -> Iterator[Any]:
 # --------------------------------------------------------------------------- publication on the 16-book shape
 
 def _plan(topology: Any, node: str, broken: dict[tuple[str, str], str] | None = None) -> Any:
-    from agent.policy.dra import SliceSettings, build_pool
     from agent.policy.grouping import GroupingSettings, group_topology
+    from agent.policy.resource_slices import SliceSettings, build_pool
 
     grouping = group_topology(topology, GroupingSettings().validated())
     return grouping, build_pool(grouping, topology, SliceSettings(node).validated(), broken or {})
 
 
 def _complete(api: Any, node: str, plan: Any) -> list[dict[str, Any]] | None:
-    from agent.policy.dra import CONTENT_ANNOTATION
+    from agent.policy.resource_slices import CONTENT_ANNOTATION
 
     have = {s["metadata"]["name"]: s for s in _slices(api, node)}
     if set(have) != {p.name for p in plan.slices}:
@@ -200,7 +200,7 @@ def _complete(api: Any, node: str, plan: Any) -> list[dict[str, Any]] | None:
 
 
 def _write_snapshot(path: Path, topology: Any) -> None:
-    from agent.topology import snapshot
+    from agent.topology import snapshot_format as snapshot
 
     tmp = path.with_suffix(".tmp")
     tmp.write_text(snapshot.dumps(topology), encoding="utf-8")
@@ -214,8 +214,8 @@ def _host_agent(args: list[str], env: dict[str, str], log: Path) -> subprocess.P
 
 
 def publication(api: Any, node: str, quick: bool) -> list[Row]:
+    from agent.policy.device_states import machine_health
     from agent.policy.grouping import GroupingSettings
-    from agent.policy.health import machine_health
     from bench.lib.shapes import Z17_382
     from topology_devkit.synthetic import build_topology
 

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent.plugin.servicer import render
 from agent.policy.allocation import AllocationSettings, plan_allocation
+from agent.policy.device_states import machine_health
 from agent.policy.grouping import GroupingSettings, group_topology
-from agent.policy.health import machine_health
 from agent.policy.preference import preferred_allocation
 from agent.topology.model import Topology
 from agent.topology.sysfs import read_sysfs, sysfs_fingerprint

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.topology import snapshot
+from agent.topology import snapshot_format as snapshot
 from agent.topology.cpulist import parse_cpulist
 from agent.topology.model import Cpu, Machine, Topology
 from bench.lib.common import INFO, Row, at_most, bench_main, median, percentile, skipped

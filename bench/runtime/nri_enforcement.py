@@ -36,7 +36,7 @@ def _registered(agent: AgentProcess) -> bool:
 def run(quick: bool) -> list[Row]:
     import subprocess
 
-    from agent.topology import snapshot
+    from agent.topology import snapshot_format as snapshot
     from agent.topology.cpulist import parse_cpulist
     from agent.topology.model import Cpu, Machine, Topology
     from topology_devkit.containerd import Containerd, ContainerdUnavailable, PodContainer

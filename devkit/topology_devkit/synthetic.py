@@ -386,7 +386,7 @@ def data_dir() -> Path:
 
 def write_data(target: Path | None = None) -> list[Path]:
     """Write one snapshot per shape into ``target`` (default: agent/data). Returns the paths."""
-    from agent.topology import snapshot  # I/O lives in snapshot.dump
+    from agent.topology import snapshot_format as snapshot  # I/O lives in snapshot.dump
 
     out = target or data_dir()
     out.mkdir(parents=True, exist_ok=True)

@@ -427,7 +427,7 @@ def write_sysfs_tree(
 
 
 def _resolve(source: str) -> Topology:
-    from agent.topology import snapshot
+    from agent.topology import snapshot_format as snapshot
     from agent.topology.embedded import embedded_snapshot_names, load_embedded
     from topology_devkit.synthetic import SHAPES, build_topology
 

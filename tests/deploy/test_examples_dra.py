@@ -11,8 +11,8 @@ import pytest
 import yaml
 from celpy.adapter import json_to_cel
 
-from agent.policy.dra import DRIVER, SliceSettings, build_pool
 from agent.policy.grouping import GroupingSettings, group_topology
+from agent.policy.resource_slices import DRIVER, SliceSettings, build_pool
 from agent.topology.embedded import load_embedded
 from tests.support.env import REPO
 

@@ -8,7 +8,7 @@ import yaml
 
 from agent.errors import SocketInUseError
 from agent.node.labels import KEY_PREFIX, LABEL_KEYS, NOT_ADVERTISED_CODES
-from agent.plugin.server import clear_stale_socket
+from agent.unix_socket import clear_stale_socket
 from tests.support.env import REPO
 from tests.support.harness import short_tmpdir
 

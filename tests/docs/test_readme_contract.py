@@ -9,9 +9,9 @@ from typing import Any
 from agent.cli import build_parser
 from agent.dra.prepare import plan_claim
 from agent.policy.allocation import ENV_KEYS, OPENMP_ENV_KEYS, AllocationSettings, plan_allocation
-from agent.policy.claims import ADMIN_ENV, CLAIM_ENV
-from agent.policy.dra import DRIVER
+from agent.policy.container_claims import ADMIN_ENV, CLAIM_ENV
 from agent.policy.grouping import group_topology
+from agent.policy.resource_slices import DRIVER
 from agent.topology.embedded import load_embedded
 from tests.support.docs import CONTAINER, names, table_after
 from tests.support.env import REPO

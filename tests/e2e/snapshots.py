@@ -21,7 +21,7 @@ if str(REPO) not in sys.path:  # run as a script from run.sh
 
 from agent.node.labels import LABEL_CPU_MANAGER_POLICY, node_labels  # noqa: E402
 from agent.policy.grouping import Grouping, GroupingSettings, group_topology  # noqa: E402
-from agent.topology import snapshot  # noqa: E402
+from agent.topology import snapshot_format as snapshot  # noqa: E402
 from agent.topology.model import Topology  # noqa: E402
 from topology_devkit.synthetic import IdRule, LparShape, build_topology  # noqa: E402
 

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from agent.policy.grouping import GroupingSettings, group_topology
-from agent.topology import snapshot
+from agent.topology import snapshot_format as snapshot
 from agent.topology.model import Topology
 from tests.support.e2e.cluster import E2EEnv
 from tests.support.e2e.dra import (

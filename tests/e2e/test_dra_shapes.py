@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.topology import snapshot
+from agent.topology import snapshot_format as snapshot
 from tests.support.e2e.cluster import E2EEnv
 from tests.support.e2e.dra import DRIVER, agent_ready, allocated_device, delete, slices
 from tests.support.e2e.kube import apply, kjson, wait_kubectl

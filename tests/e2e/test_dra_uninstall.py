@@ -22,7 +22,7 @@ pytestmark = [
 ]
 
 # Seconds after helm uninstall returns. The agent deletes its node's slices as it stops (its DaemonSet being deleted,
-# agent/node/uninstall.py) and the pre-delete hook waits for that; the kubelet alone would take its 30 s grace for a
+# agent/node/cleanup.py) and the pre-delete hook waits for that; the kubelet alone would take its 30 s grace for a
 # deregistered plugin (32 s measured), while the scheduler could still allocate the devices.
 SLICES_GONE_WITHIN = 5.0
 

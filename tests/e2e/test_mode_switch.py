@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from agent.cri.client import POD_NAMESPACE, CriClient
-from agent.policy.dra import IN_USE_TAINT_KEY
+from agent.policy.resource_slices import IN_USE_TAINT_KEY
 from agent.topology.cpulist import parse_cpulist
 from tests.support.e2e.cluster import E2EEnv
 from tests.support.e2e.dra import DRA_VALUES, DRIVER, agent_ready, claim, delete, pod, slices

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from agent.topology import snapshot
+from agent.topology import snapshot_format as snapshot
 from agent.topology.cpulist import parse_cpulist
 from tests.support.e2e.cluster import E2EEnv
 from tests.support.e2e.kube import delete_pods, wait_for

@@ -101,7 +101,7 @@ def test_preferred_allocation_over_the_wire() -> None:
 def test_list_and_watch_streams_are_full_snapshots_and_end_cleanly() -> None:
     with running_node(levels=("book",)) as node:
         devices = node.agent.devices.table(BOOK)
-        servicer = node.agent.manager.servers[BOOK].servicer
+        servicer = node.agent.manager.servers[BOOK].servicer  # type: ignore[attr-defined]
         channel, stub = node.plugin_stub(BOOK)
         with channel:
             first = stub.ListAndWatch(api_pb2.Empty())
@@ -146,7 +146,7 @@ def test_twenty_kubelet_restarts_in_a_row_lose_nothing() -> None:
 
 def test_kubelet_socket_appearing_late_is_waited_for() -> None:
     with running_node(start_kubelet=False, levels=("book",)) as node:
-        assert not node.agent.manager.registered.is_set()
+        assert not node.agent.manager.registered.is_set()  # type: ignore[attr-defined]
         node.kubelet.start()
         node.kubelet.wait_registered(BOOK, timeout=5)
         assert node.agent.manager.wait_registered(5)
@@ -164,7 +164,7 @@ def test_a_second_instance_does_not_steal_the_sockets() -> None:
 
 def test_a_stale_socket_of_a_dead_instance_is_replaced(tmp_path_factory: pytest.TempPathFactory) -> None:
     with running_node(levels=("book",), start_kubelet=False) as node:
-        path = node.agent.manager.servers[BOOK].path
+        path = node.agent.manager.servers[BOOK].path  # type: ignore[attr-defined]
         node.agent.manager.stop()  # leaves nothing behind...
         assert not path.exists()
         import socket

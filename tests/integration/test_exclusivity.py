@@ -17,8 +17,8 @@ import grpc
 import pytest
 
 from agent.app.build import build_agent
+from agent.policy.device_states import overlaps
 from agent.policy.grouping import GroupingSettings, group_topology
-from agent.policy.health import overlaps
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
 from agent.topology.sysfs import read_sysfs, sysfs_fingerprint

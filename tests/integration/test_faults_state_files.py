@@ -14,7 +14,7 @@ import pytest
 from agent.devices.persist import StateFiles
 from agent.errors import SavedStateError
 from agent.policy.grouping import GroupingSettings, group_topology
-from agent.policy.saved import grouping_from_dict, grouping_to_dict
+from agent.policy.state_codec import grouping_from_dict, grouping_to_dict
 from agent.topology.embedded import load_embedded
 from tests.support.env import BOOK
 from tests.support.harness import short_tmpdir

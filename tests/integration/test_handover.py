@@ -1,6 +1,6 @@
 """Switching modes without a failed pod: the last device-plugin agent on a node takes its
 resources' allocatable to zero while it still serves, and a DRA agent is Ready only once the Node offers its names
-through DRA alone (agent/policy/handover.py, agent/node/handover.py, agent/app/handover.py).
+through DRA alone (agent/policy/allocatable.py, agent/node/resource_withdrawal.py, agent/app/handover_on_stop.py).
 
 The API server is a stand-in holding one Node (its status as the agent reads and patches it, and kubelet's own
 status sync writing the device plugin's value back when the test says so) and the agent's DaemonSet; kubelet's
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from agent.app.handover import hand_over_if_last
+from agent.app.handover_on_stop import hand_over_if_last
 from agent.errors import KubeApiError
-from agent.policy.handover import is_zero, still_allocatable, zero_patch
-from agent.policy.uninstall import handing_over, template_mode
+from agent.policy.allocatable import is_zero, still_allocatable, zero_patch
+from agent.policy.teardown import handing_over, template_mode
 from tests.support.env import BOOK, SOCKET
 from tests.support.harness import Node, running_node
 from topology_devkit.kubelet_emulator import Container
@@ -141,11 +141,11 @@ def test_an_uninstall_withdraws_too_and_a_refused_patch_is_said(node: Node, capl
 @contextlib.contextmanager
 def dra_manager_with(monkeypatch: pytest.MonkeyPatch, api: ApiServer) -> Iterator[Any]:
     """build_agent in DRA mode against stand-ins (no API server, no kubelet): its DraManager, serving."""
-    import agent.app.dra as dra
+    import agent.app.build_dra as dra
     from agent.app.build import build_agent
     from agent.app.config import AgentConfig
-    from agent.policy.dra import DRIVER
     from agent.policy.grouping import GroupingSettings
+    from agent.policy.resource_slices import DRIVER
     from agent.topology.embedded import load_embedded
     from tests.support.harness import short_tmpdir
     from tests.support.kubeapi import SliceApi

@@ -25,14 +25,14 @@ from agent._proto.nri.v1alpha1 import api_pb2 as nri
 from agent.app.agent import Agent
 from agent.app.build import build_agent
 from agent.app.config import AgentConfig
-from agent.app.enforcement import CpusetEnforcement
-from agent.app.nri_enforcement import NriEnforcement
 from agent.cri.client import CONTAINER_NAME, POD_NAME, POD_NAMESPACE, ContainerInfo, ContainerStatusInfo
 from agent.dra.prepare import ClaimPreparer, PrepareError, checkpoint_path
+from agent.enforce.cri_loop import CpusetEnforcement
+from agent.enforce.nri_hooks import NriEnforcement
 from agent.errors import KubeApiError
 from agent.policy.allocation import AllocationSettings
-from agent.policy.dra import DRIVER, IN_USE_TAINT_KEY
 from agent.policy.grouping import GroupingSettings, group_topology
+from agent.policy.resource_slices import DRIVER, IN_USE_TAINT_KEY
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
 from tests.support.env import BOOK, SOCKET
@@ -96,7 +96,7 @@ def kubelet() -> Iterator[KubeletEmulator]:
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> ClaimsApi:
     """The API server DRA mode talks to (its client replaced, as no cluster is here)."""
-    import agent.app.dra as dra
+    import agent.app.build_dra as dra
 
     fake = ClaimsApi()
     monkeypatch.setattr(dra, "dra_api", lambda: fake)
@@ -187,7 +187,7 @@ def prepare_in_checkpoint(k: KubeletEmulator, topology: Topology, doc: dict[str,
 
 
 def allocate(agent: Agent, resource: str, ids: list[str]) -> dp.AllocateResponse:
-    path = agent.manager.servers[resource].path
+    path = agent.manager.servers[resource].path  # type: ignore[attr-defined]
     with grpc.insecure_channel(f"unix://{path}") as channel:
         request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)])
         answer: dp.AllocateResponse = dp_grpc.DevicePluginStub(channel).Allocate(request, timeout=5)

@@ -11,8 +11,8 @@ import pytest
 
 from agent.app.build import build_agent
 from agent.app.config import AgentConfig
-from agent.node.kube import MERGE_PATCH, NodeLabeler
 from agent.node.kubeapi import LeanKubeApi
+from agent.node.labeler import MERGE_PATCH, NodeLabeler
 from agent.topology.embedded import load_embedded
 from tests.support.harness import short_tmpdir
 from topology_devkit.testing.wait import await_until

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
-from agent.topology.snapshot import MAX_SNAPSHOT_BYTES
+from agent.topology.snapshot_format import MAX_SNAPSHOT_BYTES
 from tests.support.harness import short_tmpdir
 from topology_devkit.testing.wait import wait_until
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.topology import snapshot
+from agent.topology import snapshot_format as snapshot
 from agent.topology.cpulist import format_cpulist, parse_cpulist
 from agent.topology.model import Cpu, Machine, Topology
 from tests.support.env import SOCKET

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
-from agent.nri.plugin import NriPlugin
-from agent.topology import snapshot
+from agent.nri.stub import NriPlugin
+from agent.topology import snapshot_format as snapshot
 from agent.topology.cpulist import format_cpulist, parse_cpulist
 from agent.topology.model import Cpu, Machine, Topology
 from tests.support.env import IN_CI, missing
@@ -322,13 +322,13 @@ class DraNode:
     API server: the claim is handed to prepare() as kubelet's NodePrepareResources would name it)."""
 
     def __init__(self, ctd: Containerd, root: Path, cpus: list[int], shared_pool: bool) -> None:
-        from agent.app.nri_enforcement import NriEnforcement
         from agent.devices.table import NodeDevices
         from agent.dra.prepare import ClaimPreparer
+        from agent.enforce.nri_hooks import NriEnforcement
         from agent.plugin.servicer import render
         from agent.policy.allocation import AllocationSettings
-        from agent.policy.dra import DRIVER
         from agent.policy.grouping import GroupingSettings, group_topology
+        from agent.policy.resource_slices import DRIVER
 
         a, b = cpus
         machine = Machine(arch="s390x", machine_type="3931", environment="lpar", topology_facility=True,

@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
-from agent.app.enforcement import CpusetEnforcement, EnforcementCounters
-from agent.app.enforcement_auto import AutoEnforcement
-from agent.app.nri_enforcement import NriEnforcement
 from agent.cri.client import CriClient
 from agent.devices.table import NodeDevices
-from agent.nri.plugin import NriPlugin, UpdatesFailed
+from agent.enforce.auto_switch import AutoEnforcement
+from agent.enforce.cri_loop import CpusetEnforcement
+from agent.enforce.engine import EnforcementCounters
+from agent.enforce.nri_hooks import NriEnforcement
 from agent.nri.probe import socket_answers
+from agent.nri.stub import NriPlugin, UpdatesFailed
 from agent.plugin.servicer import render
 from agent.policy.allocation import AllocationSettings
 from agent.policy.grouping import GroupingSettings, group_topology
@@ -325,7 +326,7 @@ def test_a_plain_container_is_refused_on_an_empty_pool_and_an_offline_holder_run
         assert first_line(ctd, web) == str(b)
         # A new holder of book b leaves llm no CPU that no other pod holds. Nothing can take it anywhere that is
         # not another pod's (NRI's adaptation drops a plugin's evictions): it is said, stranded, and its pod is
-        # handed over for eviction through the API server (agent/app/evictions.py).
+        # handed over for eviction through the API server (agent/enforce/evictions.py).
         assert node.evict == []
         late = ctd.run_pod("late", container="c", annotations=node.hold(1), command=FIRST_LINE)
         made.append(late)

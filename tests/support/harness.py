@@ -43,7 +43,7 @@ class Node:
 
     def plugin_stub(self, resource: str) -> tuple[grpc.Channel, api_pb2_grpc.DevicePluginStub]:
         """A client of our plugin's own socket, the way kubelet dials it."""
-        path = self.agent.manager.servers[resource].path
+        path = self.agent.manager.servers[resource].path  # type: ignore[attr-defined]
         channel = grpc.insecure_channel(f"unix://{path}")
         return channel, api_pb2_grpc.DevicePluginStub(channel)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from agent.errors import KubeApiError
 from agent.node.kubeapi import NodeRow
-from agent.policy.uninstall import parse_label_selector
+from agent.policy.teardown import parse_label_selector
 
 
 class SliceApi:

@@ -25,10 +25,13 @@ LAYERS: dict[str, int] = {
     "agent.cri": 4,  # adapter: the container runtime (CRI)
     "agent.nri": 4,  # adapter: the container runtime (NRI plugin)
     "agent.dra": 4,  # adapter: DRA (ResourceSlices, ResourceClaims, the kubelet DRA plugin, CDI)
-    "agent.app": 5,  # wiring and the running agent
-    "agent.cli": 6, "agent.__main__": 7,
+    "agent.enforce": 5,  # the cpuset enforcement engines: the CRI loop, the NRI hooks, auto, evictions
+    "agent.app": 6,  # wiring and the running agent
+    "agent.cli": 7, "agent.__main__": 8,
 }
 CORE = ("agent.topology", "agent.policy")
+DOCSTRING_MAX = 15  # lines: what the module does and what must hold; design essays go to docs/contributing/design
+ISSUE_NUMBER = re.compile(r"issue[ -]?#?[0-9]+", re.IGNORECASE)  # the tracker's history belongs in git, not the code
 
 
 def modules() -> dict[str, Path]:
@@ -140,11 +143,54 @@ def test_the_core_imports_nothing_outside_the_core() -> None:
             assert not outside, f"{module} imports {outside}"
 
 
+def docstring_lines(source: str) -> int:
+    """The lines a module's docstring spans, its quotes included (0 without one)."""
+    body = ast.parse(source).body
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        return (first.end_lineno or first.lineno) - first.lineno + 1
+    return 0
+
+
+def shared_bare_names(names: list[str]) -> dict[str, list[str]]:
+    """Bare name -> the modules and packages (the root aside) that have it, where more than one does."""
+    found: dict[str, list[str]] = {}
+    for name in sorted(names):
+        if "." in name:
+            found.setdefault(name.rpartition(".")[2], []).append(name)
+    return {bare: where for bare, where in found.items() if len(where) > 1}
+
+
+def test_module_docstrings_say_what_holds_in_a_few_lines() -> None:
+    """A module's docstring says what it does and what must always hold; the design and its history of reasons live
+    in docs/contributing/design/, one page per topic."""
+    long = {str(path.relative_to(REPO)): n for path in modules().values()
+            if (n := docstring_lines(path.read_text(encoding="utf-8"))) > DOCSTRING_MAX}
+    assert long == {}
+
+
+def test_the_product_names_no_tracker_issue() -> None:
+    """Code states rules and reasons; which issue brought them is git's to tell."""
+    found = [f"{path.relative_to(REPO)}:{n}" for path in modules().values()
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if ISSUE_NUMBER.search(line)]
+    assert found == []
+
+
+def test_no_two_modules_share_a_bare_name() -> None:
+    """Each module's name says what it computes, so no two (generated code aside) have the same one."""
+    assert shared_bare_names(list(modules())) == {}
+
+
 def test_the_checks_can_fail() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert layer_of("agent.plugin.servicer") == ("agent.plugin", 4)
     assert layer_of("agent.cri.client") == ("agent.cri", 4)
     assert layer_of("agent.policy.ledger")[1] < layer_of("agent.devices.table")[1]
+    assert layer_of("agent.dra.driver")[1] < layer_of("agent.enforce.nri_hooks")[1] < layer_of("agent.app.build")[1]
+    assert docstring_lines('"""One.\n\nTwo.\n"""\nx = 1\n') == 4 and docstring_lines("x = 1\n") == 0
+    assert ISSUE_NUMBER.search("# --- " + "Issue" + " #30 ---") and not ISSUE_NUMBER.search("an issue of timing")
+    assert shared_bare_names(["agent", "agent.dra", "agent.policy.dra", "agent.app.agent"]) == {
+        "dra": ["agent.dra", "agent.policy.dra"]}
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ for entry in (str(REPO), str(REPO / "devkit")):
 from agent.cri.client import CriClient  # noqa: E402
 from agent.errors import CriError  # noqa: E402
 from agent.policy.grouping import GroupingSettings, group_topology  # noqa: E402
-from agent.topology import snapshot as snapshots  # noqa: E402
+from agent.topology import snapshot_format as snapshots  # noqa: E402
 from bench.cluster.soak.invariants import KINDS, Allowances, Checker, Violation  # noqa: E402
 from bench.cluster.soak.plan import FaultStep, Plan, PodStep, make_plan  # noqa: E402
 from bench.cluster.soak.truth import CONTAINERD, DRIVER, Config, Truth  # noqa: E402

@@ -407,7 +407,7 @@ def test_node_policy_admits_the_agents_own_patch(node_update: Callable[..., list
     """The body NodeLabeler really sends, applied as a merge patch, passes: the policy fits the agent."""
     from types import SimpleNamespace
 
-    from agent.node.kube import NodeLabeler
+    from agent.node.labeler import NodeLabeler
     from agent.node.labels import node_annotations, node_labels
     from agent.policy.grouping import group_topology
     from agent.topology.embedded import load_embedded
@@ -474,9 +474,9 @@ def test_node_policy_denies_spec_status_finalizers_and_owners(node_update: Calla
 
 def test_node_policy_admits_only_our_allocatable_lowered_to_zero_in_the_status(
         node_update: Callable[..., list[str]]) -> None:
-    """A hand-over to the other mode (agent/node/handover.py): the agent's own merge patch of its Node's status, and
-    nothing else there."""
-    from agent.policy.handover import zero_patch
+    """A hand-over to the other mode (agent/node/resource_withdrawal.py): the agent's own merge patch of its Node's
+    status, and nothing else there."""
+    from agent.policy.allocatable import zero_patch
 
     assert node_update(changed(zero_patch(["topology/book"])), subresource="status") == []
     assert node_update(changed(zero_patch(["topology/book", "topology/socket"])), subresource="status") == []

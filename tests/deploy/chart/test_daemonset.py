@@ -284,7 +284,7 @@ def test_fake_topology_mode(render: Render) -> None:
     docs = render(*FAKE_ARGS, "--set-json", 'nodeSelector={"kubernetes.io/arch":"s390x","pool":"e2e"}')
     config_map = one(docs, "ConfigMap")
     assert sorted(config_map["data"]) == ["default.json", "worker2.json"]
-    from agent.topology import snapshot
+    from agent.topology import snapshot_format as snapshot
 
     topology = snapshot.loads(config_map["data"]["default.json"])  # a valid snapshot survives templating
     assert topology == snapshot.load(REPO / "agent/data/z16-lpar.json")

@@ -8,7 +8,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from agent.policy.dra import DRIVER, deviceclass
+from agent.policy.resource_slices import DRIVER, deviceclass
 from tests.support.chart import FAKE_ARGS, Render, agent_container, env_of, kinds, mounts_of, one
 
 DRA = ("--set", "mode=dra")

@@ -14,8 +14,8 @@ from agent.topology.embedded import load_embedded
 from tests.support.env import REPO
 from topology_devkit.sysfs_writer import write_sysfs_tree
 
-NOT_NEEDED = ("agent.app.config", "agent.app.enforcement_mode", "agent.nri.probe", "agent.policy.creation",
-              "agent.policy.cpuset", "agent.policy.allocation", "agent.policy.dra", "socket", "hashlib")
+NOT_NEEDED = ("agent.app.config", "agent.enforce.engine_choice", "agent.nri.probe", "agent.policy.creation_cpuset",
+              "agent.policy.cpuset", "agent.policy.allocation", "agent.policy.resource_slices", "socket", "hashlib")
 
 
 def _discover(tree: Path, *flags: str) -> dict[str, Any]:

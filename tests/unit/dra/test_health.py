@@ -1,6 +1,6 @@
-"""DRA device health (agent/policy/dra_health.py, agent/dra/health.py): the report, and NodeWatchResources on the
-DRA socket driven the way kubelet 1.37 drives it (the registration names the service, a long-lived stream of full
-reports), over real gRPC channels on Unix sockets."""
+"""DRA device health (agent/policy/health_report.py, agent/dra/health_service.py): the report, and NodeWatchResources
+on the DRA socket driven the way kubelet 1.37 drives it (the registration names the service, a long-lived stream of
+full reports), over real gRPC channels on Unix sockets."""
 
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ from agent._proto.dra_health.v1alpha1 import api_pb2 as h1a
 from agent._proto.dra_health.v1alpha1 import api_pb2_grpc as h1a_grpc
 from agent._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from agent._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from agent.app.dra import DraManager
-from agent.dra.health import HealthService
+from agent.dra.driver import DraManager
+from agent.dra.health_service import HealthService
 from agent.dra.kubelet_plugin import KubeletPlugin
 from agent.dra.prepare import ClaimPreparer
 from agent.dra.publisher import SlicePublisher
 from agent.policy.allocation import AllocationSettings
-from agent.policy.dra import DRIVER, SliceSettings, build_pool
-from agent.policy.dra_health import HEALTH_TIMEOUT, MAX_MESSAGE, DeviceReport, health_report
 from agent.policy.grouping import GroupingSettings, group_topology
+from agent.policy.health_report import HEALTH_TIMEOUT, MAX_MESSAGE, DeviceReport, health_report
+from agent.policy.resource_slices import DRIVER, SliceSettings, build_pool
 from agent.topology.embedded import load_embedded
 from tests.support.harness import short_tmpdir
 from tests.support.kubeapi import SliceApi

@@ -30,9 +30,9 @@ from agent.dra.prepare import (
 )
 from agent.errors import KubeApiError
 from agent.policy.allocation import AllocationSettings, plan_allocation
-from agent.policy.claims import PreparedRequest
-from agent.policy.dra import DRIVER
+from agent.policy.container_claims import PreparedRequest
 from agent.policy.grouping import Group, GroupingSettings, group_topology
+from agent.policy.resource_slices import DRIVER
 from agent.topology.embedded import load_embedded
 from tests.support.harness import short_tmpdir
 

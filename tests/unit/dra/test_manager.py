@@ -11,15 +11,15 @@ from agent._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from agent._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from agent._proto.podresources.v1 import api_pb2 as pr
 from agent._proto.podresources.v1 import api_pb2_grpc as pr_grpc
-from agent.app.dra import DraManager
+from agent.dra.driver import DraManager
 from agent.dra.kubelet_plugin import KubeletPlugin
 from agent.dra.prepare import ClaimPreparer
 from agent.dra.publisher import SlicePublisher
 from agent.plugin.podresources import PodResourcesClient
 from agent.policy.allocation import AllocationSettings
-from agent.policy.dra import DRIVER, TAINT_KEY, SliceSettings, build_pool
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.policy.ledger import ListedDevice
+from agent.policy.resource_slices import DRIVER, TAINT_KEY, SliceSettings, build_pool
 from agent.topology.embedded import load_embedded
 from tests.support.harness import short_tmpdir
 from tests.support.kubeapi import SliceApi

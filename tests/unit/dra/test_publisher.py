@@ -6,8 +6,8 @@ import pytest
 
 from agent.dra.publisher import SlicePublisher
 from agent.errors import KubeApiError
-from agent.policy.dra import CONTENT_ANNOTATION, PoolPlan, SliceSettings, build_pool
 from agent.policy.grouping import GroupingSettings, group_topology
+from agent.policy.resource_slices import CONTENT_ANNOTATION, PoolPlan, SliceSettings, build_pool
 from agent.topology.embedded import load_embedded
 from tests.support.kubeapi import SliceApi
 

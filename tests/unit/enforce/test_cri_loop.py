@@ -10,9 +10,9 @@ from typing import cast
 import pytest
 from prometheus_client import generate_latest
 
-from agent.app.enforcement import IDLE_INTERVAL, CpusetEnforcement
 from agent.cri.client import ContainerInfo, CriClient
 from agent.devices.table import NodeDevices
+from agent.enforce.cri_loop import IDLE_INTERVAL, CpusetEnforcement
 from agent.errors import CriError
 from agent.observe.metrics import AgentMetrics
 from agent.observe.status import AgentStatus, EnforcementStatus

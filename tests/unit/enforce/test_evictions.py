@@ -1,4 +1,4 @@
-"""A stranded holder's pod is evicted through the API server (agent/app/evictions.py), never blocking the
+"""A stranded holder's pod is evicted through the API server (agent/enforce/evictions.py), never blocking the
 caller; once per pod; a PodDisruptionBudget's 429 is retried with backoff; a pod the plan no longer names is not
 asked again. And the loops hand the plan's evictions over (CRI and NRI), or keep the holder (--stranded-policy keep).
 """
@@ -11,10 +11,10 @@ from typing import Any, cast
 
 import pytest
 
-from agent.app.enforcement import CpusetEnforcement
-from agent.app.evictions import Evictions
 from agent.cri.client import ContainerStatusInfo, CriClient
 from agent.devices.table import NodeDevices
+from agent.enforce.cri_loop import CpusetEnforcement
+from agent.enforce.evictions import Evictions
 from agent.errors import KubeApiError, NodeLabelerError
 from agent.node.kubeapi import KubeApi
 from agent.plugin.servicer import render
@@ -208,7 +208,7 @@ def test_under_nri_a_new_book_pod_is_created_at_once_and_the_stranded_pod_on_its
     """Under NRI, CPU 0 went offline, so llm (book 0) runs on the pool, CPU 1; then a pod is allocated book 1 and
     created. Its creation answers at once (the API server hangs) and pins it to CPU 1; llm's pod, which no cpuset
     now keeps off CPU 1, is asked to be evicted."""
-    from agent.app.nri_enforcement import NriEnforcement
+    from agent.enforce.nri_hooks import NriEnforcement
     from agent.plugin.servicer import render as render_wire
     from tests.support.enforcement import DOMAIN, annotated, container, pod, two_books
     from tests.support.harness import short_tmpdir
@@ -247,7 +247,7 @@ def test_the_composition_root_wires_the_evictions_into_the_enforcement_and_the_m
 
     from agent.app.build import build_agent
     from agent.app.config import AgentConfig
-    from agent.app.nri_enforcement import NriEnforcement
+    from agent.enforce.nri_hooks import NriEnforcement
     from tests.support.enforcement import two_books
     from tests.support.harness import short_tmpdir
 

@@ -1,5 +1,5 @@
-"""--cpuset-enforcement nri and auto below the wire: the creation plan (agent/policy/creation.py),
-the choice of mode, the answers of agent/app/nri_enforcement.py to NRI messages. The chart's mounts for each mode are
+"""--cpuset-enforcement nri and auto below the wire: the creation plan (agent/policy/creation_cpuset.py),
+the choice of mode, the answers of agent/enforce/nri_hooks.py to NRI messages. The chart's mounts for each mode are
 held in tests/deploy/chart/test_daemonset.py; the real containerd judges in tests/runtime/test_nri_containerd.py."""
 
 from __future__ import annotations
@@ -10,13 +10,21 @@ from typing import Any
 import pytest
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
-from agent.app.nri_enforcement import NriEnforcement
 from agent.devices.table import NodeDevices
+from agent.enforce.nri_hooks import NriEnforcement
 from agent.plugin.servicer import render as render_wire
 from agent.policy.allocation import AllocationSettings
-from agent.policy.claims import CLAIM_ENV, ClaimMatch, PreparedRequest, match_claim, prepared_keys, with_claims
+from agent.policy.container_claims import (
+    CLAIM_ENV,
+    ClaimMatch,
+    PreparedRequest,
+    match_claim,
+    prepared_keys,
+    with_claims,
+)
 from agent.policy.cpuset import RunningContainer
-from agent.policy.creation import enforcement_mode, plan_creation
+from agent.policy.creation_cpuset import plan_creation
+from agent.policy.enforcement_choice import enforcement_mode
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology.model import Cpu, Machine, Topology
 from tests.support.enforcement import DOMAIN, annotated, container, pod, two_books
@@ -133,7 +141,7 @@ def test_auto_without_any_runtime_socket_is_off_with_one_warning_and_says_so() -
             agent.stop()
 
 
-# --- DRA mode: the claim a container's CDI environment names (agent/policy/claims.py) -------------------------
+# --- DRA mode: the claim a container's CDI environment names (agent/policy/container_claims.py) ---------------------
 
 
 def prepared_book(grouping: Any, index: int, namespace: str = "default") -> dict[str, PreparedRequest]:
@@ -250,10 +258,10 @@ def test_without_dra_the_claim_variable_means_nothing() -> None:
 def test_build_agent_in_dra_mode_hands_the_nri_plugin_the_prepared_claims(monkeypatch: pytest.MonkeyPatch) -> None:
     """The composition root's wiring: the kubelet plugin's ClaimPreparer is what the NRI enforcement reads, and a
     prepare or unprepare wakes it (no API server: the claim reader is a dict)."""
-    import agent.app.dra as dra
+    import agent.app.build_dra as dra
     from agent.app.build import build_agent
     from agent.app.config import AgentConfig
-    from agent.policy.dra import DRIVER
+    from agent.policy.resource_slices import DRIVER
     from tests.support.harness import short_tmpdir
 
     claims: dict[tuple[str, str], dict[str, Any]] = {}
@@ -382,7 +390,7 @@ def test_a_confirmed_unsolicited_update_is_remembered_and_not_sent_again() -> No
 
 
 def test_a_failed_batch_is_tried_one_by_one_and_only_the_failed_one_is_planned_again() -> None:
-    from agent.nri.plugin import UpdatesFailed
+    from agent.nri.stub import UpdatesFailed
     from topology_devkit.testing.wait import wait_until
 
     enforcement, grouping, _ = setup3()
@@ -413,7 +421,7 @@ def test_a_failed_batch_is_tried_one_by_one_and_only_the_failed_one_is_planned_a
 def test_a_new_plain_container_is_refused_while_the_shared_pool_is_empty() -> None:
     """Also: an empty shared pool. Created on every CPU it would run on the held books: refused instead (the
     runtime fails the creation, kubelet retries it), and counted."""
-    from agent.nri.plugin import Refused
+    from agent.nri.stub import Refused
 
     enforcement, grouping, _ = setup3()
     table = enforcement.devices.table(grouping.groups[0].resource)
@@ -460,9 +468,10 @@ def test_annotations_the_pod_itself_carries_are_not_believed() -> None:
 def test_auto_switches_to_cri_when_nri_stops_answering_and_back_when_it_answers_again() -> None:
     """Also: auto is decided while the agent runs. A runtime restarted with NRI off leaves the plugin dialing
     nobody: after the patience the CRI loop takes over; a new NRI socket that answers brings NRI back."""
-    from agent.app.enforcement import CpusetEnforcement, EnforcementCounters
-    from agent.app.enforcement_auto import AutoEnforcement
     from agent.cri.client import CriClient
+    from agent.enforce.auto_switch import AutoEnforcement
+    from agent.enforce.cri_loop import CpusetEnforcement
+    from agent.enforce.engine import EnforcementCounters
 
     root = short_tmpdir_path()
     nri_socket, cri_socket = root / "nri.sock", root / "cri.sock"

@@ -20,8 +20,8 @@ from kmock import action as Action
 from kubernetes.config import incluster_config, kube_config
 
 from agent.errors import NodeLabelerError
-from agent.node.kube import MERGE_PATCH, NodeLabeler
 from agent.node.kubeapi import LeanKubeApi
+from agent.node.labeler import MERGE_PATCH, NodeLabeler
 from agent.node.labels import KEY_PREFIX, TOPOLOGY_ANNOTATION, node_annotations, node_labels
 from agent.policy.grouping import group_topology
 from agent.topology.embedded import load_embedded

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from agent.app.loops import backoff_delay
-from agent.node.kube import NodeLabeler
 from agent.node.kubeapi import kubeconfig_api
+from agent.node.labeler import NodeLabeler
 from agent.node.reporter import NodeReporter
+from agent.periodic import backoff_delay
 from agent.policy.grouping import group_topology
 from agent.topology.embedded import load_embedded
 

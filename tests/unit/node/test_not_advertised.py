@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from agent.errors import KubeApiError
-from agent.node.kube import NodeLabeler
 from agent.node.kubeapi import LeanKubeApi
+from agent.node.labeler import NodeLabeler
 from agent.node.labels import LABEL_ADVERTISED, TOPOLOGY_ANNOTATION, node_event
 from agent.node.reporter import NodeReporter
 from agent.policy.grouping import group_topology
@@ -75,7 +75,7 @@ def test_a_node_that_advertises_posts_no_event() -> None:
 
 
 def test_a_warning_the_enforcement_gives_is_posted_by_the_label_loop() -> None:
-    """An offline holder's notice (agent.app.enforcement.OfflineNotices) becomes a Warning Event on the
+    """An offline holder's notice (agent.enforce.cri_loop.OfflineNotices) becomes a Warning Event on the
     Node at the next label sync, posted off the thread that gave it, which it wakes."""
     api = FakeApi()
     r = reporter(load_embedded("z16-lpar"), api)

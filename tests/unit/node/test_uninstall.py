@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 
 from agent.errors import KubeApiError
-from agent.node.kubeapi import LeanKubeApi, NodeRow
-from agent.node.seccomp import PROFILE_NAME, profile
-from agent.node.uninstall import (
+from agent.node.cleanup import (
     cleanup_if_released,
     remove_seccomp_profile,
     remove_state_files,
     run_uninstall_hook,
 )
-from agent.policy.uninstall import (
+from agent.node.kubeapi import LeanKubeApi, NodeRow
+from agent.node.seccomp import PROFILE_NAME, profile
+from agent.policy.teardown import (
     label_selector,
     leftover_nodes,
     parse_label_selector,

@@ -1,4 +1,4 @@
-"""The agent's half of an uninstall in DRA mode (agent/node/uninstall.py): its node's ResourceSlices go first, only
+"""The agent's half of an uninstall in DRA mode (agent/node/cleanup.py): its node's ResourceSlices go first, only
 when the DaemonSet is being deleted, and a failure to delete them is one warning (the kubelet deletes them after its
 grace period) that does not stop the rest of the cleanup."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from agent.dra.publisher import SlicePublisher
 from agent.errors import KubeApiError
-from agent.node.uninstall import cleanup_if_released
+from agent.node.cleanup import cleanup_if_released
 from tests.support.kubeapi import UninstallApi, uninstall_node, write_state_files
 
 
@@ -88,7 +88,7 @@ def test_remove_all_deletes_what_the_list_shows_and_ignores_404() -> None:
 def test_serve_hands_the_slice_remover_to_the_cleanup_in_dra_mode_only() -> None:
     from types import SimpleNamespace
 
-    from agent.app.dra import remove_node_slices
+    from agent.app.build_dra import remove_node_slices
     from agent.cli.serve import node_slice_remover
 
     assert node_slice_remover(SimpleNamespace(mode="dra")) is remove_node_slices  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ import pytest
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
 from agent.nri import wire
-from agent.nri.plugin import EVENTS, PLUGIN_SERVICE, RUNTIME_SERVICE, NriPlugin, nri_version_at_least
+from agent.nri.stub import EVENTS, PLUGIN_SERVICE, RUNTIME_SERVICE, NriPlugin, nri_version_at_least
 from agent.nri.wire import Demux, Request, Response, messages, mux_frames, ttrpc_message
 from tests.support.harness import short_tmpdir
 from topology_devkit.testing.wait import wait_until
@@ -304,7 +304,7 @@ def test_unsolicited_updates_only_from_nri_v0_12_1_on() -> None:
 def test_a_refused_creation_fails_with_its_reason_and_the_plugin_stays(runtime: FakeRuntime) -> None:
     """A handler's Refused is a non-OK status with its text (the runtime fails that one creation, non-fatal for
     the plugin: NRI isFatalError), not an empty answer that would create the container on every CPU."""
-    from agent.nri.plugin import Refused
+    from agent.nri.stub import Refused
 
     class Refusing(Recorder):
         def create_container(self, pod: nri.PodSandbox, container: nri.Container) -> nri.CreateContainerResponse:

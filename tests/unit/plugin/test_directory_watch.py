@@ -47,7 +47,7 @@ def test_a_broken_stream_wakes_the_agent_without_the_safety_poll() -> None:
         manager = node.agent.manager
         # Past the stream grace after registering: no timer of the grace wakes the agent any more.
         # The agent records its registration just after kubelet has it: the entry may not be there yet.
-        k.wait_for(lambda: time.monotonic() - manager.last_registered.get(BOOK, float("inf"))
+        k.wait_for(lambda: time.monotonic() - manager.last_registered.get(BOOK, float("inf"))  # type: ignore[attr-defined]
                    > 2 * SLOW_POLL.stream_grace, timeout=10, what="the stream grace over")
         k.break_stream(BOOK)
         k.wait_for(lambda: k.registrations(BOOK) == 2 and k.allocatable(BOOK) > 0, timeout=10,
@@ -62,7 +62,7 @@ def test_the_watch_comes_back_after_kubelets_directory_was_deleted_and_recreated
         k.start()  # kubelet makes its directory again
         k.wait_for(lambda: k.registrations(BOOK) >= 1 and k.allocatable(BOOK) > 0, timeout=10,
                    what="registered in the recreated directory")
-        k.wait_for(lambda: node.agent.manager.watching, timeout=10, what="the new directory watched")
+        k.wait_for(lambda: node.agent.manager.watching, timeout=10, what="the new directory watched")  # type: ignore[attr-defined]
         before = k.registrations(BOOK)
         k.restart()  # only a working watch on the new directory notices this before the 60 s poll
         k.wait_for(lambda: k.registrations(BOOK) == before + 1 and k.allocatable(BOOK) > 0, timeout=10,

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from agent.policy.cpuset import RunningContainer, plan_cpusets
 from agent.policy.grouping import Group, GroupingSettings, group_topology
-from agent.policy.health import DeviceKey
+from agent.policy.keys import DeviceKey
 from agent.topology.embedded import load_embedded
 from tests.support.env import BOOK
 
@@ -124,7 +124,7 @@ def test_a_running_holder_the_ledger_lost_still_counts_as_taken() -> None:
 
 
 def test_a_new_plain_container_is_created_off_a_running_holders_book_the_ledger_lost() -> None:
-    from agent.policy.creation import plan_creation
+    from agent.policy.creation_cpuset import plan_creation
 
     llm = container("llm", frozenset(range(12)), mems="0", annotated_groups=("drawer0-book0",),
                     annotated_resource=BOOK)
@@ -154,7 +154,7 @@ def test_an_offline_holder_with_no_pool_left_is_stranded_not_spread_over_other_h
     plan = plan_cpusets([container("llm"), container("other", frozenset(range(12, 22)), mems="0")], holders,
                         {BOOK0, BOOK1}, GROUPS, online)
     assert plan.updates == () and plan.stranded == (("ns", "llm", "c"),)
-    from agent.policy.creation import plan_creation
+    from agent.policy.creation_cpuset import plan_creation
 
     new = container("llm")
     created = plan_creation(new, [new], holders, {BOOK0, BOOK1}, GROUPS, online)
@@ -163,7 +163,7 @@ def test_an_offline_holder_with_no_pool_left_is_stranded_not_spread_over_other_h
 
 def test_a_new_plain_container_is_refused_when_the_shared_pool_is_empty() -> None:
     """Also: an empty pool; a new ordinary container must never be created on every CPU (NRI refuses it)."""
-    from agent.policy.creation import plan_creation
+    from agent.policy.creation_cpuset import plan_creation
 
     only_book0 = frozenset(range(12))
     new = container("web")

@@ -1,4 +1,5 @@
-"""DRA mode's ResourceSlices (agent/policy/dra.py): layout, limits, determinism, the counters' exclusivity."""
+"""DRA mode's ResourceSlices (agent/policy/resource_slices.py): layout, limits, determinism, the counters'
+exclusivity."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 
 from agent.cli import main
 from agent.errors import PolicyError
-from agent.policy.dra import (
+from agent.policy.device_states import overlaps
+from agent.policy.grouping import GroupingSettings, group_topology
+from agent.policy.resource_slices import (
     DRIVER,
     MAX_ATTRIBUTES_PER_DEVICE,
     MAX_COUNTER_SETS_PER_SLICE,
@@ -28,8 +31,6 @@ from agent.policy.dra import (
     level_of_device,
     pool_dict,
 )
-from agent.policy.grouping import GroupingSettings, group_topology
-from agent.policy.health import overlaps
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology
 from topology_devkit.synthetic import LparShape, build_topology

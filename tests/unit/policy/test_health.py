@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from agent.policy.device_states import device_states, machine_health, overlap_map, overlaps
 from agent.policy.grouping import GroupingSettings, group_topology
-from agent.policy.health import Holder, device_states, machine_health, overlap_map, overlaps
+from agent.policy.keys import Holder
 from agent.policy.ledger import conflict
 from agent.topology.embedded import load_embedded
 from agent.topology.model import Topology

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from agent.policy.device_states import overlap_map
 from agent.policy.grouping import GroupingSettings, group_topology
-from agent.policy.health import Holder, overlap_map
+from agent.policy.keys import Holder
 from agent.policy.ledger import PENDING, AllocationLedger, ListedDevice
 from agent.topology.embedded import load_embedded
 from tests.support.env import BOOK, SOCKET

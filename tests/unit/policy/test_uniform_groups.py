@@ -16,9 +16,9 @@ from agent.observe.metrics import AgentMetrics
 from agent.observe.report import explain, grouping_dict, table
 from agent.observe.status import AgentStatus
 from agent.policy.allocation import AllocationSettings
+from agent.policy.device_states import machine_health
 from agent.policy.grouping import GroupingSettings, group_sizes, group_topology, uniform_size
-from agent.policy.health import machine_health
-from agent.policy.saved import grouping_from_dict, grouping_to_dict
+from agent.policy.state_codec import grouping_from_dict, grouping_to_dict
 from agent.topology.embedded import load_embedded
 from tests.support.env import BOOK
 
@@ -128,7 +128,7 @@ def test_the_metrics() -> None:
 def test_a_snapshot_run_reads_the_groups_saved_before_these_flags() -> None:
     """--topology-file turns allow_non_s390x on: the saved settings must not change for it (fake-topology mode
     upgrades keep their groups), and uniform_groups appears in them only when on."""
-    from agent.policy.saved import settings_key
+    from agent.policy.state_codec import settings_key
 
     before = settings_key(GroupingSettings())
     assert settings_key(GroupingSettings(allow_non_s390x=True)) == before

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.topology import snapshot
+from agent.topology import snapshot_format as snapshot
 from agent.topology.lscpu import parse_lscpu_json
 from agent.topology.sysfs import read_sysfs
 from tests.support.env import REAL_DUMPS, real_dump

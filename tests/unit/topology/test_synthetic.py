@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import TopologyReadError
-from agent.topology import snapshot
+from agent.topology import snapshot_format as snapshot
 from agent.topology.cpulist import parse_cpulist, parse_cpumask
 from agent.topology.embedded import embedded_snapshot_names, load_embedded
 from agent.topology.model import Cpu, Topology

@@ -100,7 +100,7 @@ true
 {{- if eq (.Values.mode | default "deviceplugin") "dra" -}}true{{- end -}}
 {{- end }}
 
-{{/* The DRA driver name (agent/policy/dra.py DRIVER), and the kubelet plugin directory on the host. */}}
+{{/* The DRA driver name (agent/policy/resource_slices.py DRIVER), and the kubelet plugin directory on the host. */}}
 {{- define "topology-agent.draDriver" -}}topology.s390x.ibm.com{{- end }}
 {{- define "topology-agent.draPluginDir" -}}
 {{- printf "%s/plugins/%s" (include "topology-agent.kubeletRoot" .) (include "topology-agent.draDriver" .) -}}

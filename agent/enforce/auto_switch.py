@@ -1,18 +1,11 @@
 """``--cpuset-enforcement auto`` for as long as the agent runs, not only at its start: NRI while the runtime's NRI
-socket answers, else CRI while a CRI socket exists, else none; the choice is looked at again when the runtime
-changes under the agent (containerd restarted with NRI turned off or on).
+socket answers, else CRI while a CRI socket exists, else none. NRI unregistered for ``patience`` seconds (the
+runtime restarted without it) switches to the CRI loop; while on CRI or none, the NRI socket is dialed again when its
+file changed and every ``reprobe`` seconds, and NRI is taken back when it answers.
 
-* **NRI gone.** A runtime restarted with NRI off leaves the plugin dialing a socket nobody answers, and every
-  container created meanwhile unpinned. After ``patience`` seconds (30) without a registration the agent switches to
-  the CRI loop (if a CRI socket exists), which pins from pod-resources and annotations shortly after the start, and
-  says so (a warning, ``/readyz``, ``topology_agent_cpuset_enforcement_mode``).
-* **NRI back.** While on CRI (or none), the NRI socket is dialed again whenever its file changed (a new inode or
-  time: the runtime made it anew, which it does at every start with NRI on) and every ``reprobe`` seconds (300); when
-  it answers, the agent switches to NRI, whose ``Synchronize`` repairs every container.
-
-Each switch stops one engine before the next starts (never two writing cpusets), and both share one set of
-counters, so the metrics stay monotonic.
-"""
+Must hold: each switch stops one engine before the next starts (never two writing cpusets), both share one set of
+counters (the metrics stay monotonic), and a switch is said (a warning, ``/readyz``, the mode metric).
+Design: docs/contributing/design/cpuset-enforcement.md."""
 
 from __future__ import annotations
 
@@ -22,9 +15,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.app.enforcement import CpusetEnforcement, EnforcementCounters
-from agent.app.nri_enforcement import NriEnforcement
-from agent.policy.health import DeviceKey
+from agent.enforce.cri_loop import CpusetEnforcement
+from agent.enforce.engine import EnforcementCounters, EnforcementEngine
+from agent.enforce.nri_hooks import NriEnforcement
+from agent.policy.keys import DeviceKey
+from agent.worker import Worker
 
 log = logging.getLogger("topology-agent.cpuset")
 
@@ -32,14 +27,13 @@ PATIENCE = 30.0  # seconds without an NRI registration before falling back to CR
 REPROBE = 300.0  # seconds between dials of an unchanged NRI socket while on CRI or none
 LOOK = 2.0  # seconds between looks at the sockets' files
 
-Engine = CpusetEnforcement | NriEnforcement
 
-
-class AutoEnforcement:
+class AutoEnforcement(Worker):
     def __init__(self, first: str, *, make_nri: Callable[[EnforcementCounters], NriEnforcement],
                  make_cri: Callable[[EnforcementCounters], CpusetEnforcement], nri_socket: Path, cri_socket: Path,
                  nri_answers: Callable[[Path], bool], patience: float = PATIENCE, reprobe: float = REPROBE,
                  look: float = LOOK) -> None:
+        super().__init__(thread_name="cpuset-auto")
         self.counters = EnforcementCounters(updates={})
         self.make_nri = make_nri
         self.make_cri = make_cri
@@ -51,15 +45,13 @@ class AutoEnforcement:
         self.look = look
         self.switches = 0
         self.why = ""  # why the current mode, when a switch chose it
-        self._engine: Engine | None = self._make(first)
+        self._engine: EnforcementEngine | None = self._make(first)
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._unregistered_since: float | None = None
         self._nri_file: object = self._identity(nri_socket)
         self._probed_at = time.monotonic()
 
-    def _make(self, mode: str) -> Engine | None:
+    def _make(self, mode: str) -> EnforcementEngine | None:
         if mode == "nri":
             return self.make_nri(self.counters)
         if mode == "cri":
@@ -97,13 +89,10 @@ class AutoEnforcement:
     def start(self) -> None:
         if self._engine is not None:
             self._engine.start()
-        self._thread = threading.Thread(target=self._run, name="cpuset-auto", daemon=True)
-        self._thread.start()
+        super().start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        super().stop()
         with self._lock:
             if self._engine is not None:
                 self._engine.stop()

@@ -1,31 +1,19 @@
 """Which of the agent's prepared DRA claims a container holds, from the variable its CDI device put into its
 environment (``TOPOLOGY_DRA_CLAIM=<claim uid>/<request>``, written by :mod:`agent.dra.prepare`). Pure.
 
-In DRA mode there is no Allocate answer to put group ids into a container's annotations; what reaches the
-runtime is the CDI device, and the runtime applies its edits to the OCI spec before NRI's CreateContainer sees the
-container. In containerd 2.4.2: ``internal/cri/server/container_create_linux.go`` ``containerSpecOpts`` ends
-with ``customopts.WithCDI(config.Annotations, config.CDIDevices)``, which ``platformSpecOpts``
-(``internal/cri/server/container_create.go``) returns among its options; ``createContainer`` there passes them to
-``containerd.WithSpec`` and appends ``c.nri.WithContainerAdjustment()`` after it;
-``internal/cri/nri/nri_api_linux.go`` ``WithContainerAdjustment`` unmarshals the generated spec and calls NRI's
-CreateContainer with it, and ``criContainer.GetEnv`` is that spec's ``Process.Env``. A CDI env entry replaces the
-last entry of the same name the container set itself (container-device-interface v1.1.1
-``internal/ociedit/spec_editor.go`` ``addEnv``), so the last entry of that name is the one that counts.
+The runtime applies a CDI device's edits to the OCI spec before NRI's CreateContainer sees the container, and a CDI
+env entry replaces the last one of the same name, so the last entry of that name is the one that counts.
 
-Anyone can write the variable into their own pod spec, so it is believed only for a claim this agent prepared
-(the preparer's checkpointed claims, in memory) and for a pod in the claim's namespace. Any pod of that namespace
-could name the claim in its ``spec.resourceClaims`` anyway (ResourceClaims are namespaced, and kubelet prepares a
-claim for every pod that references it), so the namespace is the trust boundary the API itself draws. A variable
-that is not believed is ignored: the container is treated as any other.
-"""
+Must hold: the variable is believed only for a claim this agent prepared and a pod in the claim's namespace (the trust
+boundary the API itself draws); anything else is ignored and the container treated as any other. The containerd and
+CDI code this follows: docs/contributing/design/dra-claims.md."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from agent.policy.cpuset import Identity
-from agent.policy.health import DeviceKey
+from agent.policy.keys import DeviceKey, Identity
 
 CLAIM_ENV = "TOPOLOGY_DRA_CLAIM"
 ADMIN_ENV = "TOPOLOGY_ADMIN_ACCESS"  # set (``true``) instead of CLAIM_ENV for a request allocated with admin access

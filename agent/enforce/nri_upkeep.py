@@ -1,43 +1,29 @@
-"""What the NRI enforcement (:mod:`agent.app.nri_enforcement`) does outside any event, on a thread of its own.
+"""What the NRI enforcement (:mod:`agent.enforce.nri_hooks`) does outside any event, on a thread of its own: the push
+(devices changed hands outside any event: the known containers' updates go out at once with an unsolicited
+``UpdateContainers``) and the re-check (every ``recheck`` seconds each known container's cpuset is read back over
+CRI, and one found on another cpuset than the agent knew is counted, said once and set again).
 
-* **Push.** When devices change hands outside any event (pod-resources notices a pod has gone, an Allocate, a DRA
-  prepare or unprepare), the known containers' updates go out at once with an unsolicited ``UpdateContainers``,
-  only on runtimes whose NRI is v0.12.1 or later (containerd 2.4+: before, it can deadlock containerd). They are
-  sent without ``ignore_failure``, so that a failure comes back: containerd's ``domainTable.updateContainers``
-  (``internal/nri/domain.go``) then returns an error, though not which container failed (ttrpc's ``unaryCall``
-  marshals no payload with an error), so a failed batch is sent again one container at a time to learn it. Only
-  what the runtime confirms is remembered. A failed update leaves the container as it was (the next reply and the
-  next push send it again, with backoff from 1 s to 30 s); a call that timed out (containerd's
-  ``updateFromPlugin`` waits on the lock every NRI event holds, and may apply it later) leaves the container in
-  doubt: every reply sends it again whichever cpuset it has, until the runtime says which.
-* **Re-check.** Every ``recheck`` seconds (60 by default), when the runtime's CRI socket is at hand, each known
-  container's cpuset is read back (``ContainerStatus``, from the OCI spec the runtime keeps: its status's
-  resources miss NRI adjustments made at creation, :class:`agent.cri.client.ContainerStatusInfo`): a pre-create
-  update that failed (containerd only logs those) is otherwise never tried again, and NRI tells a plugin nothing
-  of other plugins' updates. A container the agent decides (a holder; with ``--shared-pool`` every one) found on
-  another cpuset than the one it knew is counted (``topology_agent_cpuset_overridden_total``), said once per
-  container, and set again. NRI gives each field of a container to one plugin per event only
-  (``pkg/api/owners.go``: two plugins setting ``cpuset.cpus`` in one CreateContainer fail the creation); updates
-  from different events or sent unsolicited are not owned, and the last one wins, so two plugins that manage
-  cpusets on one runtime fight: run one.
-"""
+Must hold: unsolicited updates only on runtimes whose NRI is v0.12.1 or later, sent without ``ignore_failure`` and,
+when a batch fails, again one container at a time to learn which; only what the runtime confirms is remembered; a
+timed-out update leaves its container in doubt (every reply sends it again) until the runtime says which cpuset it
+has. Why, with containerd's and NRI's code: docs/contributing/design/cpuset-enforcement.md."""
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Protocol
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
-from agent.app.enforcement import RUNTIME_DOWN, EnforcementCounters
 from agent.backoff import Backoff
 from agent.cri.client import CriClient
+from agent.enforce.engine import RUNTIME_DOWN, EnforcementCounters
 from agent.errors import CriError
-from agent.nri.plugin import NriPlugin, UpdatesFailed
+from agent.nri.stub import NriPlugin, UpdatesFailed
 from agent.nri.ttrpc import CallTimeout, TrunkClosed
 from agent.policy.cpuset import RunningContainer, Update
 from agent.topology.cpulist import format_cpulist, parse_cpulist
+from agent.worker import Worker
 
 log = logging.getLogger("topology-agent.cpuset")
 
@@ -46,7 +32,7 @@ BACKOFF = (1.0, 30.0)  # seconds before a failed push is tried again, doubling
 
 
 class Kept(Protocol):
-    """What the upkeep needs of the NRI enforcement (agent.app.nri_enforcement.NriEnforcement)."""
+    """What the upkeep needs of the NRI enforcement (agent.enforce.nri_hooks.NriEnforcement)."""
 
     counters: EnforcementCounters
     plugin: NriPlugin
@@ -62,35 +48,26 @@ class Kept(Protocol):
     def seen(self, expected: RunningContainer, cpus: frozenset[int]) -> bool: ...
 
 
-class Upkeep:
+class Upkeep(Worker):
     def __init__(self, enforcement: Kept, verifier: CriClient | None, recheck: float) -> None:
+        super().__init__(thread_name="nri-upkeep")
         self.enforcement = enforcement
         self.verifier = verifier
         self.recheck_interval = recheck
         self._said: set[str] = set()  # containers said to be overridden (once each)
         self.rechecks = 0  # read-backs done
         self._failing = ""  # the last push failure said
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         if self.verifier is None:
             log.info("NRI: no CRI socket at hand, so what the runtime applied is not read back (a lost update is "
                      "sent again at the next event only)")
-        self._thread = threading.Thread(target=self._run, name="nri-upkeep", daemon=True)
-        self._thread.start()
+        super().start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        super().stop()
         if self.verifier is not None:
             self.verifier.close()
-
-    def wake(self) -> None:
-        self._wake.set()
 
     def _run(self) -> None:
         backoff = Backoff(*BACKOFF)
@@ -98,8 +75,7 @@ class Upkeep:
         check_at = time.monotonic() + self.recheck_interval
         while not self._stop.is_set():
             until = min(retry_at, check_at if self.verifier is not None else retry_at)
-            self._wake.wait(None if until == float("inf") else max(0.0, until - time.monotonic()))
-            self._wake.clear()
+            self._pause(None if until == float("inf") else max(0.0, until - time.monotonic()))
             if self._stop.is_set():
                 break
             plugin = self.enforcement.plugin

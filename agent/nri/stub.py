@@ -1,25 +1,13 @@
-"""An external NRI plugin: dial the runtime's socket, register, answer its events, dial again when
-it goes away (../shared/docs/nri.md §3).
+"""An external NRI plugin: dial the runtime's socket, register, answer its events, dial again when it goes away
+(../shared/docs/nri.md §3). The handshake serves the Plugin service on conn 1, then ``RegisterPlugin`` on conn 2;
+``Configure`` and ``Synchronize`` follow, then the container events, whose replies carry the changes.
 
-The handshake: serve the Plugin service on conn 1 first, then ``RegisterPlugin`` (name, two-digit
-index) on conn 2; the runtime sends ``Configure`` (we answer the event mask) and ``Synchronize``
-(every pod and container: we answer updates for the existing ones, all in the final reply of a
-split sync). Then the events: ``CreateContainer`` (the adjustment of the new container and updates
-of others, in the reply), ``UpdateContainer``, ``StopContainer``, ``RemoveContainer``, and the
-deprecated ``StateChange`` of runtimes before NRI v0.12. Changes to containers go in the events'
-replies; :meth:`NriPlugin.update_containers` (unsolicited) refuses runtimes before NRI v0.12.1,
-where it can deadlock containerd, and must never be called from inside an event handler (containerd
-holds its NRI lock for the whole event).
-
-Every answer comes from :class:`Handlers`, whose methods decide from memory; a handler that raises
-gets an empty answer (the container is created unadjusted, never failed by our bug), except for
-:class:`Refused`, a decision not to let a container be created: the runtime gets that text with a
-non-OK status, which fails the creation without closing the plugin (NRI ``pkg/adaptation/plugin.go``
-``createContainer`` returns a non-fatal error to the runtime; ``isFatalError`` is true only for a
-closed connection, a protocol error or a deadline), and kubelet retries it with backoff. The runtime
-closes a plugin that answers past its request timeout (2 s by default); the plugin then dials
-again with backoff and the next ``Synchronize`` repairs what was created meanwhile.
-"""
+Must hold: every answer comes from :class:`Handlers`, deciding from memory; a handler that raises gets an empty answer
+(the container is created unadjusted, never failed by the agent's bug), except :class:`Refused`, which fails the
+creation without closing the plugin (kubelet retries it); :meth:`NriPlugin.update_containers` (unsolicited) refuses
+runtimes before NRI v0.12.1 (it can deadlock containerd) and is never called from inside an event handler; a runtime
+that closes the plugin (an answer past its request timeout) is dialed again with backoff, and the next
+``Synchronize`` repairs what was created meanwhile. Design: docs/contributing/design/nri-protocol.md."""
 
 from __future__ import annotations
 
@@ -34,9 +22,9 @@ from typing import Any, Protocol, TypeVar
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
 from agent.backoff import Backoff
-from agent.nri.probe import socket_answers as socket_answers  # re-exported
 from agent.nri.ttrpc import CallTimeout, Trunk, TrunkClosed
 from agent.nri.wire import INVALID_ARGUMENT, OK, RESOURCE_EXHAUSTED, UNIMPLEMENTED, Request, Response
+from agent.worker import Worker
 
 log = logging.getLogger("topology-agent.nri")
 
@@ -65,8 +53,9 @@ class Refused(Exception):
 
 class UpdatesFailed(RuntimeError):
     """The runtime answered UpdateContainers with an error: some of the updates were not applied. containerd says
-    which only through its log: its ``domainTable.updateContainers`` (``internal/nri/domain.go``) returns the failed
-    updates *and* an error, and a ttrpc server marshals no payload with an error (``services.go`` ``unaryCall``)."""
+    which only through its log: its ``domainTable.updateContainers`` returns the failed updates *and* an error
+    (https://github.com/containerd/containerd/blob/v2.4.2/internal/nri/domain.go), and a ttrpc server marshals no
+    payload with an error (https://github.com/containerd/ttrpc/blob/v1.2.9/services.go ``unaryCall``)."""
 
 
 class Handlers(Protocol):
@@ -104,10 +93,11 @@ class PluginState:
     refusals: int = 0  # CreateContainer requests refused (Refused)
 
 
-class NriPlugin:
+class NriPlugin(Worker):
     def __init__(self, handlers: Handlers, socket_path: Path = Path(DEFAULT_SOCKET), *, name: str = "topology-agent",
                  index: str = "10", dial_timeout: float = 1.0, backoff: tuple[float, float] = (0.1, 5.0),
                  register_timeout: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(thread_name="nri-plugin")
         self.handlers = handlers
         self.socket_path = socket_path
         self.name = name
@@ -119,23 +109,16 @@ class NriPlugin:
         self.state = PluginState()
         self._sync_parts: list[tuple[list[nri.PodSandbox], list[nri.Container]]] = []
         self._trunk: Trunk | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._synced = threading.Event()  # set when the current connection has synchronized
         self._lock = threading.Lock()
 
     # --- lifecycle -------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="nri-plugin", daemon=True)
-        self._thread.start()
-
     def stop(self) -> None:
-        self._stop.set()
+        self._stop.set()  # before the trunk closes: the connection loop then ends instead of dialing again
         trunk = self._trunk
         if trunk is not None:
             trunk.close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        super().stop()
 
     def wait_registered(self, timeout: float) -> bool:
         """Wait until registered and synchronized (tests and the start-up log)."""

@@ -1,13 +1,13 @@
-"""Background loops of the running agent: one periodic step each, with backoff on failure and
-one log line when a source goes away and one when it comes back (never one per poll)."""
+"""The periodic loop: one step every interval on a thread of its own (a :class:`agent.worker.Worker`), with backoff
+on failure and one log line when a source goes away and one when it comes back (never one per poll)."""
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 
 from agent.backoff import Backoff
+from agent.worker import Worker
 
 log = logging.getLogger("topology-agent")
 
@@ -22,7 +22,7 @@ def backoff_delay(interval: float, failures: int, cap_factor: float = BACKOFF_FA
     return Backoff(2 * interval, interval * cap_factor).nominal(failures - 1)
 
 
-class PeriodicLoop:
+class PeriodicLoop(Worker):
     """Calls ``step`` every ``interval`` seconds (and when woken) until stopped.
 
     A step that raises one of ``expected`` errors is retried with backoff (:class:`~agent.backoff.Backoff`, from
@@ -33,6 +33,7 @@ class PeriodicLoop:
                  expected: tuple[type[BaseException], ...], max_backoff: float = 30.0,
                  on_failure: Callable[[BaseException], None] | None = None,
                  pace: Callable[[], float] | None = None) -> None:
+        super().__init__(thread_name=name)
         self.name = name
         self.interval = interval
         self.pace = pace  # the wait after a successful step, when it varies (default: interval)
@@ -44,9 +45,6 @@ class PeriodicLoop:
         self.failing = False
         self.runs = 0
         self.failures = 0
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def run_once(self) -> bool:
         """One step now, in the caller's thread; True when it succeeded."""
@@ -71,8 +69,7 @@ class PeriodicLoop:
         backoff = Backoff(min(2 * self.interval, self.max_backoff), self.max_backoff)
         delay = self.interval
         while not self._stop.is_set():
-            self._wake.wait(delay)
-            self._wake.clear()
+            self._pause(delay)
             if self._stop.is_set():
                 return
             try:  # the pace too: nothing may end the loop
@@ -87,20 +84,5 @@ class PeriodicLoop:
             self.current_delay = delay
 
     def start(self) -> None:
-        if self.interval <= 0:
-            return
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if self.interval > 0:  # 0: off, no thread (run_once still works)
+            super().start()

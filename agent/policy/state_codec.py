@@ -13,7 +13,7 @@ from typing import Any
 
 from agent.errors import SavedStateError
 from agent.policy.grouping import LEVELS, Group, Grouping, GroupingSettings, Uniform
-from agent.policy.health import DeviceKey
+from agent.policy.keys import DeviceKey
 from agent.policy.ledger import SavedHolds
 from agent.topology.model import POLARIZATIONS
 

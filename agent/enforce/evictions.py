@@ -1,18 +1,11 @@
-"""Asking the API server to evict the pods the cpuset plan names (:attr:`agent.policy.cpuset.CpusetPlan.evict`: the
-pod of a stranded holder, which no cpuset keeps off other pods' CPUs), through the policy/v1 Eviction subresource,
-so that the pod's PodDisruptionBudgets and its termination grace are honoured (``--stranded-policy evict``).
+"""Asking the API server to evict the pods the cpuset plan names (:attr:`agent.policy.cpuset.CpusetPlan.evict`: the pod
+of a stranded holder, which no cpuset keeps off other pods' CPUs), through the policy/v1 Eviction subresource, so that
+its PodDisruptionBudgets and termination grace are honoured (``--stranded-policy evict``).
 
-Never in the way of anything: :meth:`Evictions.want` only records what the plan names (the NRI handlers and the CRI
-loop call it at every plan) and wakes a thread of its own, started for the first pod to evict, which makes the calls.
-A pod is asked for once the plans have named it for ``settle`` seconds in a row (10 s): what the plan knows comes
-from several sources (the rescan's online CPUs, pod-resources' holders every 2 s, the runtime's containers), and a
-pod stranded only between two of their updates (a holder that ended but is still listed, a CPU back but not yet
-rescanned) is not evicted for it. Each pod is asked once: an accepted eviction is remembered while the plan still
-names the pod (it terminates meanwhile), and forgotten once it does not. A refusal (429: a PodDisruptionBudget
-allows no disruption now; any other answer or no answer) is logged once per pod and reason and tried again with
-backoff (:class:`agent.backoff.Backoff`) for as long as the plan names the pod; a pod the plan no longer names (a CPU
-came back, a group was freed) is not asked again. A pod the API server does not know (404) is gone already.
-"""
+Must hold: never in the way of anything (:meth:`Evictions.want` only records and wakes; the calls are made on a thread
+of its own, started for the first pod to evict); a pod is asked for only once the plans have named it for ``settle``
+seconds in a row, once if accepted, again with backoff while refused and named, never once the plan no longer names
+it; a pod the API server does not know is gone already. Design: docs/contributing/design/cpuset-enforcement.md."""
 
 from __future__ import annotations
 
@@ -26,6 +19,7 @@ from typing import TYPE_CHECKING
 from agent.backoff import Backoff
 from agent.errors import AgentError, KubeApiError
 from agent.policy.cpuset import Eviction
+from agent.worker import Worker
 
 if TYPE_CHECKING:  # the API client is made on the thread, at the first eviction
     from agent.node.kubeapi import EvictionApi
@@ -37,12 +31,15 @@ FIRST_RETRY, MAX_RETRY = 5.0, 120.0  # the backoff of refused or failed eviction
 SETTLE = 10.0  # seconds a pod must stay named before it is asked for
 
 
-class Evictions:
+class Evictions(Worker):
     """The pods to evict, and the thread that asks for them."""
+
+    join_timeout = TIMEOUT + 1  # a call under way may take its timeout
 
     def __init__(self, api: Callable[[], EvictionApi], *, first: float = FIRST_RETRY, cap: float = MAX_RETRY,
                  timeout: float = TIMEOUT, settle: float = SETTLE, clock: Callable[[], float] = time.monotonic,
                  thread: bool = True) -> None:
+        super().__init__(thread_name="evictions")
         self._make_api = api  # called on the thread, at the first eviction: no API client before one is needed
         self._api: EvictionApi | None = None
         self.backoff = Backoff(first, cap)
@@ -56,9 +53,6 @@ class Evictions:
         self._asked: set[tuple[str, str]] = set()  # of those, the ones the API server accepted (or does not know)
         self._said: dict[tuple[str, str], str] = {}  # pod -> the last failure logged for it
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def want(self, evictions: Iterable[Eviction]) -> None:
         """The pods the plan names now (never blocks: any thread may call it)."""
@@ -72,7 +66,7 @@ class Evictions:
             self._wanted = wanted
             start = bool(new) and self.threaded and self._thread is None and not self._stop.is_set()
             if start:
-                self._thread = threading.Thread(target=self._run, name="evictions", daemon=True)
+                self._thread = self._new_thread()
         if start and self._thread is not None:
             self._thread.start()
         if new:
@@ -88,12 +82,6 @@ class Evictions:
         """(reason, result) -> eviction calls so far."""
         with self._lock:
             return dict(self._counts)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=TIMEOUT + 1)
 
     def run_once(self) -> tuple[bool, float | None]:
         """Ask for every pod the plans have named for ``settle`` seconds and the API server has not accepted: (none
@@ -131,8 +119,7 @@ class Evictions:
             else:
                 retry = self.backoff.next()
                 delay = retry if due is None else min(retry, due)
-            self._wake.wait(delay)
-            self._wake.clear()
+            self._pause(delay)
 
     def _ask(self, eviction: Eviction) -> str:
         who = f"{eviction.namespace}/{eviction.pod}"

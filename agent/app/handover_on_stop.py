@@ -1,18 +1,11 @@
-"""The running agent's part of a hand-over to the other mode (:mod:`agent.node.handover`): before an agent that is
-the last of its mode on its node stops, the scheduler is made to stop sending it pods, while it still serves those
-already on their way.
+"""The running agent's part of a hand-over to the other mode (:mod:`agent.node.resource_withdrawal`): before an agent
+that is the last of its mode on its node stops, the scheduler is made to stop sending it pods (device-plugin mode:
+its resources' allocatable taken to zero; DRA mode: its ResourceSlices deleted), while it still serves, for ``drain``
+seconds, those already on their way.
 
-It is the last when its DaemonSet is being deleted (``helm uninstall``) or its pod template now runs the other mode
-(``helm upgrade --set mode=...``: the DaemonSet is updated before its pods are replaced, so the stopping agent reads
-the new template; :func:`agent.policy.uninstall.handing_over`). A restart or a rolling update in the same mode hands
-nothing over: the next agent serves the same names from its state files.
-
-* device-plugin mode: its resources' allocatable taken to zero on the Node, then ``drain`` seconds of serving
-  (:func:`agent.node.handover.withdraw_device_plugin`);
-* DRA mode: its ResourceSlices deleted (no claim is allocated on this node any more for a driver about to go; the
-  kubelet would delete them only 30 s after the plugin went), then ``drain`` seconds of serving prepares for the
-  claims allocated just before.
-"""
+Must hold: it is the last only when its DaemonSet is being deleted or its pod template now runs the other mode
+(:func:`agent.policy.teardown.handing_over`); a restart or a rolling update in the same mode, and any doubt, hands
+nothing over. Design: docs/contributing/design/mode-handover.md."""
 
 from __future__ import annotations
 
@@ -22,9 +15,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from agent.app.agent import Agent
-from agent.node.handover import DRAIN, REQUEST_TIMEOUT, withdraw_device_plugin
+from agent.dra.driver import DraManager
 from agent.node.kubeapi import NodeStatusApi
-from agent.policy.uninstall import handing_over
+from agent.node.resource_withdrawal import DRAIN, REQUEST_TIMEOUT, withdraw_device_plugin
+from agent.policy.teardown import handing_over
 
 log = logging.getLogger("topology-agent.handover")
 
@@ -49,10 +43,9 @@ def hand_over_if_last(agent: Agent, api: Callable[[], HandoverApi], *, namespace
         return None
     log.info("the last agent of %s mode on node %s (%s): handing its resources over before stopping", config.mode,
              config.node_name, why)
-    if config.mode == "dra":
-        manager: Any = agent.manager
+    if isinstance(agent.manager, DraManager):  # DRA mode
         try:
-            manager.withdraw_slices()
+            agent.manager.withdraw_slices()
         except Exception as exc:
             log.warning("cannot delete the ResourceSlices of node %s now (the kubelet deletes them after its grace "
                         "period for a deregistered plugin): %s", config.node_name, exc)

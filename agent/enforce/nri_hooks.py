@@ -1,36 +1,14 @@
-"""Enforcing CPU sets at creation (``--cpuset-enforcement nri``): the agent is an NRI plugin of the
-container runtime (:mod:`agent.nri.plugin`), and this is what it answers, decided by
-:mod:`agent.policy.creation` and :mod:`agent.policy.cpuset` from memory (the device table and the
-containers the runtime told about), never from I/O inside a handler.
+"""Enforcing CPU sets at creation (``--cpuset-enforcement nri``): the NRI protocol's hooks. The agent is an NRI plugin
+of the container runtime (:mod:`agent.nri.stub`), and this is what it answers to CreateContainer, Synchronize,
+UpdateContainer, StopContainer and RemoveContainer, decided by :mod:`agent.policy.creation_cpuset` and
+:mod:`agent.policy.cpuset`; what happens outside any event is :mod:`agent.enforce.nri_upkeep`. In DRA mode a
+container's groups come from the claim its CDI environment names (:mod:`agent.policy.container_claims`).
 
-* CreateContainer: the new container's cpuset and memory nodes (its groups'; with
-  ``--shared-pool`` the pool for every other container), and the running containers the new
-  holder pushes out of its CPUs, all in the reply. A container the pool cannot take (an ordinary one
-  while the shared pool is empty, a holder whose groups are all offline with no pool left) is refused:
-  the runtime fails its creation and kubelet retries it, rather than it running on every CPU. A running stranded
-  holder's pod is handed to :mod:`agent.app.evictions` (``--stranded-policy evict``), which asks the API server
-  on a thread of its own: never from a handler (NRI's adaptation drops a plugin's evictions anyway).
-* Synchronize (at registration, and after every reconnect): every existing container reconciled
-  as the CRI loop does, which repairs containers created while the plugin was away.
-* UpdateContainer: a topology container keeps its groups' CPUs whatever kubelet updates; Stop and
-  Remove forget the container, and their replies widen the others when the pool grew back.
-
-In DRA mode (``claims``: the kubelet plugin's prepared claim requests, in memory) a container's groups come
-from the ``TOPOLOGY_DRA_CLAIM`` variable its CDI device put into its environment, believed only for a claim the
-agent prepared and a pod of the claim's namespace (:mod:`agent.policy.claims`; anything else is logged at
-debug and the container is treated as any other), and every prepared claim's devices count as held.
-
-Annotations of the agent's domain that the pod itself carries are not believed: with containerd's
-``pod_annotations`` pass-through a pod's own annotations reach its containers' (containerd
-``internal/cri/server/container_create.go`` adds them to the OCI spec; ``internal/cri/nri/nri_api_linux.go``
-``criContainer.GetAnnotations`` merges the spec's with kubelet's, kubelet's winning), while Allocate's never
-are the pod's (kubelet puts them into the CRI container config only).
-
-What the runtime applied is remembered from what it says (Synchronize, the events) and from the updates in the
-replies (it applies them; containerd logs a failure). Updates sent outside any event (:mod:`agent.app.nri_upkeep`)
-are remembered only once the runtime confirms them; until then the container is in doubt and every reply plans it
-again. Refused, like the CRI loop, while kubelet runs the static CPU manager policy (it answers nothing).
-"""
+Must hold: decided from memory (the device table, the containers the runtime told about), never from I/O inside a
+handler; a container the pool cannot take is refused, never created on every CPU; a stranded holder's pod goes to
+the evictions, never evicted from a handler; the agent's annotations a pod carries itself are not believed; an update
+sent outside an event is remembered only once the runtime confirms it; nothing is answered while kubelet runs the
+static CPU manager policy. Why: docs/contributing/design/cpuset-enforcement.md."""
 
 from __future__ import annotations
 
@@ -42,17 +20,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
-from agent.app.enforcement import EnforcementCounters, Evict, Notify, OfflineNotices
-from agent.app.nri_upkeep import RECHECK, Upkeep, container_update
 from agent.cri.client import CriClient
 from agent.devices.table import NodeDevices
-from agent.nri.plugin import DEFAULT_SOCKET, NriPlugin, Refused
+from agent.enforce.engine import CpusetEngine, EnforcementCounters, Evict, Notify
+from agent.enforce.nri_upkeep import RECHECK, Upkeep, container_update
+from agent.nri.stub import DEFAULT_SOCKET, NriPlugin, Refused
 from agent.plugin.servicer import Wire
-from agent.policy.claims import PreparedRequest, claimed_devices, match_claim, prepared_keys, with_claims
-from agent.policy.cpuset import CpusetPlan, Identity, RunningContainer, Update, desired_topology, plan_cpusets
-from agent.policy.creation import plan_creation
+from agent.policy.container_claims import PreparedRequest, claimed_devices, match_claim, prepared_keys, with_claims
+from agent.policy.cpuset import CpusetPlan, RunningContainer, Update, desired_topology, plan_cpusets
+from agent.policy.creation_cpuset import plan_creation
 from agent.policy.grouping import Group
-from agent.policy.health import DeviceKey
+from agent.policy.keys import DeviceKey, Identity
 from agent.topology.cpulist import format_cpulist, parse_cpulist
 
 log = logging.getLogger("topology-agent.cpuset")
@@ -81,7 +59,7 @@ def running_container(pod: nri.PodSandbox, container: nri.Container, domain: str
         created_at=container.created_at / 1e9 if container.created_at else 0.0)
 
 
-class NriEnforcement:
+class NriEnforcement(CpusetEngine):
     """The NRI plugin's decisions, and what it reports (the CRI loop's counters and notes)."""
 
     mode = "nri"
@@ -93,17 +71,10 @@ class NriEnforcement:
                  claims: Callable[[], Mapping[str, PreparedRequest]] | None = None, notify: Notify | None = None,
                  verifier: CriClient | None = None, recheck: float | None = None, evict: Evict | None = None,
                  counters: EnforcementCounters | None = None) -> None:
-        self.devices = devices
-        self.groups = groups
-        self.domain = annotation_domain
-        self.online = online
-        self.reserved = reserved
-        self.shared_pool = shared_pool
-        self.cpu_manager_policy = cpu_manager_policy
-        self.observe_pinned = observe_pinned
-        self.claims = claims
-        self.counters = counters if counters is not None else EnforcementCounters(updates={})
-        self.offline = OfflineNotices(notify, evict)
+        super().__init__(devices, groups, annotation_domain, online=online, reserved=reserved, shared_pool=shared_pool,
+                         cpu_manager_policy=cpu_manager_policy, observe_pinned=observe_pinned, notify=notify,
+                         evict=evict, counters=counters)
+        self.claims = claims  # DRA mode: the prepared claims' requests
         self.plugin = NriPlugin(self, socket_path, index=plugin_index)
         self.upkeep = Upkeep(self, verifier, RECHECK if recheck is None else recheck)
         self._containers: dict[str, RunningContainer] = {}  # what the runtime has, as far as it said
@@ -260,7 +231,7 @@ class NriEnforcement:
         self._forget(container.id)
         self._account()
 
-    # --- what the upkeep thread uses (agent/app/nri_upkeep.py) ----------------------------------------
+    # --- what the upkeep thread uses (agent/enforce/nri_upkeep.py) ----------------------------------------
     def wanted(self) -> list[Update]:
         """What the known containers need now, doubtful ones included; nothing is remembered."""
         if self._refused():
@@ -378,10 +349,6 @@ class NriEnforcement:
             self._doubt.pop(update.container, None)
             if old is not None:
                 self._containers[update.container] = self._moved(old, update)
-
-    def _count(self, kind: str, result: str) -> None:
-        key = (kind, result)
-        self.counters.updates[key] = self.counters.updates.get(key, 0) + 1
 
     def _account(self) -> None:
         with self._lock:

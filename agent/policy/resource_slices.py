@@ -1,37 +1,13 @@
 """What DRA mode publishes: a node's ResourceSlices as plain data (the ``resource.k8s.io/v1`` JSON shape). Pure.
 
-One pool per node (named after the node), every slice with ``nodeName`` set:
+One pool per node: counter slices (a counter set per drawer, a counter per socket of its usable cores) and device
+slices (a device per advertised group at each level, consuming the counters of every socket it covers), within the
+API's per-slice limits; attributes under the driver's domain and ``resource.kubernetes.io/numaNode``; a
+``NoSchedule`` taint on a group that is no longer whole, and on one the device-plugin mode holds or that overlaps it.
 
-* **counter slices**: one counter set per drawer, one counter per socket whose value is the socket's usable
-  cores (the whole cores the grouping keeps). A drawer with more than 32 sockets is split into several sets
-  (``drawer0``, ``drawer0-1``, ...), never inside a book; at most 8 sets per slice, more slices when needed
-  (``ResourceSliceMaxCounterSets``, ``ResourceSliceMaxCountersPerCounterSet``);
-* **device slices**: one device per advertised group at each level (a device's name is the group's id, a DNS
-  label: ``drawer0-book1``, ``drawer0-book1-socket0``), at most 64 per slice
-  (``ResourceSliceMaxDevicesWithAdvancedFeatures``: counters and taints are advanced features). A device consumes,
-  for every socket it covers, that socket's cores: a book takes both of its sockets' counters whole, a socket its
-  own, a drawer all of its drawer's. The scheduler therefore never hands out a book together with one of its
-  sockets, nor a drawer with one of its books: the overlap rule of device-plugin mode
-  (:mod:`agent.policy.health`) is the counters' arithmetic here;
-* attributes under the driver's domain (unqualified names): ``level``, ``drawer``, ``book``, ``socket`` (the ids
-  the group has), ``cores``, ``cpus`` (a count: no CPU list, string values are at most 64 characters),
-  ``smtThreads``, ``memoryNode``, ``polarization`` (the group's one polarization, or ``mixed``),
-  ``machineType`` (when known); capacity ``cores``;
-* the standard attribute ``resource.kubernetes.io/numaNode`` (a standard device attribute name, stable in 1.37;
-  an int: the group's memory node, as ``memoryNode``), so that a claim can ask for a device of another driver on the
-  same NUMA node with ``matchAttribute: resource.kubernetes.io/numaNode``, as other drivers publish it
-  (dra-driver-cpu, dra-driver-memory, dra-driver-sriov);
-* a group that is no longer whole (CPUs offline, moved) carries a ``NoSchedule`` taint
-  ``topology.s390x.ibm.com/unhealthy``, so that nothing new is scheduled on it (device taints, GA in 1.37);
-* a group the device-plugin mode holds (a pod admitted before a switch to DRA mode still runs on it), or one
-  overlapping such a group, carries a ``NoSchedule`` taint ``topology.s390x.ibm.com/in-use=device-plugin``: the
-  scheduler counts only claims, so without it a claim could get a book a device-plugin pod runs on, or a socket
-  inside it. Gone once that pod is.
-
-Deterministic: the same grouping gives the same slices, byte for byte, so a restarted agent republishes nothing.
-The pool's generation is the publisher's (:mod:`agent.dra.publisher`): it is not part of the content here.
-Sources: ``k8s.io/api`` ``resource/v1/types.go`` (limits), ``../shared/docs/dra.md`` section 2 (layout).
-"""
+Must hold: the scheduler never hands out a group together with one inside it (the counters' arithmetic is the overlap
+rule), and the same grouping gives the same slices byte for byte (the pool generation is the publisher's). The
+layout and its reasons: docs/contributing/design/dra-slices.md."""
 
 from __future__ import annotations
 

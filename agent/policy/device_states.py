@@ -1,16 +1,12 @@
-"""Device health: what is held, what that blocks, and what the machine still has. Pure.
+"""Device states: what is held, what that blocks, and what the machine still has. Pure.
 
-kubelet treats ``topology/book`` and ``topology/socket`` as unrelated resources, so the agent
-enforces exclusivity across levels itself: a held book blocks its sockets, a held socket blocks
-its book (drawers likewise). Blocked devices are published ``Unhealthy`` so kubelet will not
-hand them out; a device that is itself held is never marked, and no id is ever dropped.
+kubelet treats ``topology/book`` and ``topology/socket`` as unrelated resources, so the agent enforces exclusivity
+across levels itself: a held book blocks its sockets, a held socket blocks its book (drawers likewise), and the
+groups not advertised (:func:`shadow_groups`) block what they overlap when held.
 
-Holds come from both modes, whatever the mode the agent runs in: device-plugin allocations (pod-resources'
-device rows, the agent's own Allocates, the saved holds) and DRA claims (pod-resources' claim rows, the prepared
-claims' checkpoint). What hands devices out in one mode knows nothing of the other's holds (kubelet's device
-manager knows no claim; the scheduler counts only claims), so a device held by the other mode (:func:`held_elsewhere`)
-is never handed out by this one: Unhealthy in device-plugin mode, tainted in DRA mode (:mod:`agent.policy.dra`).
-"""
+Must hold: a blocked device is published ``Unhealthy`` so kubelet will not hand it out; a held device is never marked
+and no id is ever dropped; a device the other mode holds (:func:`held_elsewhere`) is never handed out by this one
+(Unhealthy here, tainted in DRA mode's slices). Why: docs/contributing/design/holds.md."""
 
 from __future__ import annotations
 
@@ -18,34 +14,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from agent.policy.grouping import Group, Grouping, GroupingSettings, group_topology
+from agent.policy.keys import DeviceKey, Holder
 from agent.topology.cpulist import format_cpulist
 from agent.topology.model import Topology
 
-DeviceKey = tuple[str, str]  # (resource, device id)
 MODES = ("deviceplugin", "dra")
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Holder:
-    """Who holds a device: a pod's container, or our own Allocate not yet listed by kubelet; ``claim``
-    (``namespace/name``) when it is held through a DRA claim (a prepared claim no container is listed with yet has
-    no namespace, pod or container)."""
-
-    namespace: str
-    pod: str
-    container: str
-    claim: str = ""
-
-    def __str__(self) -> str:
-        if not self.namespace:
-            return self.pod if self.claim else f"pending allocation ({self.pod})"
-        through = f" (claim {self.claim})" if self.claim else ""
-        return f"{self.namespace}/{self.pod}/{self.container}{through}"
-
-
-def claim_holder(claim: str) -> Holder:
-    """A prepared DRA claim (``namespace/name``) as a holder of its devices."""
-    return Holder("", f"claim {claim}", "", claim)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,22 +1,11 @@
-"""``DRAResourceHealth`` on the DRA socket: kubelet's health stream for our devices (KEP-4680).
+"""``DRAResourceHealth`` on the DRA socket (v1 and v1alpha1, the same content): kubelet's health stream for the
+driver's devices (KEP-4680), the report computed by :func:`agent.policy.health_report.health_report`.
 
-kubelet 1.37 (``pkg/kubelet/cm/dra/plugin``) starts ``NodeWatchResources`` when the registration's
-``supported_versions`` names ``v1.DRAResourceHealth`` (else ``v1alpha1.DRAResourceHealth``) and the
-``ResourceHealthStatus`` gate is on (beta, on by default since 1.36, kubelet and API server). Earlier kubelets call
-v1alpha1 whatever the registration says. Both are served here with the same content.
-
-kubelet takes every response as the complete state of the driver's devices and stamps it with its own receive
-time; a device's entry older than its ``health_check_timeout_seconds`` reads as Unknown, so each stream sends the
-full report at its start, at once on every change and again every :data:`~agent.policy.dra_health.RESEND`
-seconds. A stream that ends (ours on stop, an error) is retried by kubelet every 5 s; when it ends kubelet
-forgets our devices' health (Unknown).
-
-Bounded: at most ``max_streams`` streams (kubelet keeps one; a restarted kubelet's new one may overlap the old
-until its connection closes), others are refused with RESOURCE_EXHAUSTED, which kubelet retries. The report is
-computed by :meth:`HealthService.update` (from the device table's listener, in its publishing thread, after the
-table's lock is released); streams only read it under this module's own lock, never the table's, and send
-outside any lock.
-"""
+Must hold: every response is the complete state of the driver's devices, sent at a stream's start, at once on every
+change and again every :data:`~agent.policy.health_report.RESEND` seconds (kubelet reads an entry older than its
+timeout as Unknown); at most ``max_streams`` streams, others refused with RESOURCE_EXHAUSTED (kubelet retries); the
+report is computed from the device table's listener after the table's lock is released, and streams read it under
+this module's own lock and send outside any lock. Design: docs/contributing/design/dra-slices.md."""
 
 from __future__ import annotations
 
@@ -33,7 +22,7 @@ from agent._proto.dra_health.v1 import api_pb2 as health_v1
 from agent._proto.dra_health.v1 import api_pb2_grpc as health_v1_grpc
 from agent._proto.dra_health.v1alpha1 import api_pb2 as health_v1alpha1
 from agent._proto.dra_health.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
-from agent.policy.dra_health import HEALTH_TIMEOUT, RESEND, DeviceReport, health_report, unhealthy
+from agent.policy.health_report import HEALTH_TIMEOUT, RESEND, DeviceReport, health_report, unhealthy
 
 log = logging.getLogger("topology-agent.dra")
 

@@ -1,36 +1,31 @@
-"""Enforcing CPU sets through the container runtime (``--cpuset-enforcement cri``): a loop of its own
-that lists the running containers over CRI, plans their cpusets (:mod:`agent.policy.cpuset`) and
-applies what differs with ``UpdateContainerResources``, as kubelet's CPU manager does.
+"""Enforcing CPU sets through the container runtime (``--cpuset-enforcement cri``): a loop of its own that lists the
+running containers over CRI, plans their cpusets (:mod:`agent.policy.cpuset`) and applies what differs with
+``UpdateContainerResources``, as kubelet's CPU manager does.
 
-Never on the Allocate path, and never in the way of device serving: a failing or absent runtime is
-retried with backoff and reported. The pod of a stranded holder (its groups' CPUs all offline, no CPU left
-outside other holders' groups) is handed to :mod:`agent.app.evictions` (``--stranded-policy evict``), which asks
-the API server on a thread of its own. A runtime that refuses one container's update (a sandboxed
-runtime, say) costs that container only: it is said once, counted, and tried again at the next
-step, while every other container is still updated in the same step. It is refused while kubelet
-runs the static CPU manager policy (kubelet reconciles cpusets itself: the two would fight).
-Nothing is persisted: container ids and pins are rebuilt from pod-resources and the runtime after a
-restart.
-"""
+Must hold: never on the Allocate path and never in the way of device serving (a failing or absent runtime is retried
+with backoff and reported); a runtime that refuses one container's update costs that container only (said once,
+counted, tried again at the next step); a stranded holder's pod goes to :mod:`agent.enforce.evictions`; nothing is
+done while kubelet runs the static CPU manager policy (the two would fight); nothing is persisted (container ids and
+pins are rebuilt from pod-resources and the runtime). Design: docs/contributing/design/cpuset-enforcement.md."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 
-from agent.app.evictions import SETTLE
 from agent.backoff import Backoff
 from agent.cri.client import ContainerInfo, CriClient
 from agent.devices.table import NodeDevices
+from agent.enforce.engine import RUNTIME_DOWN, CpusetEngine, EnforcementCounters, Evict, Notify
 from agent.errors import AgentError, CriError
 from agent.plugin.servicer import Wire
-from agent.policy.cpuset import CpusetPlan, Eviction, Identity, RunningContainer, plan_cpusets
+from agent.policy.cpuset import CpusetPlan, RunningContainer, plan_cpusets
 from agent.policy.grouping import Group
-from agent.policy.health import DeviceKey
+from agent.policy.keys import DeviceKey
 from agent.topology.cpulist import format_cpulist, parse_cpulist
+from agent.worker import Worker
 
 log = logging.getLogger("topology-agent.cpuset")
 
@@ -39,73 +34,9 @@ IDLE_INTERVAL = 30.0  # seconds between looks while no device is held and nothin
 FAILING_MAX = 30.0  # the longest wait between looks while the runtime fails
 VERBS = {"topology": "pinned", "shrink": "confined", "widen": "widened",
          "offline": "confined (its groups' CPUs are offline)"}  # an update's kind, said in the log
-RUNTIME_DOWN = frozenset({"UNAVAILABLE", "CANCELLED", "NO_SOCKET", "NO_ACCESS"})  # codes that fail the whole step
 
 
-@dataclass
-class EnforcementCounters:
-    updates: dict[tuple[str, str], int]  # (kind, result) -> count
-    steps: int = 0
-    pinned: int = 0  # topology containers on their groups' CPUs at the last step
-    topology_containers: int = 0
-    pool_cpus: int = 0  # CPUs in the shared pool at the last step
-    pool_empty: bool = False
-    refused: str | None = None  # why enforcement is refused (kubelet's static CPU manager), or None
-    container_refusals: int = 0  # calls the runtime refused for one container (the step went on)
-    refusing: int = 0  # containers whose last call the runtime refused
-    offline: int = 0  # holders whose groups' CPUs are all offline (on the shared pool), at the last plan
-    stranded: int = 0  # of those, the ones no CPU is left for (kept as they are; NRI refuses their creation)
-    creations_refused: int = 0  # NRI: creations refused (an ordinary container on an empty pool, a stranded holder)
-    overridden: int = 0  # NRI: containers found by the re-check on a cpuset other than the one the agent knew
-
-
-Notify = Callable[[str, str], None]  # (event reason, message): a Warning Event on the Node, sent off this thread
-Evict = Callable[[Iterable[Eviction]], None]  # the pods the plan names for eviction (agent/app/evictions.py; never
-# blocks)
-
-
-class OfflineNotices:
-    """Says once per holder (log, Event) that its groups' CPUs are all offline, and again when it is back; keeps
-    the counts of the last plan; hands the pods to evict (a stranded holder's) to ``evict`` (``--stranded-policy
-    evict``; None: ``keep``)."""
-
-    def __init__(self, notify: Notify | None, evict: Evict | None = None) -> None:
-        self.notify = notify
-        self.evict = evict
-        self._said: dict[Identity, bool] = {}  # holder -> stranded when said
-
-    def report(self, plan: CpusetPlan, counters: EnforcementCounters) -> None:
-        counters.offline, counters.stranded = len(plan.offline), len(plan.stranded)
-        if self.evict is not None:
-            self.evict(plan.evict)
-        stranded = set(plan.stranded)
-        for identity in plan.offline:
-            now = identity in stranded
-            if self._said.get(identity) == now:
-                continue
-            self._said[identity] = now
-            who = "/".join(identity)
-            if now and self.evict is not None:
-                message = (f"{who} holds groups whose CPUs are all offline and no CPU is left outside other holders' "
-                           f"groups: no cpuset keeps it off other pods' CPUs, so its pod is evicted if it stays so for "
-                           f"{SETTLE:g} s (--stranded-policy evict; a new container of it is refused)")
-            elif now:
-                message = (f"{who} holds groups whose CPUs are all offline and no CPU is left outside other holders' "
-                           "groups: it keeps its cpuset, which may be on other pods' CPUs (--stranded-policy keep; a "
-                           "new container of it is refused) until a CPU comes back or a group is freed")
-            else:
-                message = (f"{who} holds groups whose CPUs are all offline: it runs on the shared pool "
-                           f"({format_cpulist(plan.free)}), never on CPUs other pods hold, until they are back")
-            log.warning("%s", message, extra={"reason": "offline"})
-            if self.notify is not None:
-                self.notify("TopologyHolderOffline", message)
-        for identity in set(self._said) - set(plan.offline):
-            del self._said[identity]
-            log.info("%s: its groups' CPUs are online again; pinned to them", "/".join(identity),
-                     extra={"reason": "offline"})
-
-
-class CpusetEnforcement:
+class CpusetEnforcement(CpusetEngine, Worker):
     mode = "cri"
 
     def __init__(self, client: CriClient, devices: NodeDevices[Wire], groups: Mapping[DeviceKey, Group],
@@ -114,49 +45,36 @@ class CpusetEnforcement:
                  fast_interval: float = 0.1, fast_window: float = 15.0,
                  observe_pinned: Callable[[float], None] | None = None, notify: Notify | None = None,
                  evict: Evict | None = None, counters: EnforcementCounters | None = None) -> None:
+        CpusetEngine.__init__(self, devices, groups, annotation_domain, online=online, reserved=reserved,
+                              shared_pool=shared_pool, cpu_manager_policy=cpu_manager_policy,
+                              observe_pinned=observe_pinned, notify=notify, evict=evict, counters=counters)
+        Worker.__init__(self, thread_name="cpuset-enforcement")
         self.client = client
-        self.devices = devices
-        self.groups = groups
-        self.domain = annotation_domain
-        self.online = online
-        self.reserved = reserved
-        self.shared_pool = shared_pool
-        self.cpu_manager_policy = cpu_manager_policy
         self.interval = interval
         self.fast_interval = fast_interval
         self.fast_window = fast_window
-        self.observe_pinned = observe_pinned
-        self.counters = counters if counters is not None else EnforcementCounters(updates={})
-        self.offline = OfflineNotices(notify, evict)
         self._cache: dict[str, tuple[frozenset[int], str, float]] = {}  # id -> (cpus, mems, read at)
         self._first_pinned: set[str] = set()
         self._enforced: dict[DeviceKey, list[str]] = {}
         self._fast_until = 0.0
         self._failing: str | None = None
         self._refusing: dict[str, str] = {}  # container id -> why the runtime refused its last call (said once)
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
         self.devices.add_listener(self.changed)
-        self._thread = threading.Thread(target=self._run, name="cpuset-enforcement", daemon=True)
-        self._thread.start()
+        Worker.start(self)
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        Worker.stop(self)
         self.client.close()
 
     def changed(self) -> None:
         """Devices changed hands (an Allocate, a pod gone): look at the runtime often for a while, to
         pin a new container soon after kubelet creates it (Allocate comes first, the container after)."""
         self._fast_until = time.monotonic() + self.fast_window
-        self._wake.set()
+        self.wake()
 
     # --- what it reports -----------------------------------------------------------------------
     def enforced(self) -> dict[DeviceKey, list[str]]:
@@ -198,8 +116,7 @@ class CpusetEnforcement:
             except Exception:  # the loop must go on whatever one step does
                 log.exception("cpuset enforcement step failed")
                 delay = self.interval
-            self._wake.wait(delay)
-            self._wake.clear()
+            self._pause(delay)
 
     def next_delay(self, plan: CpusetPlan | None) -> float:
         """Often for a while after devices changed hands; at the interval while any device is held (a
@@ -304,10 +221,6 @@ class CpusetEnforcement:
                         "are still updated, and this one is tried again at every step: %s", who, container[:13], exc,
                         extra={"reason": str(exc)})
         self._refusing[container] = str(exc)
-
-    def _count(self, kind: str, result: str) -> None:
-        key = (kind, result)
-        self.counters.updates[key] = self.counters.updates.get(key, 0) + 1
 
     def _record_enforced(self, containers: list[RunningContainer]) -> None:
         """Each held device -> the cpusets its holders' containers run on now."""

@@ -1,17 +1,14 @@
-"""DRA mode in the running agent (``--mode dra``): its part of the composition root, and the manager that is what
-:class:`agent.plugin.manager.PluginManager` is in device-plugin mode.
+"""DRA mode's driver in the running agent (``--mode dra``): what :class:`agent.plugin.manager.PluginManager` is in
+device-plugin mode (both are an :class:`agent.devices.serving.DeviceServer`).
 
-The manager serves the kubelet plugin (:mod:`agent.dra.kubelet_plugin`) and keeps the node's ResourceSlices true
+It serves the kubelet plugin (:mod:`agent.dra.kubelet_plugin`) and keeps the node's ResourceSlices true
 (:mod:`agent.dra.publisher`): at start, when the kubelet takes the registration (a kubelet start wipes the node's
-slices), when a group stops or starts being whole (its device taint), and every ``interval`` seconds a look (one
-List, no write unless something is missing or differs). The same broken groups go to kubelet's health stream
-(:mod:`agent.dra.health`) at once. The discovery, grouping, planning, state and enforcement
-are the device-plugin mode's own (:func:`build_dra_manager` is handed them by :func:`agent.app.build.build_agent`).
+slices), when a group stops or starts being whole, and every ``interval`` seconds (one List, no write unless
+something is missing or differs). The same broken groups go to kubelet's health stream at once.
 
-The prepared claims are holds in the node's device table from the prepare on (a prepare is a hold at once, in every
-enforcement mode: the listeners, the cpuset enforcement among them, hear of it), and the groups the device-plugin
-mode holds (pods admitted before a switch to DRA mode) are tainted in the slices, with those overlapping them, until
-they are free (:meth:`agent.devices.table.NodeDevices.in_use_elsewhere`); a claim on them is refused.
+Must hold: a prepared claim is a hold in the node's device table from the prepare on, in every enforcement mode; the
+groups the device-plugin mode holds are tainted in the slices, with those overlapping them, until they are free.
+Its composition (:func:`agent.app.build_dra.build_dra_manager`) is the composition root's.
 """
 
 from __future__ import annotations
@@ -20,24 +17,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
-from agent.app.config import AgentConfig
-from agent.app.loops import PeriodicLoop
-from agent.devices.table import NodeDevices
-from agent.dra.health import HealthService
 from agent.dra.kubelet_plugin import KubeletPlugin
-from agent.dra.prepare import ClaimPreparer, checkpoint_path
-from agent.dra.publisher import DraApi, SlicePublisher
-from agent.errors import AgentError, NodeLabelerError, StartupError
-from agent.node.handover import ExtendedResourcesClear
-from agent.node.kubeapi import kube_api_from_environment
-from agent.plugin.podresources import PodResourcesClient
-from agent.plugin.servicer import Wire
-from agent.policy.claims import PreparedRequest
-from agent.policy.dra import DRIVER, PoolPlan, SliceSettings, build_pool
-from agent.policy.grouping import Grouping
-from agent.policy.health import DeviceKey
-from agent.topology.model import Topology
+from agent.dra.publisher import SlicePublisher
+from agent.errors import AgentError
+from agent.periodic import PeriodicLoop
+from agent.policy.container_claims import PreparedRequest
+from agent.policy.keys import DeviceKey
+from agent.policy.resource_slices import PoolPlan
 
 log = logging.getLogger("topology-agent.dra")
 
@@ -48,13 +36,25 @@ HANDOVER_LOOK = 1.0  # seconds between looks at the Node while it still offers o
 Taints = tuple[dict[DeviceKey, str], dict[DeviceKey, str]]  # (not whole, in use by the device-plugin mode)
 
 
+class AllocatableClear(Protocol):
+    """Whether the Node still offers the agent's extended resource names through a device plugin, made zero when it
+    does (:class:`agent.node.resource_withdrawal.ExtendedResourcesClear`)."""
+
+    done: bool
+    unknown: str | None  # why the Node cannot be asked (then readiness does not wait for it)
+
+    def step(self) -> None: ...
+
+    def ready(self) -> bool: ...
+
+
 class DraManager:
     def __init__(self, *, plugin: KubeletPlugin, publisher: SlicePublisher,
                  plan: Callable[[Mapping[DeviceKey, str], Mapping[DeviceKey, str]], PoolPlan],
                  broken: Callable[[], Mapping[DeviceKey, str]], resources: list[str],
                  interval: float = DEFAULT_INTERVAL,
                  in_use: Callable[[], Mapping[DeviceKey, str]] = dict,
-                 handover: ExtendedResourcesClear | None = None) -> None:
+                 handover: AllocatableClear | None = None) -> None:
         self.plugin = plugin
         self.handover = handover  # the Node's allocatable offers our names no more (the scheduler takes DRA's path)
         self.publisher = publisher
@@ -185,58 +185,3 @@ class DraManager:
                 return True
             threading.Event().wait(0.05)
         return self.plugin.registered
-
-
-
-
-def dra_api() -> DraApi:
-    """The API server DRA mode speaks to: in a pod with its service account, else a kubeconfig."""
-    try:
-        return kube_api_from_environment()
-    except NodeLabelerError as exc:
-        raise StartupError(f"--mode dra needs the API server: {exc}") from None
-
-
-def remove_node_slices(node_name: str) -> int:
-    """Delete ``node_name``'s ResourceSlices of the DRA driver (the API server as DRA mode speaks to it: in a pod,
-    its service account); the count deleted. ``serve`` hands it to the uninstall clean-up in DRA mode."""
-    return SlicePublisher(dra_api(), node_name, DRIVER).remove_all()
-
-
-def build_dra_manager(config: AgentConfig, topology: Topology, grouping: Grouping, devices: NodeDevices[Wire],
-                      pod_resources: PodResourcesClient) -> DraManager:
-    if not config.node_name:
-        raise StartupError("--mode dra needs NODE_NAME (the chart sets it from spec.nodeName): the node's "
-                           "ResourceSlices and pool are named after it")
-    try:
-        settings = SliceSettings(config.node_name).validated()
-    except ValueError as exc:
-        raise StartupError(str(exc)) from None
-    api = dra_api()
-    preparer = ClaimPreparer(driver=DRIVER, pool=settings.node_name, groups={g.id: g for g in grouping.groups},
-                             allocation=config.allocation, read_claim=api.read_claim, cdi_dir=config.cdi_dir,
-                             checkpoint=checkpoint_path(config.kubelet_dir), check=devices.claim_conflict)
-    publisher = SlicePublisher(api, settings.node_name, DRIVER)
-
-    def plan(broken: Mapping[DeviceKey, str], in_use: Mapping[DeviceKey, str]) -> PoolPlan:
-        return build_pool(grouping, topology, settings, broken, in_use)
-
-    def broken() -> dict[tuple[str, str], str]:
-        with devices.lock:
-            return dict(devices.broken)
-
-    health = HealthService(pool=settings.node_name, devices=[d["name"] for d in plan({}, {}).devices], broken=broken)
-    plugin = KubeletPlugin(driver=DRIVER, registry_dir=config.dra_registry_dir, plugin_dir=config.dra_plugin_dir,
-                           preparer=preparer, health=health)
-
-    # pod-resources lists DRA claims per container (build_agent set it up): admin access is observed, not held.
-    pod_resources.dra_admin = preparer.admin_devices
-    handover = ExtendedResourcesClear(kube_api_from_environment, settings.node_name, grouping.resources())
-    manager = DraManager(plugin=plugin, publisher=publisher, plan=plan, broken=broken,
-                         resources=grouping.resources(), interval=config.dra_interval,
-                         in_use=devices.in_use_elsewhere, handover=handover)
-    preparer.on_change = manager.claims_changed
-    manager.on_claims_changed(lambda: devices.set_claims(preparer.holds()))  # first: the holds, then the others
-    devices.set_claims(preparer.holds())  # the checkpoint's claims hold their devices before anything is served
-    devices.add_listener(manager.changed)
-    return manager

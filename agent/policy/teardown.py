@@ -1,11 +1,11 @@
-"""What an uninstall removes, and when: pure decisions over API objects and paths (no I/O).
+"""What an uninstall removes, and when, and whether a stopping agent hands its node over: pure decisions over API
+objects and paths (no I/O).
 
-A stopping agent keeps everything (a rolling update, a restart, a node shutdown: the next agent needs its holds)
-unless its DaemonSet is being deleted, which is what ``helm uninstall``'s pre-delete hook does first (a foreground
-delete: the DaemonSet stays visible, with a deletionTimestamp, until its last pod is gone). Then the agent removes
-its state files, the seccomp profile it installed and its node's labels and annotations, in that order (a node that
-still carries the labels is one whose agent did not finish: the hook names it).
-"""
+Must hold: a stopping agent keeps everything (a rolling update, a restart, a node shutdown: the next agent needs its
+holds) unless its DaemonSet is being deleted (``helm uninstall``'s pre-delete hook deletes it in the foreground
+first); then it removes its state files, the seccomp profile it installed and its node's labels and annotations, in
+that order (a node that still carries the labels is one whose agent did not finish: the hook names it). It hands over
+only when it is the last of its mode on its node. Why: docs/contributing/design/mode-handover.md."""
 
 from __future__ import annotations
 

@@ -1,21 +1,13 @@
-"""Handing the node's extended resources from one mode to the other without a failed pod (the decisions and the
-upstream behaviour they follow: :mod:`agent.policy.handover`).
+"""Taking the node's extended resources out of the scheduler's device-plugin path when the node goes to the other mode
+(the decisions, and the upstream behaviour they follow: :mod:`agent.policy.allocatable`).
 
-* :func:`withdraw_device_plugin`: a device-plugin agent that stops for good on its node (its DaemonSet now runs DRA
-  mode, or is being uninstalled) takes its resources' allocatable to zero on the Node while it still serves, waits
-  ``drain`` seconds so that pods the scheduler bound before it saw the zero are admitted (kubelet calls Allocate on
-  the plugin still there), checks that kubelet's own status sync did not write the old value back meanwhile (it
-  recomputes it from the devices, healthy until the plugin stops: then again), and only then lets the plugin stop.
-* :class:`ExtendedResourcesClear`: a DRA agent looks at the Node until its allocatable offers none of its extended
-  resources (the scheduler then takes the DRA path), writing the zero itself when an agent of an older release
-  stopped without it (kubelet writes it at its next status sync: the plugin is gone); it is Ready only after that,
-  so ``helm upgrade --set mode=dra --wait`` returns once a pod created then is served through DRA.
+* :func:`withdraw_device_plugin`: the last device-plugin agent on its node writes its resources' allocatable to zero
+  while it still serves, drains, and writes it again if kubelet's status sync wrote the old value back;
+* :class:`ExtendedResourcesClear`: a DRA agent is Ready only once the Node offers none of its extended resources
+  (writing the zero itself when an older agent stopped without it).
 
-Both need ``patch`` on ``nodes/status`` (the chart grants it with its node-restriction policy, which holds the
-agent to its own Node's ``<prefix>/`` allocatable, lowered to zero); without it, or without the API server, the
-agent says so once and goes on as before (kubelet's status sync then closes the gap within
-``nodeStatusUpdateFrequency``).
-"""
+Must hold: never raises (needs ``patch`` on ``nodes/status``; without it, or the API server, one warning, and
+kubelet's status sync closes the gap). Design: docs/contributing/design/mode-handover.md."""
 
 from __future__ import annotations
 
@@ -24,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from agent.node.kubeapi import NodeStatusApi
-from agent.policy.handover import still_allocatable, zero_patch
+from agent.policy.allocatable import still_allocatable, zero_patch
 
 log = logging.getLogger("topology-agent.handover")
 

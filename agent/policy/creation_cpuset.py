@@ -1,29 +1,20 @@
-"""Which cpuset a container gets when the runtime creates it (``--cpuset-enforcement nri``), and
-what the others need at that moment. Pure, and the same rules as :mod:`agent.policy.cpuset`:
+"""Which cpuset a container gets when the runtime creates it (``--cpuset-enforcement nri``), and what the others need
+at that moment. Pure, and the same rules as :mod:`agent.policy.cpuset`.
 
-* a container whose groups are known (pod-resources names its holder, Allocate's annotations name
-  its groups, or in DRA mode its CDI environment names a claim request the agent prepared for its
-  namespace: :func:`agent.policy.claims.with_claims` adds those to ``holders``, and
-  :func:`agent.policy.claims.prepared_keys` every prepared claim's devices to ``held``) is created on
-  its groups' CPUs and memory nodes;
-* with the shared pool, every other container is created inside the pool, and the containers
-  already running are confined to the pool the new holder leaves (the updates in the reply);
-* a container the pool cannot take is refused (``refused``: the runtime fails its creation, kubelet
-  retries it with backoff), never created on every CPU: an ordinary container while the shared pool
-  is empty (every online CPU held, none reserved), or a holder whose groups' CPUs are all offline
-  with no pool left (kubernetes-sigs/dra-driver-cpu#297 fails closed the same way);
-* a container with nothing to say about is created as it was asked for.
-"""
+Must hold: a container whose groups are known (pod-resources, Allocate's annotations, or in DRA mode a prepared claim
+its CDI environment names: :mod:`agent.policy.container_claims`) is created on its groups' CPUs and memory nodes;
+with the shared pool every other container is created inside it and the running ones are confined to what the new
+holder leaves; a container the pool cannot take is refused (the runtime fails its creation, kubelet retries it),
+never created on every CPU. Why: docs/contributing/design/cpuset-enforcement.md."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from agent.policy.cpuset import Identity, RunningContainer, Update, desired_topology, plan_cpusets
-from agent.policy.enforcement_choice import enforcement_mode as enforcement_mode  # its home before
+from agent.policy.cpuset import RunningContainer, Update, desired_topology, plan_cpusets
 from agent.policy.grouping import Group
-from agent.policy.health import DeviceKey
+from agent.policy.keys import DeviceKey, Identity
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,17 +1,13 @@
-"""The uninstall, both halves (docs/admin/upgrade-uninstall.md):
+"""The uninstall, both halves (docs/admin/upgrade-uninstall.md; the decisions are :mod:`agent.policy.teardown`, this
+module does the requests and the file removals):
 
-* :func:`cleanup_if_released`, run by ``serve`` after it stopped on a signal: when (and only when) the agent's
-  DaemonSet is being deleted it removes, in DRA mode, its node's ResourceSlices (at once: the kubelet would too, but
-  only after its 30 s grace for a deregistered plugin, while the scheduler can still allocate them), then the agent's
-  state files, the seccomp profile it installed and its Node's ``topology.s390x.ibm.com/`` labels and annotations.
-  A rolling update, a restart or a node shutdown keeps all of it, and so does every doubt (the API server away,
-  RBAC denying the look): holds must survive.
-* :func:`run_uninstall_hook`, the ``uninstall`` command of the chart's pre-delete hook Job: deletes the DaemonSet
-  in the foreground (it stays, marked, until its last pod is gone, so every agent sees the mark), waits for it to be
-  gone, then removes the labels of nodes whose agent did not (a node where none ran) and names them.
+* :func:`cleanup_if_released`, run by ``serve`` after it stopped on a signal: while the agent's DaemonSet is being
+  deleted, its node's ResourceSlices (DRA mode), state files, seccomp profile and ``topology.s390x.ibm.com/`` labels;
+* :func:`run_uninstall_hook`, the chart's pre-delete hook: deletes the DaemonSet in the foreground, waits for it to be
+  gone, then removes the labels of nodes whose agent did not, and names them.
 
-The decisions are pure (:mod:`agent.policy.uninstall`); this module does the requests and the file removals.
-"""
+Must hold: a rolling update, a restart, a node shutdown and every doubt (the API server away, RBAC denying the look)
+keep everything: holds must survive. Design: docs/contributing/design/mode-handover.md."""
 
 from __future__ import annotations
 
@@ -28,7 +24,7 @@ from agent.node.kubeapi import NodeRow
 from agent.node.labels import KEY_PREFIX
 from agent.node.seccomp import PROFILE_NAME, node_arch, profile
 from agent.policy.grouping import GroupingSettings
-from agent.policy.uninstall import label_selector, leftover_nodes, release_deleted, removal_patch, state_paths
+from agent.policy.teardown import label_selector, leftover_nodes, release_deleted, removal_patch, state_paths
 
 log = logging.getLogger("topology-agent.uninstall")
 
@@ -102,7 +98,7 @@ def cleanup_if_released(api: ReleaseApi, *, namespace: str, daemonset: str, node
                         remove_slices: Callable[[str], int] | None = None) -> bool:
     """After the agent stopped: clean the node up when its DaemonSet is being deleted, else keep everything.
     True when it cleaned up. Never raises: every failure is one log line. ``remove_slices`` (DRA mode: the node's
-    ResourceSlices, :func:`agent.app.dra.remove_node_slices`, handed in by the shell) deletes and counts them."""
+    ResourceSlices, :func:`agent.app.build_dra.remove_node_slices`, handed in by the shell) deletes and counts them."""
     try:
         found = api.get_daemonset(namespace, daemonset, timeout)
     except Exception as exc:  # any doubt keeps the holds
