@@ -1,5 +1,5 @@
 """``python -m topology_devkit.realcluster up|down|status|restart-kubelet|crash|restart`` (the Makefile's cluster-*
-targets; ``crash`` and ``restart`` of kubelet or containerd are the soak's faults, bench/soak)."""
+targets; ``crash`` and ``restart`` of kubelet or containerd are the soak's faults, bench/cluster/soak)."""
 
 from __future__ import annotations
 

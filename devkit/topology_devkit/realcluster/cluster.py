@@ -158,7 +158,7 @@ def _argv(layout: Layout, bins: Path, component: str) -> list[str]:
                 "--endpoint-reconciler-type=none",
                 f"--etcd-servers=http://127.0.0.1:{ETCD_CLIENT_PORT}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
-                # The agent's own requests (configs.audit_policy), for bench/bench_dra.py's requests per hour.
+                # The agent's own requests (configs.audit_policy), for bench/cluster/dra.py's requests per hour.
                 f"--audit-policy-file={layout.etc / 'audit-policy.yaml'}",
                 f"--audit-log-path={layout.log('audit')}", "--audit-log-maxsize=50", "--audit-log-maxbackup=1",
                 "--v=1"]
@@ -389,8 +389,8 @@ def _rmdir(directory: Path) -> None:
 
 def remove_cdi_specs(folder: Path = CDI_DIR, driver: str = DRA_DRIVER) -> list[str]:
     """The agent's CDI spec files (``<driver>-<level>_<claim uid>.json``): removed, their names returned. The agent
-    removes each at unprepare, but a pod still running at cluster-down is never unprepared (the soak found one left
-    behind, issue 34); other drivers' specs are kept."""
+    removes each at unprepare, but a pod still running at cluster-down is never unprepared, and its file would stay
+    for the next run's soak to count as a leak; other drivers' specs are kept."""
     removed = []
     for spec in sorted(folder.glob(f"{driver}-*.json")) if folder.is_dir() else []:
         spec.unlink(missing_ok=True)

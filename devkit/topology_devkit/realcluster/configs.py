@@ -115,7 +115,7 @@ AUDITED_GROUP = "system:serviceaccounts:topology-system"  # the chart's accounts
 
 def audit_policy() -> str:
     """The API server's audit policy: every request of the agent's own accounts at Metadata (who, verb, resource,
-    code; no bodies), nothing else. bench/bench_dra.py counts the agent's requests per hour from it."""
+    code; no bodies), nothing else. bench/cluster/dra.py counts the agent's requests per hour from it."""
     return f"""apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
