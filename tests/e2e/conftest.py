@@ -17,7 +17,8 @@ is given), TOPOLOGY_E2E_NAMESPACE (topology-system), TOPOLOGY_E2E_RELEASE (topol
 (the agent's image, s390x-topology-agent:e2e), TOPOLOGY_E2E_WORKLOAD_IMAGE (the test pods' image, default the
 agent's), TOPOLOGY_E2E_SNAPSHOTS (the snapshot dir the lane installed; regenerated for kind when unset),
 TOPOLOGY_E2E_VALUES (the values file the kind lane installed the release with: the suite may then upgrade it as
-on the local lane), TOPOLOGY_E2E_ENGINE (the kind nodes' engine, docker or podman; docker by default).
+on the local lane), TOPOLOGY_E2E_ENGINE (the kind nodes' engine, docker or podman; docker by default),
+TOPOLOGY_E2E_RUNTIME (the local lane's node runtime: containerd, or crio with ``make e2e RUNTIME=crio``).
 REQUIRE_E2E=1 (or REQUIRE_KIND=1) turns every skip reason into a failure: a lane that provisions a cluster
 must not pass by skipping.
 """
@@ -40,6 +41,10 @@ HOW = ("run `make e2e` (a real cluster on this machine) or `make kind-test` (tes
        "and kubectl)")
 REPO = Path(__file__).resolve().parents[2]
 WORKER_LABEL = "topology-e2e/worker"
+# The local lane's CRI sockets by runtime (devkit/topology_devkit/realcluster: layout.py, crio.py) and the values the
+# release gets for each on top of devkit/cluster/e2e-values.yaml.
+CRI_SOCKETS = {"containerd": Path("/run/containerd/containerd.sock"), "crio": Path("/run/crio/crio.sock")}
+RUNTIME_VALUES = {"containerd": [], "crio": ["-f", str(REPO / "devkit" / "cluster" / "e2e-values-crio.yaml")]}
 
 
 def _run(argv: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str]:
@@ -98,6 +103,12 @@ class E2EEnv:
     workload_image: str
     snapshots: Path
     prefix: str = "topology"
+    runtime: str = "containerd"  # the node's container runtime (the local lane: containerd or crio)
+
+    @property
+    def cri_socket(self) -> Path:
+        """The node runtime's CRI socket (the local lane's node is this machine)."""
+        return CRI_SOCKETS[self.runtime]
 
     def node_shell(self, node: str, script: str, timeout: float = 30) -> str:
         """Run ``script`` with sh on ``node`` (here, or in the kind node's container) and return its stdout."""
@@ -128,9 +139,10 @@ class E2EEnv:
                                "--kubeconfig", str(self.kubeconfig)], check=True, timeout=timeout,
                               capture_output=True, text=True)
 
-    def helm_upgrade(self, *extra: str, install: bool = False) -> None:
+    def helm_upgrade(self, *extra: str, install: bool = False, wait: bool = True) -> None:
         """``helm upgrade`` (``--install``: also when the release is gone) the release with the lane's own values
-        plus ``extra`` (the local lane; the kind lane: the values file it installed with, TOPOLOGY_E2E_VALUES)."""
+        plus ``extra`` (the local lane; the kind lane: the values file it installed with, TOPOLOGY_E2E_VALUES);
+        ``wait=False``: return once the release is changed (an agent expected never to be ready)."""
         if not self.owns_install():
             pytest.skip(f"the {self.lane} lane's install is not this suite's to change")
         values = os.environ.get("TOPOLOGY_E2E_VALUES")
@@ -138,14 +150,16 @@ class E2EEnv:
             lane_values = ["-f", values]
         else:
             snapshot = self.snapshots / "default.json"
-            lane_values = ["-f", str(REPO / "devkit" / "cluster" / "e2e-values.yaml"),
+            lane_values = ["-f", str(REPO / "devkit" / "cluster" / "e2e-values.yaml"), *RUNTIME_VALUES[self.runtime],
                            "--set-file", f"fakeTopology.snapshots.default\\.json={snapshot}"]
         subprocess.run([os.environ.get("TOPOLOGY_E2E_HELM") or "helm", "upgrade", *(["--install"] if install else []),
                         self.release,
                         str(REPO / "deploy" / "helm" / "s390x-topology-agent"), "--namespace", self.namespace,
                         "--kubeconfig", str(self.kubeconfig), *lane_values, *extra,
-                        "--wait", "--timeout", "180s"], check=True, timeout=240, capture_output=True, text=True)
-        self.wait_for_rollout()
+                        *(["--wait", "--timeout", "180s"] if wait else [])], check=True, timeout=240,
+                       capture_output=True, text=True)
+        if wait:
+            self.wait_for_rollout()
 
     def wait_for_rollout(self) -> None:
         """Until every node runs a ready agent of the release's current revision. helm's --wait does not wait for
@@ -155,6 +169,14 @@ class E2EEnv:
         for daemonset in self.kubectl("-n", self.namespace, "get", "daemonset", "-o", "name", "-l",
                                       f"app.kubernetes.io/instance={self.release}").stdout.split():
             self.kubectl("-n", self.namespace, "rollout", "status", daemonset, "--timeout=180s", timeout=200)
+
+    def restart_runtime(self, crash: bool = False) -> None:
+        """Stop the node's container runtime (SIGTERM; ``crash``: SIGKILL) and start it again (the local lane)."""
+        if self.lane != "local":
+            pytest.skip(f"the {self.lane} lane cannot restart the node's runtime")
+        how = "crash" if crash else "restart"
+        subprocess.run([sys.executable, "-m", "topology_devkit.realcluster", how, "runtime"], check=True, timeout=180,
+                       cwd=REPO, env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'devkit'}"})
 
     def restart_kubelet(self, node: str, cpu_manager_policy: str | None = None) -> None:
         if self.lane == "local":
@@ -207,6 +229,7 @@ def e2e_env(tmp_path_factory: pytest.TempPathFactory) -> E2EEnv:
         image=image,
         workload_image=os.environ.get("TOPOLOGY_E2E_WORKLOAD_IMAGE", image),
         snapshots=snapshot_dir,
+        runtime=os.environ.get("TOPOLOGY_E2E_RUNTIME") or "containerd",
     )
 
 
