@@ -23,7 +23,8 @@
 # (TOPOLOGY_E2E_DRA=0 unless SKEW=1: the containerd set's Kubernetes 1.37 control plane beside CRI-O's kubelet 1.34).
 # A cluster already up with the other runtime is an error (make cluster-down first).
 #
-# Environment: RUNTIME (containerd), SKEW, CLUSTER_DIR (.cluster), CLUSTER_CACHE, KEEP_CLUSTER=1 (leave a cluster this script started
+# Environment: RUNTIME (containerd), SKEW, E2E_TESTS (the test files or ids to run; tests/e2e), CLUSTER_DIR (.cluster),
+# CLUSTER_CACHE, KEEP_CLUSTER=1 (leave a cluster this script started
 # running), PYTEST_ARGS (extra pytest arguments), HELM, E2E_SUITE (main or vllm), E2E_PRELOAD_VLLM,
 # SOAK_SECONDS, SOAK_SEED, SOAK_QUIET_PODS (8: the quiet run's book pods, for the pod start baseline).
 set -euo pipefail
@@ -141,8 +142,8 @@ export TOPOLOGY_E2E_KUBECONFIG=$KUBECONFIG TOPOLOGY_E2E_LANE=local TOPOLOGY_E2E_
        TOPOLOGY_E2E_SNAPSHOTS=$SNAPSHOTS TOPOLOGY_E2E_HELM=$HELM REQUIRE_E2E=1 \
        TOPOLOGY_E2E_DRA=${TOPOLOGY_E2E_DRA:-$DRA_DEFAULT} TOPOLOGY_E2E_VLLM_IMAGE=localhost/topology-e2e-vllm:0.32.0 \
        TOPOLOGY_E2E_RUNTIME=$RUNTIME
-# shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
-"$PYTHON" -m pytest -m "$MARKS" tests/e2e -v -rA --durations=12 -p no:cacheprovider ${PYTEST_ARGS:-}
+# shellcheck disable=SC2086  # E2E_TESTS and PYTEST_ARGS are lists of words
+"$PYTHON" -m pytest -m "$MARKS" ${E2E_TESTS:-tests/e2e} -v -rA --durations=12 -p no:cacheprovider ${PYTEST_ARGS:-}
 if [ -n "$preload_pid" ]; then
   preload_rc=0
   wait "$preload_pid" || preload_rc=$?

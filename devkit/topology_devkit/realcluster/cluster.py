@@ -411,6 +411,13 @@ def _remove_sandboxes(socket: Path) -> None:
     channel = grpc.insecure_channel(f"unix://{socket}")
     try:
         stub = cri_grpc.RuntimeServiceStub(channel)
+        # Containers first, at once (timeout 0: SIGKILL): a StopPodSandbox stops them with their stop timeout, and a
+        # shell or sleep as PID 1 ignores SIGTERM (CRI-O then waits its ctr_stop_timeout, 30 s, per container).
+        for container in stub.ListContainers(cri.ListContainersRequest(), timeout=10).containers:
+            try:
+                stub.StopContainer(cri.StopContainerRequest(container_id=container.id, timeout=0), timeout=30)
+            except grpc.RpcError as err:
+                print(f"cluster-down: StopContainer {container.id[:12]}: {err.code().name}", flush=True)
         sandboxes = stub.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=10).items
         for sandbox in sandboxes:
             for call, request in (("StopPodSandbox", cri.StopPodSandboxRequest(pod_sandbox_id=sandbox.id)),
