@@ -1,0 +1,60 @@
+"""A pod that carries the agent's own annotations is not pinned to a book by them, on the real runtime with
+``cpusetEnforcement: nri`` and ``sharedPool: true``.
+
+CRI-O copies every pod annotation into each of its containers' OCI spec annotations, which is what it hands an NRI
+plugin as the container's annotations (``internal/factory/container/container.go`` ``SpecAddAnnotations`` at v1.34.0,
+https://github.com/cri-o/cri-o/blob/v1.34.0/internal/factory/container/container.go; ``server/nri-api.go``
+``criContainer.GetAnnotations``); containerd does that only for the annotations its ``pod_annotations`` setting lists.
+So a pod that writes ``topology.s390x.ibm.com/groups`` itself looks, to NRI on CRI-O, like a container whose
+Allocate named that book: the agent believes those annotations only when they differ from the pod's own (kubelet's
+container annotations, written after the pod's, win on CRI-O as on containerd). The pod asks no book and names the
+book a real holder has: its first line is the shared pool, never that book.
+
+Local lane only (it changes the release); the release is put back afterwards.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from agent.topology.cpulist import parse_cpulist
+from tests.e2e.conftest import E2EEnv
+from tests.e2e.snapshots import Expected
+from tests.e2e.test_e2e import wait_for
+from tests.e2e.test_nri_real import FIRST_LINE, _first_line, made, nri  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.e2e
+
+DOMAIN = "topology.s390x.ibm.com"
+
+
+def test_a_pods_own_groups_annotation_does_not_put_it_on_a_held_book(
+        core: Any, pod_namespace: str, nri: E2EEnv, node: str, exp: Expected, made: list[str]) -> None:  # noqa: F811
+    from kubernetes import client
+
+    book = f"{nri.prefix}/book"
+    held, held_cpus = _first_line(core, pod_namespace, nri, node, {book: 1})
+    made.append(held)
+    group = next(g.id for g in exp.grouping.groups if g.resource == book and g.cpulist == held_cpus)
+    name = f"forged-{uuid.uuid4().hex[:8]}"
+    core.create_namespaced_pod(pod_namespace, client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, annotations={f"{DOMAIN}/groups": group, f"{DOMAIN}/resource": book}),
+        spec=client.V1PodSpec(
+            restart_policy="Never", termination_grace_period_seconds=0, node_selector={"kubernetes.io/hostname": node},
+            containers=[client.V1Container(
+                name="main", image=nri.workload_image, image_pull_policy="Never", command=["/bin/sh", "-c", FIRST_LINE],
+                resources=client.V1ResourceRequirements(requests={"cpu": "100m", "memory": "16Mi"}))])))
+    made.append(name)
+    log = wait_for(f"{name} to print its first line", lambda: (
+        text := core.read_namespaced_pod_log(name, pod_namespace) if core.read_namespaced_pod(
+            name, pod_namespace).status.phase in ("Running", "Succeeded") else "") and "END" in text and text,
+        timeout=90, interval=0.3)
+    first = log.splitlines()[0]
+    assert first.startswith("Cpus_allowed_list:"), log
+    cpus = set(parse_cpulist(first.split(":", 1)[1].strip()))
+    assert not cpus & set(parse_cpulist(held_cpus)), (
+        f"a pod annotated {DOMAIN}/groups={group} by itself ran on {sorted(cpus)}, in the book {held}'s holds "
+        f"({held_cpus}) on {nri.runtime}")
