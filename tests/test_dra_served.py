@@ -1,7 +1,7 @@
 """DRA mode reads what the API server serves before it publishes: the resource.k8s.io version it writes, or one line
-naming the Kubernetes minor it needs (agent/dra/served.py). The discovery documents below are the real API servers'
-(``GET /apis/resource.k8s.io`` and ``/version`` of the lane's Kubernetes 1.34.2 and 1.37.2, as captured on the
-real-cluster lane)."""
+naming the Kubernetes minor it needs (agent/dra/served.py). ``GROUP_134`` and ``V134`` are the real Kubernetes 1.34.2
+API server's answers to ``GET /apis/resource.k8s.io`` and ``/version`` (the CRI-O lane's, ``make cluster-up
+RUNTIME=crio``: 1.34 serves v1 alone by default); the others are shaped like them."""
 
 from __future__ import annotations
 
@@ -15,8 +15,13 @@ from agent.errors import KubeApiError, StartupError
 from agent.node.kubeapi import KubeApi
 
 # GET /version of the lane's API servers (devkit/cluster/build.sh stamps gitVersion, major and minor).
-V134 = {"major": "1", "minor": "34", "gitVersion": "v1.34.2"}
+V134 = {"major": "1", "minor": "34", "emulationMajor": "1", "emulationMinor": "34", "minCompatibilityMajor": "1",
+        "minCompatibilityMinor": "33", "gitVersion": "v1.34.2", "gitCommit": "$Format:%H$", "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.26.8", "compiler": "gc", "platform": "linux/amd64"}
 V137 = {"major": "1", "minor": "37", "gitVersion": "v1.37.2"}
+GROUP_134 = {"kind": "APIGroup", "apiVersion": "v1", "name": "resource.k8s.io",
+             "versions": [{"groupVersion": "resource.k8s.io/v1", "version": "v1"}],
+             "preferredVersion": {"groupVersion": "resource.k8s.io/v1", "version": "v1"}}
 
 
 class FakeServer(KubeApi):
@@ -48,7 +53,7 @@ def test_an_api_server_of_1_37_serving_v1_gets_v1() -> None:
 
 
 def test_1_34_serves_v1_but_its_counter_layout_is_refused_in_one_line_naming_the_minor_needed() -> None:
-    api = FakeServer({"/apis/resource.k8s.io": (200, group("v1", "v1beta2", "v1beta1")), "/version": (200, V134)})
+    api = FakeServer({"/apis/resource.k8s.io": (200, GROUP_134), "/version": (200, V134)})
     with pytest.raises(StartupError) as refused:
         check_served(api)
     message = str(refused.value)

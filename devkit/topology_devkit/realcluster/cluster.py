@@ -330,6 +330,9 @@ def up(layout: Layout, cpu_manager_policy: str = "none", images: bool = True, ru
     runtime = layout.runtime()
     if runtime == "crio":
         crio.probe_host()
+        note = crio.mount_hugetlb(layout)
+        if note is not None:
+            print(f"cluster-up: {note}", flush=True)
     else:
         note = reachable_state_folder()
         if note is not None:
@@ -509,7 +512,7 @@ def down(layout: Layout) -> None:
     netns = Path("/var/run/netns")
     state_paths = [KUBELET_ROOT, CONTAINERD_STATE, layout.containerd_root, layout.root, netns, *crio.state_paths()]
     unmount(state_paths)
-    crio_left = crio.clean_host()
+    crio_left = crio.clean_host(layout)
     for entry in netns.glob("cni-*") if netns.is_dir() else []:
         entry.unlink(missing_ok=True)
     subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)

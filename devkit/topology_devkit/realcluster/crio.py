@@ -80,7 +80,8 @@ irqbalance_config_restore_file = "disable"
 log_level = "info"
 
 [crio.runtime.runtimes.runc]
-runtime_path = "{bin_dir / 'runc'}"
+# The lane's runc, through restrict_oom.py on these machines (no CAP_SYS_RESOURCE): see runc_wrapper.
+runtime_path = "{runc_wrapper(layout)}"
 runtime_type = "oci"
 runtime_root = "{RUNC_ROOT}"
 monitor_path = "{CONMON}"
@@ -105,6 +106,27 @@ nri_plugin_config_dir = "{root / 'nri' / 'conf.d'}"
 """
 
 
+RESTRICT_OOM = Path(__file__).with_name("restrict_oom.py")
+
+
+def runc_wrapper(layout: Layout) -> Path:
+    return crio_root(layout) / "runc"
+
+
+def runc_wrapper_script(bin_dir: Path) -> str:
+    """What CRI-O runs as runc: the lane's runc, with a create's or run's OCI spec first held to this VM's limit on
+    ``oom_score_adj`` by :mod:`.restrict_oom` (containerd's ``restrict_oom_score_adj``, which CRI-O lacks); every other
+    call goes straight to runc."""
+    runc = bin_dir / "runc"
+    return f"""#!/bin/sh
+# The real-cluster lane's runc for CRI-O (devkit/topology_devkit/realcluster/restrict_oom.py says why).
+case " $* " in
+  *" create "*|*" run "*) exec /usr/bin/python3 {RESTRICT_OOM} {runc} "$@" ;;
+esac
+exec {runc} "$@"
+"""
+
+
 def signature_policy() -> str:
     """containers/image's policy for the lane's local images (no registry, nothing signed)."""
     return json.dumps({"default": [{"type": "insecureAcceptAnything"}]}, indent=1) + "\n"
@@ -117,6 +139,8 @@ def write_config(layout: Layout, bin_dir: Path) -> Path:
     config_dir(layout).mkdir(parents=True, exist_ok=True)
     for folder in ("nri/plugins", "nri/conf.d"):
         (crio_root(layout) / folder).mkdir(parents=True, exist_ok=True)
+    runc_wrapper(layout).write_text(runc_wrapper_script(bin_dir))
+    runc_wrapper(layout).chmod(0o755)
     return path
 
 
@@ -127,6 +151,57 @@ def argv(layout: Layout, bin_dir: Path) -> list[str]:
 def probe_host() -> None:
     if not CONMON.is_file():
         raise ClusterError(f"CRI-O needs conmon at {CONMON}: apt-get install conmon (Debian's, as .ci/run does)")
+
+
+HUGETLB = Path("/sys/fs/cgroup/hugetlb")
+
+
+def _hugetlb_marker(layout: Layout) -> Path:
+    return crio_root(layout) / "hugetlb-mounted"
+
+
+def _kernel_has_hugetlb() -> bool:
+    for line in Path("/proc/cgroups").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields and fields[0] == "hugetlb" and fields[-1] == "1":
+            return True
+    return False
+
+
+def mount_hugetlb(layout: Layout) -> str | None:
+    """Mount cgroup v1's hugetlb controller where a node has it, when the kernel has it and nothing mounted it; a note
+    when the lane did (``cluster-down`` unmounts it again).
+
+    CRI-O takes the controllers the kernel lists in /proc/cgroups for the ones it can use
+    (``internal/config/node/cgroups_linux.go``, ``checkRelevantControllers``: opencontainers/cgroups'
+    ``GetAllSubsystems``), so it passes kubelet's hugepage limits into every container's spec
+    (``internal/factory/container/container.go``, "If the kernel has no support for hugetlb, silently ignore the
+    limits"), and runc then fails every container here ("cannot set hugetlb limit: container could not join or create
+    cgroup"): these machines enable hugetlb in the kernel but mount it nowhere. A real node's init mounts every
+    controller; containerd has ``disable_hugetlb_controller``, CRI-O has no such setting.
+    """
+    if not _kernel_has_hugetlb() or mounts_under([HUGETLB]):
+        return None
+    HUGETLB.mkdir(exist_ok=True)
+    run(["mount", "-t", "cgroup", "-o", "hugetlb", "hugetlb", str(HUGETLB)], timeout=30)
+    _hugetlb_marker(layout).parent.mkdir(parents=True, exist_ok=True)
+    _hugetlb_marker(layout).write_text(f"{HUGETLB}\n")
+    return f"mounted cgroup v1's hugetlb controller at {HUGETLB} (the kernel has it, nothing had mounted it)"
+
+
+def unmount_hugetlb(layout: Layout) -> list[str]:
+    """Unmount the hugetlb controller when the lane mounted it (after the pods' cgroups are gone); what stayed."""
+    if not _hugetlb_marker(layout).exists():
+        return []
+    unmount([HUGETLB])
+    if mounts_under([HUGETLB]):
+        return [str(HUGETLB)]
+    try:
+        HUGETLB.rmdir()
+    except OSError:
+        return [str(HUGETLB)]
+    _hugetlb_marker(layout).unlink(missing_ok=True)
+    return []
 
 
 def answers(timeout: float = 3.0) -> bool:
@@ -210,8 +285,9 @@ def state_paths() -> list[Path]:
     return [STORAGE_ROOT, STORAGE_RUNROOT, CRIO_STATE, RUNC_ROOT, *pinned_namespaces()]
 
 
-def clean_host() -> list[str]:
-    """Unmount and remove what CRI-O left on the host (after it and its pods stopped); what stayed mounted."""
+def clean_host(layout: Layout) -> list[str]:
+    """Unmount and remove what CRI-O left on the host (after it and its pods stopped, and their cgroups are gone);
+    what stayed mounted."""
     for entry in pinned_namespaces():
         unmount([entry])
         if not mounts_under([entry]):
@@ -226,6 +302,8 @@ def clean_host() -> list[str]:
     for parent in (STORAGE_ROOT.parent, STORAGE_RUNROOT.parent):  # /var/lib/containers keeps other tools' files
         if parent.is_dir() and not any(parent.iterdir()):
             parent.rmdir()
+    left += unmount_hugetlb(layout)
+    left += remove_tree(crio_root(layout))
     return left
 
 
