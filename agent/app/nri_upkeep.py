@@ -1,8 +1,16 @@
 """What the NRI enforcement (:mod:`agent.app.nri_enforcement`) does outside any event, on a thread of its own.
 
 * **Push.** When devices change hands outside any event (pod-resources notices a pod has gone, an Allocate, a DRA
-  prepare or unprepare), the known containers' updates go out at once with an unsolicited ``UpdateContainers``,
-  only on runtimes whose NRI is v0.12.1 or later (containerd 2.4+: before, it can deadlock containerd). They are
+  prepare or unprepare, a CPU going offline), the known containers' updates go out at once with an unsolicited
+  ``UpdateContainers`` on runtimes whose NRI is v0.12.1 or later (containerd 2.4+). Before that NRI version an
+  unsolicited ``UpdateContainers`` can deadlock the runtime (the adaptation holds its lock while it calls the
+  runtime's update function, ``pkg/adaptation/adaptation.go`` ``updateContainers``; CRI-O 1.34 vendors NRI
+  v0.9.1-pre, containerd before 2.4 NRI v0.12.0 or older, and neither says its NRI version in ``Configure``): there the
+  same updates go over the runtime's CRI socket, ``UpdateContainerResources`` as the CRI enforcement sends them,
+  when it is at hand. The runtime hands each to its NRI plugins as an ``UpdateContainer`` event, which the agent
+  answers from memory with no update of its own (the cpuset is the one it wants), and applies it; no runtime lock
+  is held against the call, as it is for a plugin's own ``UpdateContainers``. Without the CRI socket they wait for
+  the next event's reply. NRI updates are
   sent without ``ignore_failure``, so that a failure comes back: containerd's ``domainTable.updateContainers``
   (``internal/nri/domain.go``) then returns an error, though not which container failed (ttrpc's ``unaryCall``
   marshals no payload with an error), so a failed batch is sent again one container at a time to learn it. Only
@@ -110,10 +118,10 @@ class Upkeep:
                 if self.verifier is not None and time.monotonic() >= check_at:
                     check_at = time.monotonic() + self.recheck_interval
                     self.recheck()
-                if not plugin.unsolicited_safe:
+                if not plugin.unsolicited_safe and self.verifier is None:
                     retry_at = float("inf")  # the next event's reply carries them
                     continue
-                if self.push():
+                if self.push() if plugin.unsolicited_safe else self.push_over_cri():
                     backoff.reset()
                     retry_at = float("inf")
                 else:
@@ -136,6 +144,29 @@ class Upkeep:
         except (TrunkClosed, CallTimeout, RuntimeError) as exc:
             self._lost(updates, str(exc))
             return False
+        return self._settle(updates, failed)
+
+    def push_over_cri(self) -> bool:
+        """The same, over the runtime's CRI socket (an NRI too old for unsolicited updates); True when every update
+        was applied. A container the runtime refuses (gone meanwhile) fails alone; a runtime that is down leaves the
+        rest in doubt."""
+        assert self.verifier is not None
+        updates = self.enforcement.wanted()
+        if not updates:
+            return True
+        failed: set[str] = set()
+        try:
+            for i, update in enumerate(updates):
+                try:
+                    self.verifier.update_cpuset(update.container, update.cpus, update.mems)
+                except CriError as exc:
+                    if exc.code in RUNTIME_DOWN or exc.code == "DEADLINE_EXCEEDED":  # down, or it may apply it later
+                        self._settle(updates[:i], failed)
+                        self._lost(updates[i:], str(exc))
+                        return False
+                    failed.add(update.container)
+        finally:
+            self.verifier.close()  # no connection kept open between pushes
         return self._settle(updates, failed)
 
     def _one_by_one(self, updates: list[Update]) -> bool:

@@ -19,7 +19,7 @@ import pytest
 from agent.topology.cpulist import parse_cpulist
 from tests.e2e.conftest import E2EEnv
 from tests.e2e.snapshots import Expected
-from tests.e2e.test_e2e import wait_for
+from tests.e2e.test_e2e import delete_pods, wait_for
 from tests.e2e.test_nri_real import _first_line, made, nri  # noqa: F401  (fixtures)
 from tests.e2e.test_real_node import agent_pod, proc_status
 
@@ -60,6 +60,7 @@ def test_the_runtime_restarted_and_crashed_keeps_a_holder_on_its_book_and_nri_sy
         overlap = set(parse_cpulist(plain_cpus)) & set(parse_cpulist(held_cpus))
         assert not overlap, (f"after {nri.runtime} {how} a plain pod's first line ran on {plain_cpus}, which "
                              f"includes the held book {held_cpus}")
+        delete_pods(core, pod_namespace, [plain])  # its CPU request would leave no room for a second book pod
     second, second_cpus = _first_line(core, pod_namespace, nri, node, {book: 1})
     made.append(second)
     assert second_cpus in exp.cpulists(book) and second_cpus != held_cpus, (second_cpus, held_cpus)
