@@ -15,7 +15,6 @@ Local lane only (it changes the release); the release is put back afterwards.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
@@ -23,8 +22,7 @@ import pytest
 from agent.topology.cpulist import parse_cpulist
 from tests.e2e.conftest import E2EEnv
 from tests.e2e.snapshots import Expected
-from tests.e2e.test_e2e import wait_for
-from tests.e2e.test_nri_real import FIRST_LINE, _first_line, made, nri  # noqa: F401  (fixtures)
+from tests.e2e.test_nri_real import _first_line, made, nri  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.e2e
 
@@ -33,28 +31,14 @@ DOMAIN = "topology.s390x.ibm.com"
 
 def test_a_pods_own_groups_annotation_does_not_put_it_on_a_held_book(
         core: Any, pod_namespace: str, nri: E2EEnv, node: str, exp: Expected, made: list[str]) -> None:  # noqa: F811
-    from kubernetes import client
-
     book = f"{nri.prefix}/book"
     held, held_cpus = _first_line(core, pod_namespace, nri, node, {book: 1})
     made.append(held)
     group = next(g.id for g in exp.grouping.groups if g.resource == book and g.cpulist == held_cpus)
-    name = f"forged-{uuid.uuid4().hex[:8]}"
-    core.create_namespaced_pod(pod_namespace, client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name, annotations={f"{DOMAIN}/groups": group, f"{DOMAIN}/resource": book}),
-        spec=client.V1PodSpec(
-            restart_policy="Never", termination_grace_period_seconds=0, node_selector={"kubernetes.io/hostname": node},
-            containers=[client.V1Container(
-                name="main", image=nri.workload_image, image_pull_policy="Never", command=["/bin/sh", "-c", FIRST_LINE],
-                resources=client.V1ResourceRequirements(requests={"cpu": "100m", "memory": "16Mi"}))])))
-    made.append(name)
-    log = wait_for(f"{name} to print its first line", lambda: (
-        text := core.read_namespaced_pod_log(name, pod_namespace) if core.read_namespaced_pod(
-            name, pod_namespace).status.phase in ("Running", "Succeeded") else "") and "END" in text and text,
-        timeout=90, interval=0.3)
-    first = log.splitlines()[0]
-    assert first.startswith("Cpus_allowed_list:"), log
-    cpus = set(parse_cpulist(first.split(":", 1)[1].strip()))
+    forged, first = _first_line(core, pod_namespace, nri, node, {},
+                                annotations={f"{DOMAIN}/groups": group, f"{DOMAIN}/resource": book})
+    made.append(forged)
+    cpus = set(parse_cpulist(first))
     assert not cpus & set(parse_cpulist(held_cpus)), (
         f"a pod annotated {DOMAIN}/groups={group} by itself ran on {sorted(cpus)}, in the book {held}'s holds "
         f"({held_cpus}) on {nri.runtime}")

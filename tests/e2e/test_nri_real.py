@@ -37,13 +37,14 @@ def nri(core: Any, local: E2EEnv, node: str) -> Iterator[E2EEnv]:
         local.helm_upgrade()
 
 
-def _first_line(core: Any, namespace: str, env: E2EEnv, node: str, extended: dict[str, int]) -> tuple[str, str]:
+def _first_line(core: Any, namespace: str, env: E2EEnv, node: str, extended: dict[str, int],
+                annotations: dict[str, str] | None = None) -> tuple[str, str]:
     from kubernetes import client
 
     name = f"nri-{uuid.uuid4().hex[:8]}"
     limits = {k: str(v) for k, v in extended.items()} or None
     core.create_namespaced_pod(namespace, client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name),
+        metadata=client.V1ObjectMeta(name=name, annotations=annotations),
         spec=client.V1PodSpec(
             restart_policy="Never", termination_grace_period_seconds=0, node_selector={"kubernetes.io/hostname": node},
             containers=[client.V1Container(

@@ -48,7 +48,20 @@ from .layout import (
     node_name,
 )
 from .mounts import mounts_under, remove_tree, unmount
-from .procs import ClusterError, alive, crash, kill_and_wait, read_pid, run, running, start, stop, tail, wait_until
+from .procs import (
+    ClusterError,
+    alive,
+    crash,
+    kill_and_wait,
+    pids_of,
+    read_pid,
+    run,
+    running,
+    start,
+    stop,
+    tail,
+    wait_until,
+)
 
 BUILD = REPO / "devkit" / "cluster" / "build.sh"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -436,17 +449,7 @@ def _remove_sandboxes(socket: Path) -> None:
 
 
 def _own_shims() -> list[int]:
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmdline and cmdline[0].endswith(b"containerd-shim-runc-v2") and str(CONTAINERD_SOCKET).encode() in cmdline:
-            pids.append(int(proc.name))
-    return pids
+    return pids_of("containerd-shim-runc-v2", str(CONTAINERD_SOCKET))
 
 
 def _cgroup_trees() -> list[Path]:

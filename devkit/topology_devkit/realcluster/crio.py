@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .layout import CDI_DIR, NRI_SOCKET, PAUSE_IMAGE, Layout
 from .mounts import mounts_under, remove_tree, unmount
-from .procs import ClusterError, alive, kill_and_wait, run
+from .procs import ClusterError, alive, kill_and_wait, pids_of, run
 
 CRIO_SOCKET = Path("/run/crio/crio.sock")
 CRIO_STATE = Path("/run/crio")  # the socket's folder, mounted into the agent's pod (the chart's criSocket folder)
@@ -249,18 +249,7 @@ def listed_images(timeout: float = 10.0) -> set[str]:
 
 def own_monitors() -> list[int]:
     """The lane's conmon processes (by their exit folder: CRI-O passes ``--exit-dir <container_exits_dir>``)."""
-    pids = []
-    exits = str(CRIO_STATE / "exits").encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmdline and cmdline[0].endswith(b"conmon") and exits in cmdline:
-            pids.append(int(proc.name))
-    return pids
+    return pids_of("conmon", str(CRIO_STATE / "exits"))
 
 
 def stop_monitors() -> None:
