@@ -160,8 +160,18 @@ def _write_configs(layout: Layout, bins: Path, cpu_manager_policy: str) -> None:
     (layout.cni_conf / "10-topology-e2e.conflist").write_text(configs.cni_conflist())
 
 
+# A kubelet 1.34 under a 1.37 control plane (SKEW=1) takes part in DRA as 1.37's kubelet does with two alpha gates
+# of 1.34 on (pkg/features/kube_features.go at v1.34.2): DRAExtendedResource (kubelet prepares the claim the scheduler
+# made for a pod's topology/book: 1, pkg/kubelet/cm/dra/manager.go) and ResourceHealthStatus (a device's health in the
+# pod's status). The control plane's gates are 1.37's defaults.
+SKEWED_KUBELET_GATES = {"DRAExtendedResource": True, "ResourceHealthStatus": True}
+
+
 def write_kubelet_config(layout: Layout, cpu_manager_policy: str = "none") -> None:
     text = configs.kubelet_config(layout, cpu_manager_policy, runtime_socket(layout))
+    if layout.skewed():
+        text += "featureGates:\n" + "".join(f"  {gate}: {'true' if on else 'false'}\n"
+                                             for gate, on in SKEWED_KUBELET_GATES.items())
     if cpu_manager_policy == "static":
         text += 'reservedSystemCPUs: "0"\n'  # the static policy needs a reservation
     (layout.etc / "kubelet.yaml").write_text(text)
