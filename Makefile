@@ -71,9 +71,9 @@ cluster-build:
 	  echo "cluster-build ($(RUNTIME)): done in $$(( $$(date +%s) - t0 )) s"
 	@if [ "$(SKEW)" = 1 ]; then devkit/cluster/build.sh containerd >/dev/null; fi
 
-## Start etcd, the control plane, containerd and the kubelet on loopback; waits for the Node to be Ready.
+## Start etcd, the control plane, the runtime (RUNTIME) and the kubelet on loopback; waits for the Node to be Ready.
 cluster-up: $(STAMP) cluster-build
-	$(CLUSTER) up
+	$(CLUSTER) up --runtime $(RUNTIME)
 
 cluster-down: $(STAMP)
 	$(CLUSTER) down
