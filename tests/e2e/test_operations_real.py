@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import REPO, E2EEnv
+from tests.e2e.conftest import REPO, RUNTIME_VALUES, E2EEnv
 from tests.e2e.snapshots import Expected
 from tests.e2e.test_e2e import wait_for
 from tests.e2e.test_real_node import AGENT_PREFIX, KUBELET_ROOT, agent_pod, book_pods_running, http_get, pods
@@ -42,9 +42,9 @@ def helm(env: E2EEnv, *args: str, timeout: float = 330) -> subprocess.CompletedP
 
 
 def install_as_the_lane_does(env: E2EEnv) -> None:
-    """devkit/cluster/e2e.sh's install command, word for word."""
+    """devkit/cluster/e2e.sh's install command, word for word (with the runtime's values: CRI-O's socket)."""
     values = REPO / "devkit" / "cluster" / "e2e-values.yaml"
-    helm(env, "upgrade", "--install", env.release, str(CHART), "-f", str(values),
+    helm(env, "upgrade", "--install", env.release, str(CHART), "-f", str(values), *RUNTIME_VALUES[env.runtime],
          "--set-file", f"fakeTopology.snapshots.default\\.json={env.snapshots / 'default.json'}",
          "--wait", "--timeout", "180s")
 
