@@ -170,6 +170,10 @@ class E2EEnv:
                                       f"app.kubernetes.io/instance={self.release}").stdout.split():
             self.kubectl("-n", self.namespace, "rollout", "status", daemonset, "--timeout=180s", timeout=200)
 
+    def lane_log(self, component: str) -> Path:
+        """A component's log on the local lane (devkit/topology_devkit/realcluster/layout.py: CLUSTER_DIR/logs)."""
+        return Path(os.environ.get("CLUSTER_DIR") or REPO / ".cluster") / "logs" / f"{component}.log"
+
     def restart_runtime(self, crash: bool = False) -> None:
         """Stop the node's container runtime (SIGTERM; ``crash``: SIGKILL) and start it again (the local lane)."""
         if self.lane != "local":

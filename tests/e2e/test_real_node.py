@@ -146,6 +146,22 @@ def pinned_to(env: E2EEnv, namespace: str, pod: str, cpus: str | None) -> Callab
     return check
 
 
+def _klog_seconds(line: str) -> float:
+    """Seconds of the day of a klog line (``I1204 23:10:57.568356 ...``)."""
+    hours, minutes, seconds = line.split()[1].split(":")
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+def registration_latency(log: Path, resource: str) -> float:
+    """In the last start of kubelet in ``log``: seconds from its device-plugin registration server's start to the
+    registration request for ``resource`` (kubelet's ``server.go`` lines)."""
+    lines = log.read_text(errors="replace").split("\n==== ")[-1].splitlines()
+    started = next(_klog_seconds(line) for line in lines if "Starting device plugin registration server" in line)
+    asked = next(_klog_seconds(line) for line in lines
+                 if "Got registration request from device plugin" in line and f'resourceName="{resource}"' in line)
+    return asked - started
+
+
 def settle_after_kubelet_restart(core: Any, node: str, since: float) -> None:
     """Wait until the restarted kubelet has the API server's pods again.
 
@@ -249,7 +265,11 @@ def test_kubelet_restart_keeps_pods_and_the_agent_reregisters(core: Any, pod_nam
              timeout=30, interval=0.05)
     reregistered = time.monotonic() - restarted
     print(f"the agent registered again {reregistered:.3f} s after the restarted kubelet answered /healthz")
-    assert reregistered < 1, f"re-registered {reregistered:.2f} s after the kubelet was healthy again"
+    # kubelet 1.34 answers /healthz up to ~1.6 s before its device-plugin registration server exists (its container
+    # manager starts later): the agent's own latency is from that server's start, in kubelet's log.
+    served = registration_latency(local.lane_log("kubelet"), book)
+    print(f"kubelet's registration server up -> the agent's Register: {served:.3f} s")
+    assert served < 1, f"re-registered {served:.2f} s after kubelet's registration server started"
     settle_after_kubelet_restart(core, node, since)
     want = str(exp.allocatable[book])
     wait_for(f"allocatable {book} to be {want} again",
