@@ -61,13 +61,19 @@ kind-test: $(STAMP) cluster-build
 
 ## A real single-node cluster on this machine (docs/contributing/lanes/real-cluster.md; as root). Binaries built from
 ## the Go module proxy, pinned in devkit/cluster/go/*/go.sum, cached outside the work tree (CLUSTER_CACHE).
+## RUNTIME=crio: CRI-O 1.34 with Kubernetes 1.34 on the node instead of containerd 2.4 with Kubernetes 1.37 (SKEW=1:
+## the containerd set's control plane beside CRI-O's kubelet 1.34); cluster-down cleans up whichever runtime is up.
+RUNTIME ?= containerd
+export RUNTIME
 CLUSTER := $(BIN)/python -m topology_devkit.realcluster
 cluster-build:
-	@t0=$$(date +%s); devkit/cluster/build.sh >/dev/null && echo "cluster-build: done in $$(( $$(date +%s) - t0 )) s"
+	@t0=$$(date +%s); devkit/cluster/build.sh $(RUNTIME) >/dev/null && \
+	  echo "cluster-build ($(RUNTIME)): done in $$(( $$(date +%s) - t0 )) s"
+	@if [ "$(SKEW)" = 1 ]; then devkit/cluster/build.sh containerd >/dev/null; fi
 
-## Start etcd, the control plane, containerd and the kubelet on loopback; waits for the Node to be Ready.
+## Start etcd, the control plane, the runtime (RUNTIME) and the kubelet on loopback; waits for the Node to be Ready.
 cluster-up: $(STAMP) cluster-build
-	$(CLUSTER) up
+	$(CLUSTER) up --runtime $(RUNTIME)
 
 cluster-down: $(STAMP)
 	$(CLUSTER) down

@@ -17,6 +17,7 @@ from agent.dra.health_service import HealthService
 from agent.dra.kubelet_plugin import KubeletPlugin
 from agent.dra.prepare import ClaimPreparer, checkpoint_path
 from agent.dra.publisher import DraApi, SlicePublisher
+from agent.dra.served import ServedApi, check_served
 from agent.errors import NodeLabelerError, StartupError
 from agent.node.kubeapi import kube_api_from_environment
 from agent.node.resource_withdrawal import ExtendedResourcesClear
@@ -52,6 +53,8 @@ def build_dra_manager(config: AgentConfig, topology: Topology, grouping: Groupin
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     api = dra_api()
+    if isinstance(api, ServedApi):  # the agent's client always is (a test's stand-in for the API server may not be)
+        check_served(api)  # refuses an API server older than the slices the agent writes, in one line
     preparer = ClaimPreparer(driver=DRIVER, pool=settings.node_name, groups={g.id: g for g in grouping.groups},
                              allocation=config.allocation, read_claim=api.read_claim, cdi_dir=config.cdi_dir,
                              checkpoint=checkpoint_path(config.kubelet_dir), check=devices.claim_conflict)

@@ -3,7 +3,8 @@
 ``UpdateContainers``) and the re-check (every ``recheck`` seconds each known container's cpuset is read back over
 CRI, and one found on another cpuset than the agent knew is counted, said once and set again).
 
-Must hold: unsolicited updates only on runtimes whose NRI is v0.12.1 or later, sent without ``ignore_failure`` and,
+Must hold: unsolicited updates only on runtimes whose NRI is v0.12.1 or later (older ones, CRI-O 1.34 among them, get
+the same updates over their CRI socket, or the next event's reply without one), sent without ``ignore_failure`` and,
 when a batch fails, again one container at a time to learn which; only what the runtime confirms is remembered; a
 timed-out update leaves its container in doubt (every reply sends it again) until the runtime says which cpuset it
 has. Why, with containerd's and NRI's code: docs/contributing/design/cpuset-enforcement.md."""
@@ -86,10 +87,10 @@ class Upkeep(Worker):
                 if self.verifier is not None and time.monotonic() >= check_at:
                     check_at = time.monotonic() + self.recheck_interval
                     self.recheck()
-                if not plugin.unsolicited_safe:
+                if not plugin.unsolicited_safe and self.verifier is None:
                     retry_at = float("inf")  # the next event's reply carries them
                     continue
-                if self.push():
+                if self.push() if plugin.unsolicited_safe else self.push_over_cri():
                     backoff.reset()
                     retry_at = float("inf")
                 else:
@@ -112,6 +113,29 @@ class Upkeep(Worker):
         except (TrunkClosed, CallTimeout, RuntimeError) as exc:
             self._lost(updates, str(exc))
             return False
+        return self._settle(updates, failed)
+
+    def push_over_cri(self) -> bool:
+        """The same, over the runtime's CRI socket (an NRI too old for unsolicited updates); True when every update
+        was applied. A container the runtime refuses (gone meanwhile) fails alone; a runtime that is down leaves the
+        rest in doubt."""
+        assert self.verifier is not None
+        updates = self.enforcement.wanted()
+        if not updates:
+            return True
+        failed: set[str] = set()
+        try:
+            for i, update in enumerate(updates):
+                try:
+                    self.verifier.update_cpuset(update.container, update.cpus, update.mems)
+                except CriError as exc:
+                    if exc.code in RUNTIME_DOWN or exc.code == "DEADLINE_EXCEEDED":  # down, or it may apply it later
+                        self._settle(updates[:i], failed)
+                        self._lost(updates[i:], str(exc))
+                        return False
+                    failed.add(update.container)
+        finally:
+            self.verifier.close()  # no connection kept open between pushes
         return self._settle(updates, failed)
 
     def _one_by_one(self, updates: list[Update]) -> bool:

@@ -193,6 +193,23 @@ class KubeApi:
     def node_uid(self, node: str) -> str:
         return str(self._object("GET", _node_path(node), None, DRA_TIMEOUT, "Node")["metadata"]["uid"])
 
+    def served_versions(self, group: str) -> list[str] | None:
+        """The versions of an API group the API server serves (discovery, ``GET /apis/<group>``), preferred first;
+        None when it serves no such group (404)."""
+        try:
+            document = self._object("GET", f"/apis/{quote(group, safe='.')}", None, DRA_TIMEOUT, "APIGroup")
+        except KubeApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        versions = [str(v.get("version")) for v in document.get("versions") or [] if isinstance(v, dict)]
+        preferred = str((document.get("preferredVersion") or {}).get("version") or "")
+        return sorted(versions, key=lambda v: v != preferred)
+
+    def server_version(self) -> JSON:
+        """The API server's ``/version`` (``gitVersion``, ``major``, ``minor``)."""
+        return self._object("GET", "/version", None, DRA_TIMEOUT, "version")
+
     def read_claim(self, namespace: str, name: str) -> JSON:
         return self._object("GET", f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace, safe='')}/resourceclaims/"
                             f"{quote(name, safe='')}", None, DRA_TIMEOUT, "ResourceClaim")

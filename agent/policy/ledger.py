@@ -75,6 +75,7 @@ class AllocationLedger:
     visibility_grace: float = 2.0  # a List begun this long after an Allocate must show it
     same_container_window: float = 0.5  # kubelet allocates one container's resources back to back
     listed: dict[DeviceKey, frozenset[Holder]] = field(default_factory=dict)
+    listed_at: float = float("-inf")  # when the List that ``listed`` is from was requested
     pending: dict[DeviceKey, float] = field(default_factory=dict)  # -> time of our Allocate
     last_allocate: dict[str, float] = field(default_factory=dict)  # resource -> time of its last Allocate
     restart_settle: float = 10.0  # after a kubelet restart, Lists release nothing for this long (at least)
@@ -135,6 +136,7 @@ class AllocationLedger:
                 listed.setdefault((row.resource, device), set()).add(holder)
                 with_ours.add((row.namespace, row.pod))
         self.listed = {k: frozenset(v) for k, v in listed.items()}
+        self.listed_at = started
         self.synced = True
         listed_pods = frozenset(pods)
         settling = self._settled(listed_pods, started)
@@ -209,11 +211,21 @@ class AllocationLedger:
 
     def containers(self) -> Mapping[DeviceKey, frozenset[Holder]]:
         """The containers known to hold each device: listed, and those listed before a kubelet restart
-        that has not settled yet (the same containers, most likely, still running)."""
+        that has not settled yet (the same containers, most likely, still running).
+
+        A device Allocated after the List that named its holder was requested has a new holder that no List
+        names yet: kubelet hands out only devices its active pods do not hold (``pkg/kubelet/cm/devicemanager``
+        ``UpdateAllocatedDevices`` frees a removed pod's before ``devicesToAllocate`` picks), so the listed one
+        is gone (a pod deleted at once, its container still being killed), and is not named as its holder any
+        more (the device stays held: pending). Else the new holder's annotations, naming CPUs "another
+        container" holds, would not be believed, and its container would start on the shared pool instead of
+        its book until the next List."""
+        stale = {key for key, at in self.pending.items() if at > self.listed_at}
+        current = {key: holders for key, holders in self.listed.items() if key not in stale}
         if self.restarted_at is None or not self.kept:
-            return self.listed
+            return current
         merged = dict(self.kept)
-        for key, holders in self.listed.items():
+        for key, holders in current.items():
             merged[key] = merged.get(key, frozenset()) | holders
         return merged
 

@@ -17,7 +17,14 @@
 # idle CPU), and waits for it before it ends, so that make e2e-vllm finds it there. Its output goes to $CLUSTER_DIR/logs/vllm-preload.log; a
 # failed preload fails nothing here (make e2e-vllm imports it again and says why).
 #
-# Environment: CLUSTER_DIR (.cluster), CLUSTER_CACHE, KEEP_CLUSTER=1 (leave a cluster this script started
+# RUNTIME=crio (make e2e RUNTIME=crio): the node runs CRI-O 1.34 with Kubernetes 1.34 (devkit/cluster/build.sh crio)
+# instead of containerd 2.4 with Kubernetes 1.37; the chart gets CRI-O's socket (devkit/cluster/e2e-values-crio.yaml),
+# the suite knows the runtime (TOPOLOGY_E2E_RUNTIME) and DRA mode's tests give way to its refusal on 1.34
+# (TOPOLOGY_E2E_DRA=0 unless SKEW=1: the containerd set's Kubernetes 1.37 control plane beside CRI-O's kubelet 1.34).
+# A cluster already up with the other runtime is an error (make cluster-down first).
+#
+# Environment: RUNTIME (containerd), SKEW, E2E_TESTS (the test files or ids to run; tests/e2e), CLUSTER_DIR (.cluster),
+# CLUSTER_CACHE, KEEP_CLUSTER=1 (leave a cluster this script started
 # running), PYTEST_ARGS (extra pytest arguments), HELM, E2E_SUITE (main or vllm), E2E_PRELOAD_VLLM,
 # SOAK_SECONDS, SOAK_SEED, SOAK_QUIET_PODS (8: the quiet run's book pods, for the pod start baseline).
 set -euo pipefail
@@ -46,19 +53,30 @@ if [ -z "${HELM:-}" ]; then
   elif command -v helm >/dev/null; then HELM=$(command -v helm)
   else HELM=$(tools/get-helm.sh); fi
 fi
-BIN=$(devkit/cluster/build.sh)
-export TOPOLOGY_E2E_KUBECTL=$BIN/kubectl
+RUNTIME=${RUNTIME:-containerd}
+SKEW=${SKEW:-0}
+case "$RUNTIME" in
+  containerd) RUNTIME_VALUES=(); DRA_DEFAULT=1 ;;
+  crio) RUNTIME_VALUES=(-f devkit/cluster/e2e-values-crio.yaml); DRA_DEFAULT=$([ "$SKEW" = 1 ] && echo 1 || echo 0) ;;
+  *) die "RUNTIME is containerd or crio, not '$RUNTIME'" ;;
+esac
+BIN=$(devkit/cluster/build.sh "$RUNTIME")
+CONTROL_BIN=$BIN
+[ "$SKEW" = 1 ] && CONTROL_BIN=$(devkit/cluster/build.sh containerd)
+export TOPOLOGY_E2E_KUBECTL=$CONTROL_BIN/kubectl
 KUBECONFIG=$CLUSTER_DIR/kubeconfig
 export KUBECONFIG
-kubectl() { "$BIN/kubectl" "$@"; }
+kubectl() { "$CONTROL_BIN/kubectl" "$@"; }
 
 started=0
 preload_pid=
 if ! "$PYTHON" -m topology_devkit.realcluster status >/dev/null 2>&1; then
-  echo "==> cluster-up (after cleaning what an earlier cluster may have left on the host)"
+  echo "==> cluster-up with $RUNTIME (after cleaning what an earlier cluster may have left on the host)"
   "$PYTHON" -m topology_devkit.realcluster down >/dev/null
-  "$PYTHON" -m topology_devkit.realcluster up
+  "$PYTHON" -m topology_devkit.realcluster up --runtime "$RUNTIME"
   started=1
+elif [ "$(cut -d' ' -f1 "$CLUSTER_DIR/runtime" 2>/dev/null)" != "$RUNTIME" ]; then
+  die "the cluster that is up runs $(cut -d' ' -f1 "$CLUSTER_DIR/runtime" 2>/dev/null || echo '?'), not $RUNTIME: make cluster-down first"
 else
   echo "==> cluster already up; importing the images again"
   "$PYTHON" -m topology_devkit.realcluster images
@@ -86,15 +104,14 @@ kubectl label namespace "$NAMESPACE" pod-security.kubernetes.io/enforce=privileg
 
 echo "==> helm upgrade --install $RELEASE (fake topology: one book per CPU of this machine)"
 "$HELM" upgrade --install "$RELEASE" deploy/helm/s390x-topology-agent --namespace "$NAMESPACE" \
-  -f devkit/cluster/e2e-values.yaml --set-file "fakeTopology.snapshots.default\.json=$SNAPSHOTS/default.json" \
-  --wait --timeout 180s
+  -f devkit/cluster/e2e-values.yaml "${RUNTIME_VALUES[@]}" \
+  --set-file "fakeTopology.snapshots.default\.json=$SNAPSHOTS/default.json" --wait --timeout 180s
 
 if [ "$SUITE" = main ] && [ "$WHAT" = test ] && [ "${E2E_PRELOAD_VLLM:-0}" = 1 ]; then
   vllm_archive=$("$PYTHON" -m topology_devkit.vllm.image key | cut -f2)
   if [ -f "$vllm_archive" ]; then
-    echo "==> the vLLM image into containerd in the background, for make e2e-vllm ($CLUSTER_DIR/logs/vllm-preload.log)"
-    "$PYTHON" -m topology_devkit.vllm.image import --ctr "$BIN/ctr" \
-      >"$CLUSTER_DIR/logs/vllm-preload.log" 2>&1 &
+    echo "==> the vLLM image into $RUNTIME in the background, for make e2e-vllm ($CLUSTER_DIR/logs/vllm-preload.log)"
+    "$PYTHON" -m topology_devkit.realcluster vllm-image >"$CLUSTER_DIR/logs/vllm-preload.log" 2>&1 &
     preload_pid=$!
     preload_t=$SECONDS
   else  # a build (about 10 minutes of both CPUs) would load the suite: make e2e-vllm builds it after
@@ -103,10 +120,10 @@ if [ "$SUITE" = main ] && [ "$WHAT" = test ] && [ "${E2E_PRELOAD_VLLM:-0}" = 1 ]
 fi
 
 if [ "$SUITE" = vllm ]; then
-  echo "==> the vLLM image into containerd (built once per pins, then cached)"
+  echo "==> the vLLM image into $RUNTIME (built once per pins, then cached)"
   t=$SECONDS
-  "$PYTHON" -m topology_devkit.vllm.image import --ctr "$BIN/ctr"
-  echo "e2e: vLLM image ready in containerd after $((SECONDS - t)) s"
+  "$PYTHON" -m topology_devkit.realcluster vllm-image
+  echo "e2e: vLLM image ready in $RUNTIME after $((SECONDS - t)) s"
 fi
 
 if [ "$WHAT" = soak ]; then
@@ -123,9 +140,10 @@ echo "==> pytest -m '$MARKS' tests/e2e (REQUIRE_E2E=1)"
 export TOPOLOGY_E2E_KUBECONFIG=$KUBECONFIG TOPOLOGY_E2E_LANE=local TOPOLOGY_E2E_NAMESPACE=$NAMESPACE \
        TOPOLOGY_E2E_RELEASE=$RELEASE TOPOLOGY_E2E_IMAGE=$IMAGE TOPOLOGY_E2E_WORKLOAD_IMAGE=$WORKLOAD \
        TOPOLOGY_E2E_SNAPSHOTS=$SNAPSHOTS TOPOLOGY_E2E_HELM=$HELM REQUIRE_E2E=1 \
-       TOPOLOGY_E2E_DRA=${TOPOLOGY_E2E_DRA:-1} TOPOLOGY_E2E_VLLM_IMAGE=localhost/topology-e2e-vllm:0.32.0
-# shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
-"$PYTHON" -m pytest -m "$MARKS" tests/e2e -v -rA --durations=12 -p no:cacheprovider ${PYTEST_ARGS:-}
+       TOPOLOGY_E2E_DRA=${TOPOLOGY_E2E_DRA:-$DRA_DEFAULT} TOPOLOGY_E2E_VLLM_IMAGE=localhost/topology-e2e-vllm:0.32.0 \
+       TOPOLOGY_E2E_RUNTIME=$RUNTIME
+# shellcheck disable=SC2086  # E2E_TESTS and PYTEST_ARGS are lists of words
+"$PYTHON" -m pytest -m "$MARKS" ${E2E_TESTS:-tests/e2e} -v -rA --durations=12 -p no:cacheprovider ${PYTEST_ARGS:-}
 if [ -n "$preload_pid" ]; then
   preload_rc=0
   wait "$preload_pid" || preload_rc=$?
@@ -137,4 +155,4 @@ if [ -n "$preload_pid" ]; then
     tail -n 5 "$CLUSTER_DIR/logs/vllm-preload.log" >&2 || true
   fi
 fi
-echo "e2e ($SUITE): passed in $((SECONDS - T0)) s"
+echo "e2e ($SUITE, $RUNTIME): passed in $((SECONDS - T0)) s"

@@ -17,7 +17,8 @@ is given), TOPOLOGY_E2E_NAMESPACE (topology-system), TOPOLOGY_E2E_RELEASE (topol
 (the agent's image, s390x-topology-agent:e2e), TOPOLOGY_E2E_WORKLOAD_IMAGE (the test pods' image, default the
 agent's), TOPOLOGY_E2E_SNAPSHOTS (the snapshot dir the lane installed; regenerated for kind when unset),
 TOPOLOGY_E2E_VALUES (the values file the kind lane installed the release with: the suite may then upgrade it as
-on the local lane), TOPOLOGY_E2E_ENGINE (the kind nodes' engine, docker or podman; docker by default).
+on the local lane), TOPOLOGY_E2E_ENGINE (the kind nodes' engine, docker or podman; docker by default),
+TOPOLOGY_E2E_RUNTIME (the local lane's node runtime: containerd, or crio with ``make e2e RUNTIME=crio``).
 REQUIRE_E2E=1 (or REQUIRE_KIND=1) turns every skip reason into a failure: a lane that provisions a cluster
 must not pass by skipping.
 """
@@ -33,7 +34,8 @@ from typing import Any
 import pytest
 
 from tests.support.e2e.cluster import DEFAULT_CLUSTER, HOW, WORKER_LABEL, E2EEnv, probe, probe_kubeconfig
-from tests.support.e2e.kube import delete_pods
+from tests.support.e2e.kube import delete_pods, wait_for
+from tests.support.e2e.node import agent_pod, metric, metrics
 
 
 def _require() -> bool:
@@ -72,6 +74,7 @@ def e2e_env(tmp_path_factory: pytest.TempPathFactory) -> E2EEnv:
         image=image,
         workload_image=os.environ.get("TOPOLOGY_E2E_WORKLOAD_IMAGE", image),
         snapshots=snapshot_dir,
+        runtime=os.environ.get("TOPOLOGY_E2E_RUNTIME") or "containerd",
     )
 
 
@@ -165,3 +168,26 @@ def pods(core: Any, pod_namespace: str, e2e_env: E2EEnv, node: str) -> Iterator[
 
     yield _make
     delete_pods(core, pod_namespace, created)
+
+
+@pytest.fixture(scope="module")
+def nri(core: Any, local: E2EEnv, node: str) -> Iterator[E2EEnv]:
+    """The release in ``cpusetEnforcement: nri`` with the shared pool for the module; put back after it."""
+    local.helm_upgrade("--set", "cpusetEnforcement=nri", "--set", "sharedPool=true")
+    try:
+        agent = agent_pod(core, local, node)
+        wait_for("the agent to enforce through NRI", lambda: metric(
+            metrics(agent_pod(core, local, node)), "topology_agent_cpuset_enforcement_mode", {"mode": "nri"}) == 1,
+            timeout=60, interval=0.5)
+        assert agent
+        yield local
+    finally:
+        local.helm_upgrade()
+
+
+@pytest.fixture()
+def made(core: Any, pod_namespace: str) -> Iterator[list[str]]:
+    """The names of the pods a test made, deleted after it."""
+    names: list[str] = []
+    yield names
+    delete_pods(core, pod_namespace, names)

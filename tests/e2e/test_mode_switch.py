@@ -7,9 +7,9 @@ through DRA only). Across
 each switch, the holds of the other mode count: a book a device-plugin pod holds is tainted in the DRA slices (a
 claim for the socket inside it stays Pending), a book a DRA claim holds is not handed out by the device plugin. After
 each switch, every real container that holds a group is read from ``/proc/<pid>/status`` on the node (its PID from
-containerd's CRI): no CPU is pinned to two holders.
+the runtime's CRI): no CPU is pinned to two holders.
 
-The local lane only (the node is this machine; containerd's CRI socket is at its lane path); off unless
+The local lane only (the node is this machine; its runtime's CRI socket is at its lane path); off unless
 ``TOPOLOGY_E2E_DRA=1`` like the other DRA tests (``make e2e`` sets it). The node's fake topology is one single-threaded
 book (with one socket) per real CPU: two books. The module leaves the release in device-plugin mode.
 """
@@ -38,7 +38,6 @@ pytestmark = [
 ]
 
 NS = "topology-e2e-pods"
-CONTAINERD = Path("/run/containerd/containerd.sock")  # the lane's (devkit/topology_devkit/realcluster/layout.py)
 BOOK = "topology/book"
 
 
@@ -73,10 +72,11 @@ def running_after(env: E2EEnv, name: str, timeout: float = 120) -> None:
     wait_kubectl(f"pod {name} Running (never Failed)", check, timeout=timeout, every=0.5)
 
 
-def holders() -> dict[str, tuple[str, frozenset[int], frozenset[int]]]:
-    """Every running container of the test pods that holds a group, read on the node: pod -> (its groups, the CPUs
-    its environment names, its ``Cpus_allowed_list`` from ``/proc/<pid>/status``)."""
-    cri = CriClient(CONTAINERD)
+def holders(socket: Path) -> dict[str, tuple[str, frozenset[int], frozenset[int]]]:
+    """Every running container of the test pods that holds a group, read on the node through the runtime's CRI at
+    ``socket``: pod -> (its groups, the CPUs its environment names, its ``Cpus_allowed_list`` from
+    ``/proc/<pid>/status``)."""
+    cri = CriClient(socket)
     try:
         found = {}
         for info in cri.list_containers({POD_NAMESPACE: NS}):
@@ -100,11 +100,11 @@ def holders() -> dict[str, tuple[str, frozenset[int], frozenset[int]]]:
         cri.close()
 
 
-def no_cpu_pinned_to_two_holders(expected: set[str]) -> dict[str, str]:
+def no_cpu_pinned_to_two_holders(expected: set[str], socket: Path) -> dict[str, str]:
     """Wait until the ``expected`` pods' containers run on their groups' CPUs alone, then check that no CPU is in two
     holders' cpusets; their groups by pod."""
     def pinned() -> dict[str, tuple[str, frozenset[int], frozenset[int]]] | None:
-        now = holders()
+        now = holders(socket)
         ok = expected <= set(now) and all(cpus == allowed for _, cpus, allowed in now.values())
         return now if ok else None
 
@@ -118,8 +118,8 @@ def no_cpu_pinned_to_two_holders(expected: set[str]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def lane(local: E2EEnv, node: str, pod_namespace: str) -> Iterator[E2EEnv]:
-    if not CONTAINERD.exists():
-        pytest.skip(f"no containerd CRI socket at {CONTAINERD}: not the local lane's node")
+    if not local.cri_socket.exists():
+        pytest.skip(f"no {local.runtime} CRI socket at {local.cri_socket}: not the local lane's node")
     try:
         yield local
     finally:
@@ -134,7 +134,7 @@ def test_deviceplugin_to_dra_and_back_with_a_pod_running_through_both(lane: E2EE
     # Device-plugin mode (the lane's install): a pod on a book.
     apply(env, book_pod(env, "through-both"))
     running_after(env, "through-both")
-    held = no_cpu_pinned_to_two_holders({"through-both"})["through-both"]
+    held = no_cpu_pinned_to_two_holders({"through-both"}, lane.cri_socket)["through-both"]
 
     # helm upgrade --set mode=dra, and a pod asking for a book the moment it returns.
     t0 = time.monotonic()
@@ -142,7 +142,7 @@ def test_deviceplugin_to_dra_and_back_with_a_pod_running_through_both(lane: E2EE
     apply(env, book_pod(env, "after-dra"))
     print(f"helm upgrade --set mode=dra returned after {time.monotonic() - t0:.1f} s; after-dra created")
     running_after(env, "after-dra")
-    groups = no_cpu_pinned_to_two_holders({"through-both", "after-dra"})
+    groups = no_cpu_pinned_to_two_holders({"through-both", "after-dra"}, lane.cri_socket)
     assert groups["through-both"] == held and groups["after-dra"] != held
     status = kjson(env, "-n", NS, "get", "pod", "after-dra")["status"]
     assert status.get("extendedResourceClaimStatus"), status  # served through DRA, not the device plugin
@@ -172,7 +172,7 @@ def test_deviceplugin_to_dra_and_back_with_a_pod_running_through_both(lane: E2EE
     env.helm_upgrade()
     apply(env, book_pod(env, "after-dp"))
     print(f"helm upgrade --set mode=deviceplugin returned after {time.monotonic() - t0:.1f} s; after-dp created")
-    groups = no_cpu_pinned_to_two_holders({"through-both", "after-dra"})
+    groups = no_cpu_pinned_to_two_holders({"through-both", "after-dra"}, lane.cri_socket)
     assert groups["through-both"] == held
     assert never_failed(env, "after-dp", 25) == "Pending"  # beyond kubelet's status sync (10 s)
     claimed = groups["after-dra"]
@@ -182,5 +182,5 @@ def test_deviceplugin_to_dra_and_back_with_a_pod_running_through_both(lane: E2EE
     # the waiting pod gets its book.
     env.kubectl("-n", NS, "delete", "pod", "after-dra", "--grace-period=0", "--force", "--wait=true", timeout=120)
     running_after(env, "after-dp")
-    groups = no_cpu_pinned_to_two_holders({"through-both", "after-dp"})
+    groups = no_cpu_pinned_to_two_holders({"through-both", "after-dp"}, lane.cri_socket)
     assert groups["after-dp"] == claimed and groups["through-both"] == held

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.snapshots import Expected
-from tests.support.e2e.cluster import E2EEnv
+from tests.support.e2e.cluster import RUNTIME_VALUES, E2EEnv
 from tests.support.e2e.kube import wait_for
 from tests.support.e2e.node import AGENT_PREFIX, KUBELET_ROOT, agent_pod, book_pods_running, http_get
 from tests.support.env import REPO
@@ -41,9 +41,9 @@ def helm(env: E2EEnv, *args: str, timeout: float = 330) -> subprocess.CompletedP
 
 
 def install_as_the_lane_does(env: E2EEnv) -> None:
-    """devkit/cluster/e2e.sh's install command, word for word."""
+    """devkit/cluster/e2e.sh's install command, word for word (with the runtime's values: CRI-O's socket)."""
     values = REPO / "devkit" / "cluster" / "e2e-values.yaml"
-    helm(env, "upgrade", "--install", env.release, str(CHART), "-f", str(values),
+    helm(env, "upgrade", "--install", env.release, str(CHART), "-f", str(values), *RUNTIME_VALUES[env.runtime],
          "--set-file", f"fakeTopology.snapshots.default\\.json={env.snapshots / 'default.json'}",
          "--wait", "--timeout", "180s")
 

@@ -29,6 +29,7 @@ from tests.support.e2e.node import (
     pinned_to,
     pod_resources,
     proc_status,
+    registration_latency,
     running_env,
     settle_after_kubelet_restart,
 )
@@ -108,7 +109,11 @@ def test_kubelet_restart_keeps_pods_and_the_agent_reregisters(core: Any, pod_nam
              timeout=30, interval=0.05)
     reregistered = time.monotonic() - restarted
     print(f"the agent registered again {reregistered:.3f} s after the restarted kubelet answered /healthz")
-    assert reregistered < 1, f"re-registered {reregistered:.2f} s after the kubelet was healthy again"
+    # kubelet 1.34 answers /healthz up to ~1.6 s before its device-plugin registration server exists (its container
+    # manager starts later): the agent's own latency is from that server's start, in kubelet's log.
+    served = registration_latency(local.lane_log("kubelet"), book)
+    print(f"kubelet's registration server up -> the agent's Register: {served:.3f} s")
+    assert served < 1, f"re-registered {served:.2f} s after kubelet's registration server started"
     settle_after_kubelet_restart(core, node, since)
     want = str(exp.allocatable[book])
     wait_for(f"allocatable {book} to be {want} again",

@@ -7,7 +7,12 @@ from typing import Any
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
 from agent.cri.client import ContainerInfo, ContainerStatusInfo
+from agent.devices.table import NodeDevices
+from agent.enforce.nri_hooks import NriEnforcement
 from agent.errors import CriError
+from agent.plugin.servicer import render as render_wire
+from agent.policy.allocation import AllocationSettings
+from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology.model import Cpu, Machine, Topology
 from tests.support.env import BOOK
 
@@ -82,3 +87,35 @@ def container(cid: str, name: str, annotations: dict[str, str] | None = None, cp
     if mems:
         c.linux.resources.cpu.mems = mems
     return c
+
+
+def three_books() -> Topology:
+    machine = Machine(arch="s390x", machine_type="3931", environment="lpar", topology_facility=True,
+                      dispatching="horizontal", smt_threads=1)
+    return Topology(machine=machine, cpus=tuple(
+        Cpu(cpu=n, core=n, socket=n, book=n, drawer=0, siblings=(n,), polarization="horizontal") for n in (0, 1, 2)))
+
+
+def setup3(shared_pool: bool = True, online: frozenset[int] = frozenset({0, 1, 2}),
+           **kw: Any) -> tuple[NriEnforcement, Any, list[tuple[str, str]]]:
+    """NRI enforcement on three one-CPU books (the grouping, and the notices it gave); ``set_online`` changes the
+    online CPUs it sees."""
+    settings = GroupingSettings(levels=("book",))
+    grouping = group_topology(three_books(), settings)
+    devices = NodeDevices(grouping, settings, AllocationSettings(), render_wire)
+    groups = {(g.resource, g.id): g for g in grouping.groups}
+    notices: list[tuple[str, str]] = []
+    current = [online]
+    enforcement = NriEnforcement(devices, groups, DOMAIN, online=lambda: current[0], reserved=frozenset(),
+                                 shared_pool=shared_pool, cpu_manager_policy=lambda: None,
+                                 socket_path=short_tmpdir_path() / "absent.sock",
+                                 notify=lambda reason, message: notices.append((reason, message)), **kw)
+    enforcement.set_online = lambda cpus: current.__setitem__(0, cpus)  # type: ignore[attr-defined]
+    return enforcement, grouping, notices
+
+
+def short_tmpdir_path() -> Any:
+    """A short temporary folder for sockets (imported late: the harness needs grpc, these tests do not)."""
+    from tests.support.harness import short_tmpdir
+
+    return short_tmpdir()

@@ -1,25 +1,30 @@
 """``python -m topology_devkit.realcluster up|down|status|restart-kubelet|crash|restart`` (the Makefile's cluster-*
-targets; ``crash`` and ``restart`` of kubelet or containerd are the soak's faults, bench/cluster/soak)."""
+targets; ``crash`` and ``restart`` of kubelet or the runtime are the soak's faults, bench/cluster/soak).
+
+``up`` starts the node with the runtime ``RUNTIME`` names (containerd, the default, or crio; ``--runtime`` wins);
+every other command acts on the cluster that is up, whichever runtime it has."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .cluster import (
-    bin_dir,
     crash_component,
     down,
     dump_json,
     failure_details,
     format_status,
     import_images,
+    import_vllm,
     restart_component,
     restart_kubelet,
     status,
     up,
 )
-from .layout import Layout
+from .images import ImageError
+from .layout import RUNTIMES, Layout, requested_runtime
 from .procs import ClusterError
 
 
@@ -29,27 +34,42 @@ def main(argv: list[str] | None = None) -> int:
     p_up = sub.add_parser("up", help="start the cluster (idempotent) and wait for the Node to be Ready")
     p_up.add_argument("--cpu-manager-policy", default="none", choices=["none", "static"])
     p_up.add_argument("--no-images", action="store_true", help="do not build or import the images")
-    sub.add_parser("images", help="build the images (cached) and import them into the cluster's containerd")
+    p_up.add_argument("--runtime", choices=RUNTIMES, default=None, help="the node's runtime (default: $RUNTIME, else "
+                      "containerd)")
+    p_up.add_argument("--skew", action="store_true", default=os.environ.get("SKEW") == "1",
+                      help="with crio: the containerd set's control plane (Kubernetes 1.37) beside CRI-O's kubelet "
+                           "1.34 (default: SKEW=1)")
+    sub.add_parser("images", help="build the images (cached) and import them into the cluster's runtime")
+    sub.add_parser("vllm-image", help="build the vLLM image (cached by its pins) and import it into the cluster's "
+                   "runtime unless it is there")
     sub.add_parser("down", help="stop everything and remove its state (keeps logs)")
     p_status = sub.add_parser("status", help="each component's pid, version and health")
     p_status.add_argument("--json", action="store_true")
     p_restart = sub.add_parser("restart-kubelet", help="stop the kubelet and start it again")
     p_restart.add_argument("--cpu-manager-policy", choices=["none", "static"])
     p_crash = sub.add_parser("crash", help="SIGKILL kubelet or containerd (a crash) and start it again")
-    p_crash.add_argument("component", choices=["kubelet", "containerd"])
-    p_restart_one = sub.add_parser("restart", help="stop kubelet or containerd (SIGTERM) and start it again")
-    p_restart_one.add_argument("component", choices=["kubelet", "containerd"])
+    p_crash.add_argument("component", choices=["kubelet", "runtime", *RUNTIMES])
+    p_restart_one = sub.add_parser("restart", help="stop kubelet or the runtime (SIGTERM) and start it again")
+    p_restart_one.add_argument("component", choices=["kubelet", "runtime", *RUNTIMES])
     args = parser.parse_args(argv)
     layout = Layout.from_env()
     try:
+        requested_runtime()
+    except ValueError as err:
+        print(f"{args.command}: {err}", file=sys.stderr)
+        return 2
+    try:
         if args.command == "up":
             try:
-                up(layout, args.cpu_manager_policy, images=not args.no_images)
+                up(layout, args.cpu_manager_policy, images=not args.no_images, runtime=args.runtime or None,
+                   skew=args.skew)
             except ClusterError:
                 print(failure_details(layout), file=sys.stderr)
                 raise
         elif args.command == "images":
-            import_images(bin_dir())
+            import_images(layout)
+        elif args.command == "vllm-image":
+            print(f"vllm-image: {import_vllm(layout)} in the cluster's {layout.runtime()}")
         elif args.command == "down":
             down(layout)
             print(f"cluster-down: stopped; logs kept in {layout.logs}")
@@ -65,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
             seconds = how(layout, args.component)
             print(f"{args.command}: {args.component} healthy again after {seconds:.1f} s")
     except ClusterError as err:
+        print(f"{args.command}: {err}", file=sys.stderr)
+        return 1
+    except ImageError as err:
         print(f"{args.command}: {err}", file=sys.stderr)
         return 1
     except OSError as err:  # a host state the lane did not expect: one line, never a traceback

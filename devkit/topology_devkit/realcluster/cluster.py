@@ -1,8 +1,9 @@
 """Start, stop and inspect a single-node cluster of upstream components on this machine, all on loopback.
 
 ``up`` makes the PKI and configs, starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler
-(the order and flags of kubernetes' ``hack/local-up-cluster.sh``), then containerd and the kubelet, imports
-the images (no registry) and waits until the Node is Ready. A component that does not come up ends ``up``
+(the order and flags of kubernetes' ``hack/local-up-cluster.sh``), then the node's runtime (containerd, or CRI-O
+with ``RUNTIME=crio``: :mod:`.crio`) and the kubelet, imports the images (no registry) and waits until the Node is
+Ready. A component that does not come up ends ``up``
 with its last log lines. ``down`` stops every process it started (by pid file), removes the pods' sandboxes
 through CRI (CNI cleans the network), the mounts, cgroups, bridge and state it left, and keeps the logs.
 """
@@ -18,17 +19,17 @@ import time
 import urllib.request
 from pathlib import Path
 
-from . import configs, pki
+from . import configs, crio, pki
 from .layout import (
     APISERVER_PORT,
     BRIDGE,
     BRIDGE_IP,
     CDI_DIR,
     CNI_STATE,
-    COMPONENTS,
     CONTAINER_LOGS,
     CONTAINERD_SOCKET,
     CONTAINERD_STATE,
+    CONTROL_PLANE,
     DRA_DRIVER,
     ETCD_CLIENT_PORT,
     ETCD_PEER_PORT,
@@ -43,21 +44,56 @@ from .layout import (
     SERVICE_CIDR,
     STATE_MODE,
     Layout,
+    components,
     node_name,
 )
 from .mounts import mounts_under, remove_tree, unmount
-from .procs import ClusterError, alive, crash, kill_and_wait, read_pid, run, running, start, stop, tail, wait_until
+from .procs import (
+    ClusterError,
+    alive,
+    crash,
+    kill_and_wait,
+    pids_of,
+    read_pid,
+    run,
+    running,
+    start,
+    stop,
+    tail,
+    wait_until,
+)
 
 BUILD = REPO / "devkit" / "cluster" / "build.sh"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def bin_dir() -> Path:
-    """The cached binaries of the current pins; ClusterError when `make cluster-build` has not run."""
-    folder = Path(run([str(BUILD), "--print"]).stdout.strip())
+def bin_dir(build_set: str = "containerd") -> Path:
+    """The cached binaries of the current pins of one set (build.sh's containerd or crio); ClusterError when
+    `make cluster-build` has not built them."""
+    folder = Path(run([str(BUILD), "--print", build_set]).stdout.strip())
     if not (folder / "build-info.json").exists():
-        raise ClusterError(f"the cluster binaries are not built ({folder} missing): run `make cluster-build`")
+        how = "make cluster-build" + ("" if build_set == "containerd" else f" RUNTIME={build_set}")
+        raise ClusterError(f"the cluster binaries are not built ({folder} missing): run `{how}`")
     return folder
+
+
+def node_bins(layout: Layout) -> Path:
+    """The node's binaries: the runtime's set (its kubelet, runtime, runc and CNI plugins)."""
+    return bin_dir(layout.runtime())
+
+
+def control_plane_bins(layout: Layout) -> Path:
+    """The control plane's binaries (etcd, API server, controller manager, scheduler, kubectl): the node's set, or
+    with ``SKEW=1`` the containerd set's newer Kubernetes beside the CRI-O set's older kubelet."""
+    return bin_dir("containerd") if layout.skewed() else node_bins(layout)
+
+
+def bins_of(layout: Layout, component: str) -> Path:
+    return control_plane_bins(layout) if component in CONTROL_PLANE else node_bins(layout)
+
+
+def runtime_socket(layout: Layout) -> Path:
+    return crio.CRIO_SOCKET if layout.runtime() == "crio" else CONTAINERD_SOCKET
 
 
 def _context(layout: Layout, client: str = "admin") -> ssl.SSLContext:
@@ -95,8 +131,8 @@ def health_urls(layout: Layout) -> dict[str, tuple[str, ssl.SSLContext | None]]:
 
 def kubectl(layout: Layout, *args: str, timeout: float = 60.0, check: bool = True,
             input_text: str | None = None) -> subprocess.CompletedProcess[str]:
-    return run([str(bin_dir() / "kubectl"), "--kubeconfig", str(layout.kubeconfig), *args], timeout=timeout,
-               check=check, input_text=input_text)
+    return run([str(control_plane_bins(layout) / "kubectl"), "--kubeconfig", str(layout.kubeconfig), *args],
+               timeout=timeout, check=check, input_text=input_text)
 
 
 # --- configs -------------------------------------------------------------------------------------------------
@@ -112,7 +148,10 @@ def _write_configs(layout: Layout, bins: Path, cpu_manager_policy: str) -> None:
     for component, client in (("controller-manager", "controller-manager"), ("scheduler", "scheduler"),
                               ("kubelet", "kubelet")):
         layout.component_kubeconfig(component).write_text(configs.kubeconfig(layout, component, client))
-    (layout.etc / "containerd.toml").write_text(configs.containerd_config(layout, bins))
+    if layout.runtime() == "crio":
+        crio.write_config(layout, bins)
+    else:
+        (layout.etc / "containerd.toml").write_text(configs.containerd_config(layout, bins))
     (layout.etc / "scheduler.yaml").write_text(configs.scheduler_config(layout))
     (layout.etc / "audit-policy.yaml").write_text(configs.audit_policy())
     write_kubelet_config(layout, cpu_manager_policy)
@@ -121,8 +160,18 @@ def _write_configs(layout: Layout, bins: Path, cpu_manager_policy: str) -> None:
     (layout.cni_conf / "10-topology-e2e.conflist").write_text(configs.cni_conflist())
 
 
+# A kubelet 1.34 under a 1.37 control plane (SKEW=1) takes part in DRA as 1.37's kubelet does with two alpha gates
+# of 1.34 on (pkg/features/kube_features.go at v1.34.2): DRAExtendedResource (kubelet prepares the claim the scheduler
+# made for a pod's topology/book: 1, pkg/kubelet/cm/dra/manager.go) and ResourceHealthStatus (a device's health in the
+# pod's status). The control plane's gates are 1.37's defaults.
+SKEWED_KUBELET_GATES = {"DRAExtendedResource": True, "ResourceHealthStatus": True}
+
+
 def write_kubelet_config(layout: Layout, cpu_manager_policy: str = "none") -> None:
-    text = configs.kubelet_config(layout, cpu_manager_policy)
+    text = configs.kubelet_config(layout, cpu_manager_policy, runtime_socket(layout))
+    if layout.skewed():
+        text += "featureGates:\n" + "".join(f"  {gate}: {'true' if on else 'false'}\n"
+                                             for gate, on in SKEWED_KUBELET_GATES.items())
     if cpu_manager_policy == "static":
         text += 'reservedSystemCPUs: "0"\n'  # the static policy needs a reservation
     (layout.etc / "kubelet.yaml").write_text(text)
@@ -177,6 +226,8 @@ def _argv(layout: Layout, bins: Path, component: str) -> list[str]:
                 "--bind-address=127.0.0.1", f"--secure-port={SCHEDULER_PORT}", "--v=1"]
     if component == "containerd":
         return [str(bins / "containerd"), "--config", str(layout.etc / "containerd.toml")]
+    if component == "crio":
+        return crio.argv(layout, bins)
     if component == "kubelet":
         return [str(bins / "kubelet"), f"--config={layout.etc / 'kubelet.yaml'}",
                 f"--kubeconfig={layout.component_kubeconfig('kubelet')}", f"--root-dir={KUBELET_ROOT}", "--v=2"]
@@ -184,8 +235,11 @@ def _argv(layout: Layout, bins: Path, component: str) -> list[str]:
 
 
 def _wait_healthy(layout: Layout, component: str, timeout: float = 90.0) -> None:
+    if component == "crio":
+        wait_until(f"CRI-O to answer on {crio.CRIO_SOCKET}", crio.answers, timeout, layout, component)
+        return
     if component == "containerd":
-        bins = bin_dir()
+        bins = node_bins(layout)
         wait_until("containerd to answer", lambda: run(
             [str(bins / "ctr"), "--address", str(CONTAINERD_SOCKET), "version"], timeout=5, check=False,
         ).returncode == 0, timeout, layout, component)
@@ -194,9 +248,10 @@ def _wait_healthy(layout: Layout, component: str, timeout: float = 90.0) -> None
     wait_until(f"{component} to be healthy at {url}", lambda: _ok(url, ctx), timeout, layout, component)
 
 
-def start_component(layout: Layout, component: str, bins: Path) -> None:
+def start_component(layout: Layout, component: str, bins: Path | None = None) -> None:
     if running(layout, component) is not None:
         return
+    bins = bins_of(layout, component) if bins is None else bins
     env = {"PATH": f"{bins}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"}
     start(layout, component, _argv(layout, bins, component), env)
     _wait_healthy(layout, component)
@@ -213,11 +268,40 @@ def wait_node_ready(layout: Layout, timeout: float = 120.0) -> None:
     wait_until(f"Node {node} to be Ready", ready, timeout, layout, "kubelet", step=0.5)
 
 
-def import_images(bins: Path) -> None:
+def import_images(layout: Layout) -> None:
+    """Build the three images (cached) and import them into the node's runtime."""
     from . import images
 
     archives = images.build_all(images.default_cache())
-    images.import_all(bins / "ctr", CONTAINERD_SOCKET, archives)
+    import_archives(layout, list(archives.items()))
+
+
+def import_archives(layout: Layout, archives: list[tuple[str, Path]]) -> list[str]:
+    """(name, OCI archive) pairs into the node's runtime: containerd's k8s.io namespace or CRI-O's storage."""
+    from . import images
+
+    bins = node_bins(layout)
+    if layout.runtime() == "crio":
+        with images.timed(f"import into CRI-O's storage: {', '.join(name for name, _ in archives)}"):
+            return crio.import_archives(bins, layout, archives)
+    return images.import_all(bins / "ctr", CONTAINERD_SOCKET, [path for _, path in archives])
+
+
+def import_vllm(layout: Layout) -> str:
+    """The lane's vLLM image (built once per pins by :mod:`topology_devkit.vllm.image`, cached) into the node's
+    runtime unless it is there; its name."""
+    from topology_devkit.vllm import image as vllm_image
+
+    from . import images
+
+    if layout.runtime() != "crio":
+        return vllm_image.import_vllm(node_bins(layout) / "ctr", CONTAINERD_SOCKET)
+    archive = vllm_image.build_vllm()
+    if vllm_image.VLLM_IMAGE in crio.listed_images():
+        images.say(f"{vllm_image.VLLM_IMAGE}: already in CRI-O's storage")
+        return vllm_image.VLLM_IMAGE
+    import_archives(layout, [(vllm_image.VLLM_IMAGE, archive)])
+    return vllm_image.VLLM_IMAGE
 
 
 def _probe_host() -> None:
@@ -252,21 +336,44 @@ def reachable_state_folder(folder: Path = CONTAINERD_STATE) -> str | None:
     return f"{folder} was {mode:04o} (made by an earlier run's shims?): set to {STATE_MODE:04o} as containerd makes it"
 
 
-def up(layout: Layout, cpu_manager_policy: str = "none", images: bool = True) -> None:
+def up(layout: Layout, cpu_manager_policy: str = "none", images: bool = True, runtime: str | None = None,
+       skew: bool = False) -> None:
+    """Start the cluster with ``runtime`` on the node (default: what ``RUNTIME`` says); ``skew``: the containerd
+    set's control plane beside the CRI-O set's kubelet. A cluster already up keeps its runtime."""
     _probe_host()
-    bins = bin_dir()
-    note = reachable_state_folder()
-    if note is not None:
-        print(f"cluster-up: {note}", flush=True)
-    for component in COMPONENTS:
+    up_now = [c for r in ("containerd", "crio") for c in (r, "kubelet") if running(layout, c) is not None]
+    if up_now and layout.runtime_file.exists():
+        if runtime is not None and runtime != layout.runtime():
+            raise ClusterError(f"a cluster with {layout.runtime()} is up: make cluster-down first")
+    else:
+        wanted = runtime or layout.runtime()
+        if wanted == "containerd" and skew:
+            raise ClusterError("SKEW=1 pairs the containerd set's control plane with CRI-O's older kubelet: "
+                               "RUNTIME=crio")
+        layout.root.mkdir(parents=True, exist_ok=True)
+        layout.runtime_file.write_text(f"{wanted}{' skew' if skew else ''}\n")
+    runtime = layout.runtime()
+    if runtime == "crio":
+        crio.probe_host()
+        note = crio.mount_hugetlb(layout)
+        if note is not None:
+            print(f"cluster-up: {note}", flush=True)
+    else:
+        note = reachable_state_folder()
+        if note is not None:
+            print(f"cluster-up: {note}", flush=True)
+    bins = node_bins(layout)
+    control_plane_bins(layout)  # built, or say how
+    order = components(runtime)
+    for component in order:
         if running(layout, component) is None and layout.pidfile(component).exists():
             layout.pidfile(component).unlink()
     t0 = time.monotonic()
     _write_configs(layout, bins, cpu_manager_policy)
-    for component in COMPONENTS:
+    for component in order:
         if component == "kubelet" and images:
-            import_images(bins)
-        start_component(layout, component, bins)
+            import_images(layout)
+        start_component(layout, component)
         print(f"cluster-up: {component} up after {time.monotonic() - t0:.1f} s", flush=True)
     wait_node_ready(layout)
     print(f"cluster-up: Node {node_name()} Ready after {time.monotonic() - t0:.1f} s", flush=True)
@@ -275,56 +382,70 @@ def up(layout: Layout, cpu_manager_policy: str = "none", images: bool = True) ->
 
 def restart_kubelet(layout: Layout, cpu_manager_policy: str | None = None) -> float:
     """Stop the kubelet (as an upgrade or a crash would) and start it again; seconds until healthy."""
-    bins = bin_dir()
     stop(layout, "kubelet")
     if cpu_manager_policy is not None:
         write_kubelet_config(layout, cpu_manager_policy)
         # kubelet refuses a checkpoint written by another policy; a policy change drains the node first.
         (KUBELET_ROOT / "cpu_manager_state").unlink(missing_ok=True)
     t0 = time.monotonic()
-    start_component(layout, "kubelet", bins)
+    start_component(layout, "kubelet")
     return time.monotonic() - t0
 
 
+def node_component(layout: Layout, component: str, what: str) -> str:
+    """``component`` when it is a node component of this cluster (kubelet or its runtime); ``runtime`` names the
+    runtime in use, whichever it is."""
+    runtime = layout.runtime()
+    if component == "runtime":
+        return runtime
+    if component not in ("kubelet", runtime):
+        raise ClusterError(f"{what}: {component} is not a node component of this cluster (kubelet or {runtime})")
+    return component
+
+
 def crash_component(layout: Layout, component: str) -> float:
-    """SIGKILL a node component (kubelet or containerd), as a crash would, and start it again; seconds until healthy.
-    containerd's shims outlive it (their containers keep running), as they do when containerd really crashes."""
-    if component not in ("kubelet", "containerd"):
-        raise ClusterError(f"crash: {component} is not a node component (kubelet or containerd)")
-    bins = bin_dir()
+    """SIGKILL a node component (kubelet or the runtime), as a crash would, and start it again; seconds until healthy.
+    containerd's shims and CRI-O's conmons outlive it (their containers keep running), as they do when the runtime
+    really crashes."""
+    component = node_component(layout, component, "crash")
     crash(layout, component)
     t0 = time.monotonic()
-    start_component(layout, component, bins)
+    start_component(layout, component)
     return time.monotonic() - t0
 
 
 def restart_component(layout: Layout, component: str) -> float:
     """Stop a node component (SIGTERM) and start it again; seconds until healthy."""
+    component = node_component(layout, component, "restart")
     if component == "kubelet":
         return restart_kubelet(layout)
-    if component != "containerd":
-        raise ClusterError(f"restart: {component} is not a node component (kubelet or containerd)")
-    bins = bin_dir()
     stop(layout, component)
     t0 = time.monotonic()
-    start_component(layout, component, bins)
+    start_component(layout, component)
     return time.monotonic() - t0
 
 
 # --- down ----------------------------------------------------------------------------------------------------
 
-def _remove_sandboxes() -> None:
-    """StopPodSandbox + RemovePodSandbox for every pod over CRI: containerd runs CNI DEL and removes netns."""
-    if not CONTAINERD_SOCKET.exists():
+def _remove_sandboxes(socket: Path) -> None:
+    """StopPodSandbox + RemovePodSandbox for every pod over CRI: the runtime runs CNI DEL and removes netns."""
+    if not socket.exists():
         return
     import grpc
 
     from agent._proto.runtime.v1 import api_pb2 as cri
     from agent._proto.runtime.v1 import api_pb2_grpc as cri_grpc
 
-    channel = grpc.insecure_channel(f"unix://{CONTAINERD_SOCKET}")
+    channel = grpc.insecure_channel(f"unix://{socket}")
     try:
         stub = cri_grpc.RuntimeServiceStub(channel)
+        # Containers first, at once (timeout 0: SIGKILL): a StopPodSandbox stops them with their stop timeout, and a
+        # shell or sleep as PID 1 ignores SIGTERM (CRI-O then waits its ctr_stop_timeout, 30 s, per container).
+        for container in stub.ListContainers(cri.ListContainersRequest(), timeout=10).containers:
+            try:
+                stub.StopContainer(cri.StopContainerRequest(container_id=container.id, timeout=0), timeout=30)
+            except grpc.RpcError as err:
+                print(f"cluster-down: StopContainer {container.id[:12]}: {err.code().name}", flush=True)
         sandboxes = stub.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=10).items
         for sandbox in sandboxes:
             for call, request in (("StopPodSandbox", cri.StopPodSandboxRequest(pod_sandbox_id=sandbox.id)),
@@ -334,23 +455,13 @@ def _remove_sandboxes() -> None:
                 except grpc.RpcError as err:
                     print(f"cluster-down: {call} {sandbox.id[:12]}: {err.code().name}", flush=True)
     except grpc.RpcError as err:
-        print(f"cluster-down: containerd did not list sandboxes: {err.code().name}", flush=True)
+        print(f"cluster-down: the runtime at {socket} did not list sandboxes: {err.code().name}", flush=True)
     finally:
         channel.close()
 
 
 def _own_shims() -> list[int]:
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmdline and cmdline[0].endswith(b"containerd-shim-runc-v2") and str(CONTAINERD_SOCKET).encode() in cmdline:
-            pids.append(int(proc.name))
-    return pids
+    return pids_of("containerd-shim-runc-v2", str(CONTAINERD_SOCKET))
 
 
 def _cgroup_trees() -> list[Path]:
@@ -399,18 +510,24 @@ def remove_cdi_specs(folder: Path = CDI_DIR, driver: str = DRA_DRIVER) -> list[s
 
 
 def down(layout: Layout) -> None:
+    """Stop whichever runtime is up (and anything either runtime left), then the control plane; remove the state."""
     stop(layout, "kubelet")
     if running(layout, "containerd") is not None:
-        _remove_sandboxes()
+        _remove_sandboxes(CONTAINERD_SOCKET)
+    if running(layout, "crio") is not None:
+        _remove_sandboxes(crio.CRIO_SOCKET)
     stop(layout, "containerd")
+    stop(layout, "crio", timeout=30)
     for pid in _own_shims():
         kill_and_wait(pid, 2.0)
+    crio.stop_monitors()
     _clean_cgroups()
-    for component in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+    for component in CONTROL_PLANE[::-1]:
         stop(layout, component)
     netns = Path("/var/run/netns")
-    state_paths = [KUBELET_ROOT, CONTAINERD_STATE, layout.containerd_root, layout.root, netns]
+    state_paths = [KUBELET_ROOT, CONTAINERD_STATE, layout.containerd_root, layout.root, netns, *crio.state_paths()]
     unmount(state_paths)
+    crio_left = crio.clean_host(layout)
     for entry in netns.glob("cni-*") if netns.is_dir() else []:
         entry.unlink(missing_ok=True)
     subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
@@ -421,7 +538,8 @@ def down(layout: Layout) -> None:
     for sock in (CONTAINERD_SOCKET, Path(f"{CONTAINERD_SOCKET}.ttrpc"), NRI_SOCKET):
         sock.unlink(missing_ok=True)
     layout.kubeconfig.unlink(missing_ok=True)
-    left = mounts_under(state_paths) + [str(t) for t in _cgroup_trees()]
+    layout.runtime_file.unlink(missing_ok=True)
+    left = mounts_under(state_paths) + crio_left + [str(t) for t in _cgroup_trees()]
     if left:
         raise ClusterError(f"cluster-down left behind: {', '.join(left)}")
 
@@ -438,13 +556,15 @@ def _version(bins: Path, component: str) -> str:
 
 
 def status(layout: Layout) -> list[dict[str, object]]:
-    bins = bin_dir()
     urls = health_urls(layout) if (layout.pki / "complete").exists() else {}
     rows: list[dict[str, object]] = []
-    for component in COMPONENTS:
+    for component in components(layout.runtime()):
+        bins = bins_of(layout, component)
         pid = read_pid(layout, component)
         up_ = pid is not None and alive(pid)
-        if component == "containerd":
+        if component == "crio":
+            healthy = up_ and crio.answers()
+        elif component == "containerd":
             healthy = up_ and run([str(bins / "ctr"), "--address", str(CONTAINERD_SOCKET), "version"],
                                   timeout=5, check=False).returncode == 0
         else:
@@ -463,7 +583,8 @@ def format_status(rows: list[dict[str, object]]) -> str:
 
 
 def failure_details(layout: Layout) -> str:
-    return "\n".join(f"--- {c}:\n{tail(layout.log(c), 5)}" for c in COMPONENTS if layout.log(c).exists())
+    return "\n".join(f"--- {c}:\n{tail(layout.log(c), 5)}" for c in components(layout.runtime())
+                     if layout.log(c).exists())
 
 
 def dump_json(rows: list[dict[str, object]]) -> str:

@@ -136,7 +136,10 @@ leaderElection:
 """
 
 
-def kubelet_config(layout: Layout, cpu_manager_policy: str = "none") -> str:
+def kubelet_config(layout: Layout, cpu_manager_policy: str = "none", runtime_socket: Path = CONTAINERD_SOCKET) -> str:
+    """kubelet's KubeletConfiguration; ``runtime_socket`` is the node runtime's CRI socket (containerd's or CRI-O's).
+    Every field is known to kubelet 1.34 as to 1.37 (``failCgroupV1`` exists since 1.31; its default became true in
+    1.35)."""
     pki = layout.pki
     return f"""apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -160,7 +163,7 @@ cgroupDriver: cgroupfs
 cgroupsPerQOS: true
 failCgroupV1: false
 failSwapOn: false
-containerRuntimeEndpoint: unix://{CONTAINERD_SOCKET}
+containerRuntimeEndpoint: unix://{runtime_socket}
 resolvConf: {layout.etc / "resolv.conf"}
 cpuManagerPolicy: {cpu_manager_policy}
 imageGCHighThresholdPercent: 100

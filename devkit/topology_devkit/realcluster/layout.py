@@ -17,7 +17,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 
 # Start order of hack/local-up-cluster.sh: etcd, apiserver, controller manager, scheduler; then the node.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd", "kubelet")
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+COMPONENTS = (*CONTROL_PLANE, "containerd", "kubelet")
+# The node's container runtime (make cluster-up RUNTIME=...): containerd 2.4 with Kubernetes 1.37, or CRI-O 1.34 with
+# Kubernetes 1.34 (devkit/cluster/build.sh's sets of the same names).
+RUNTIMES = ("containerd", "crio")
+
+
+def components(runtime: str) -> tuple[str, ...]:
+    """The lane's components in start order, with ``runtime`` as the node's container runtime."""
+    if runtime not in RUNTIMES:
+        raise ValueError(runtime)
+    return (*CONTROL_PLANE, runtime, "kubelet")
 
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
@@ -106,3 +117,36 @@ class Layout:
 
     def component_kubeconfig(self, component: str) -> Path:
         return self.etc / f"{component}.kubeconfig"
+
+    @property
+    def runtime_file(self) -> Path:
+        """The runtime the cluster was brought up with (``up`` writes it, ``down`` removes it)."""
+        return self.root / "runtime"
+
+    def runtime(self) -> str:
+        """The runtime of the cluster that is up (or was, until ``down``), else the one asked for in ``RUNTIME``
+        (containerd by default)."""
+        try:
+            recorded = self.runtime_file.read_text().split()
+        except OSError:
+            recorded = []
+        if recorded and recorded[0] in RUNTIMES:
+            return recorded[0]
+        return requested_runtime()
+
+    def skewed(self) -> bool:
+        """The control plane runs the containerd set's Kubernetes (1.37) beside the CRI-O set's kubelet (1.34):
+        recorded at ``up`` from ``SKEW=1``."""
+        try:
+            recorded = self.runtime_file.read_text().split()
+        except OSError:
+            return os.environ.get("SKEW") == "1"
+        return "skew" in recorded[1:]
+
+
+def requested_runtime() -> str:
+    """``RUNTIME`` (containerd when unset or empty); ValueError for another name."""
+    name = os.environ.get("RUNTIME") or "containerd"
+    if name not in RUNTIMES:
+        raise ValueError(f"RUNTIME is one of {', '.join(RUNTIMES)}, not {name!r}")
+    return name

@@ -25,6 +25,22 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def pids_of(program: str, argument: str) -> list[int]:
+    """The processes whose program's name ends with ``program`` and that have ``argument`` among their arguments
+    (a runtime's shims or monitors, told apart by a path of the lane's in their command line)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline and cmdline[0].endswith(program.encode()) and argument.encode() in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
 def read_pid(layout: Layout, component: str) -> int | None:
     try:
         return int(layout.pidfile(component).read_text().strip())

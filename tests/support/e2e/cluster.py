@@ -70,6 +70,12 @@ def probe_kubeconfig(kubeconfig: Path) -> str | None:
     return None
 
 
+# The local lane's CRI sockets by runtime (devkit/topology_devkit/realcluster: layout.py, crio.py) and the values the
+# release gets for each on top of devkit/cluster/e2e-values.yaml.
+CRI_SOCKETS = {"containerd": Path("/run/containerd/containerd.sock"), "crio": Path("/run/crio/crio.sock")}
+RUNTIME_VALUES = {"containerd": [], "crio": ["-f", str(REPO / "devkit" / "cluster" / "e2e-values-crio.yaml")]}
+
+
 @dataclass(frozen=True)
 class E2EEnv:
     lane: str  # local | kind | remote
@@ -82,6 +88,12 @@ class E2EEnv:
     workload_image: str
     snapshots: Path
     prefix: str = "topology"
+    runtime: str = "containerd"  # the node's container runtime (the local lane: containerd or crio)
+
+    @property
+    def cri_socket(self) -> Path:
+        """The node runtime's CRI socket (the local lane's node is this machine)."""
+        return CRI_SOCKETS[self.runtime]
 
     def node_shell(self, node: str, script: str, timeout: float = 30) -> str:
         """Run ``script`` with sh on ``node`` (here, or in the kind node's container) and return its stdout."""
@@ -112,9 +124,10 @@ class E2EEnv:
                                "--kubeconfig", str(self.kubeconfig)], check=True, timeout=timeout,
                               capture_output=True, text=True)
 
-    def helm_upgrade(self, *extra: str, install: bool = False) -> None:
+    def helm_upgrade(self, *extra: str, install: bool = False, wait: bool = True) -> None:
         """``helm upgrade`` (``--install``: also when the release is gone) the release with the lane's own values
-        plus ``extra`` (the local lane; the kind lane: the values file it installed with, TOPOLOGY_E2E_VALUES)."""
+        plus ``extra`` (the local lane; the kind lane: the values file it installed with, TOPOLOGY_E2E_VALUES);
+        ``wait=False``: return once the release is changed (an agent expected never to be ready)."""
         if not self.owns_install():
             pytest.skip(f"the {self.lane} lane's install is not this suite's to change")
         values = os.environ.get("TOPOLOGY_E2E_VALUES")
@@ -122,14 +135,16 @@ class E2EEnv:
             lane_values = ["-f", values]
         else:
             snapshot = self.snapshots / "default.json"
-            lane_values = ["-f", str(REPO / "devkit" / "cluster" / "e2e-values.yaml"),
+            lane_values = ["-f", str(REPO / "devkit" / "cluster" / "e2e-values.yaml"), *RUNTIME_VALUES[self.runtime],
                            "--set-file", f"fakeTopology.snapshots.default\\.json={snapshot}"]
         subprocess.run([os.environ.get("TOPOLOGY_E2E_HELM") or "helm", "upgrade", *(["--install"] if install else []),
                         self.release,
                         str(REPO / "deploy" / "helm" / "s390x-topology-agent"), "--namespace", self.namespace,
                         "--kubeconfig", str(self.kubeconfig), *lane_values, *extra,
-                        "--wait", "--timeout", "180s"], check=True, timeout=240, capture_output=True, text=True)
-        self.wait_for_rollout()
+                        *(["--wait", "--timeout", "180s"] if wait else [])], check=True, timeout=240,
+                       capture_output=True, text=True)
+        if wait:
+            self.wait_for_rollout()
 
     def wait_for_rollout(self) -> None:
         """Until every node runs a ready agent of the release's current revision. helm's --wait does not wait for
@@ -139,6 +154,18 @@ class E2EEnv:
         for daemonset in self.kubectl("-n", self.namespace, "get", "daemonset", "-o", "name", "-l",
                                       f"app.kubernetes.io/instance={self.release}").stdout.split():
             self.kubectl("-n", self.namespace, "rollout", "status", daemonset, "--timeout=180s", timeout=200)
+
+    def lane_log(self, component: str) -> Path:
+        """A component's log on the local lane (devkit/topology_devkit/realcluster/layout.py: CLUSTER_DIR/logs)."""
+        return Path(os.environ.get("CLUSTER_DIR") or REPO / ".cluster") / "logs" / f"{component}.log"
+
+    def restart_runtime(self, crash: bool = False) -> None:
+        """Stop the node's container runtime (SIGTERM; ``crash``: SIGKILL) and start it again (the local lane)."""
+        if self.lane != "local":
+            pytest.skip(f"the {self.lane} lane cannot restart the node's runtime")
+        how = "crash" if crash else "restart"
+        subprocess.run([sys.executable, "-m", "topology_devkit.realcluster", how, "runtime"], check=True, timeout=180,
+                       cwd=REPO, env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'devkit'}"})
 
     def restart_kubelet(self, node: str, cpu_manager_policy: str | None = None) -> None:
         if self.lane == "local":

@@ -109,6 +109,22 @@ def pinned_to(env: E2EEnv, namespace: str, pod: str, cpus: str | None) -> Callab
     return check
 
 
+def _klog_seconds(line: str) -> float:
+    """Seconds of the day of a klog line (``I1204 23:10:57.568356 ...``)."""
+    hours, minutes, seconds = line.split()[1].split(":")
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+def registration_latency(log: Path, resource: str) -> float:
+    """In the last start of kubelet in ``log``: seconds from its device-plugin registration server's start to the
+    registration request for ``resource`` (kubelet's ``server.go`` lines)."""
+    lines = log.read_text(errors="replace").split("\n==== ")[-1].splitlines()
+    started = next(_klog_seconds(line) for line in lines if "Starting device plugin registration server" in line)
+    asked = next(_klog_seconds(line) for line in lines
+                 if "Got registration request from device plugin" in line and f'resourceName="{resource}"' in line)
+    return asked - started
+
+
 def settle_after_kubelet_restart(core: Any, node: str, since: float) -> None:
     """Wait until the restarted kubelet has the API server's pods again.
 

@@ -26,8 +26,7 @@ from agent.policy.cpuset import RunningContainer
 from agent.policy.creation_cpuset import plan_creation
 from agent.policy.enforcement_choice import enforcement_mode
 from agent.policy.grouping import GroupingSettings, group_topology
-from agent.topology.model import Cpu, Machine, Topology
-from tests.support.enforcement import DOMAIN, annotated, container, pod, two_books
+from tests.support.enforcement import DOMAIN, annotated, container, pod, setup3, short_tmpdir_path, two_books
 
 
 def setup(shared_pool: bool = False, policy: str | None = None) -> tuple[NriEnforcement, Any]:
@@ -300,35 +299,6 @@ def test_build_agent_in_dra_mode_hands_the_nri_plugin_the_prepared_claims(monkey
 
 
 # --- lost updates, an empty pool, offline holders, annotations passed through ------------------------------
-
-
-def three_books() -> Topology:
-    machine = Machine(arch="s390x", machine_type="3931", environment="lpar", topology_facility=True,
-                      dispatching="horizontal", smt_threads=1)
-    return Topology(machine=machine, cpus=tuple(
-        Cpu(cpu=n, core=n, socket=n, book=n, drawer=0, siblings=(n,), polarization="horizontal") for n in (0, 1, 2)))
-
-
-def setup3(shared_pool: bool = True, online: frozenset[int] = frozenset({0, 1, 2}),
-           **kw: Any) -> tuple[NriEnforcement, Any, list[tuple[str, str]]]:
-    settings = GroupingSettings(levels=("book",))
-    grouping = group_topology(three_books(), settings)
-    devices = NodeDevices(grouping, settings, AllocationSettings(), render_wire)
-    groups = {(g.resource, g.id): g for g in grouping.groups}
-    notices: list[tuple[str, str]] = []
-    current = [online]
-    enforcement = NriEnforcement(devices, groups, DOMAIN, online=lambda: current[0], reserved=frozenset(),
-                                 shared_pool=shared_pool, cpu_manager_policy=lambda: None,
-                                 socket_path=short_tmpdir_path() / "absent.sock",
-                                 notify=lambda reason, message: notices.append((reason, message)), **kw)
-    enforcement.set_online = lambda cpus: current.__setitem__(0, cpus)  # type: ignore[attr-defined]
-    return enforcement, grouping, notices
-
-
-def short_tmpdir_path() -> Any:
-    from tests.support.harness import short_tmpdir
-
-    return short_tmpdir()
 
 
 class FakeUnsolicited:
