@@ -1,23 +1,11 @@
-"""Whether the API server serves what DRA mode writes: read at start, before anything is published.
+"""Whether the API server serves what DRA mode writes: read once at start, before anything is published.
 
-DRA mode writes ``resource.k8s.io/v1`` ResourceSlices whose shared counters sit in slices of their own, apart from
-the devices that consume them (``agent.policy.resource_slices``), and reads v1 ResourceClaims. Two things decide
-whether an API server takes that:
-
-* the versions of ``resource.k8s.io`` it serves (API discovery, ``GET /apis/resource.k8s.io``): v1 is served from
-  Kubernetes 1.34 on (GA there); before, v1beta1 and v1beta2 only, whose objects the agent does not write;
-* its minor (``GET /version``): partitionable devices (KEP-4815) changed their layout between 1.34 and 1.35. In
-  1.34 (alpha) a slice's ``sharedCounters`` belong with the devices of the same slice; from 1.35 a slice holds either
-  counters or devices ("we no longer allow the SharedCounters and Devices fields to be set in the same
-  ResourceSlice", kubernetes/enhancements ``keps/sig-scheduling/4815-dra-partitionable-devices/README.md``), the
-  layout the agent publishes. It is beta and on by default from 1.36; 1.35 needs the ``DRAPartitionableDevices``
-  feature gate on in the API server and the scheduler, which a client cannot see.
-
-So the agent uses the newest version it writes among those served (v1 is the only one), and refuses ``--mode dra``
-with one line naming the minor it needs on an API server older than 1.35, or one that serves no v1. The discovery
-document and the version are read once; a server that answers neither (a proxy that hides them) is let through with a
-warning: the first publication fails then with the API server's own message.
-"""
+Must hold: the agent writes ``resource.k8s.io/v1`` only, with shared counters in slices of their own (the layout of
+partitionable devices from Kubernetes 1.35 on); so it refuses ``--mode dra`` with one line naming the minor it needs
+on an API server that serves no v1 or is older than 1.35, and on 1.35 warns that the ``DRAPartitionableDevices``
+gate must be on (a client cannot see it). A server that answers neither discovery nor ``/version`` is let through
+with a warning: the first publication then fails with the API server's own message. Why, with the KEP:
+docs/contributing/design/dra-slices.md ("Which API servers take the slices")."""
 
 from __future__ import annotations
 

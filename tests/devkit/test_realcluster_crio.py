@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.env import REPO
 from topology_devkit.realcluster import crio, restrict_oom
 from topology_devkit.realcluster.layout import Layout, components
 
-REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "devkit" / "cluster"
 
 
