@@ -129,8 +129,10 @@ HOST_PY=$REPO/.venv/bin/python
 pins=$("$HOST_PY" - <<'EOF'
 from importlib import metadata
 # runtime dependencies of the image (all but grpcio), then the test tools the grpc-free tests need
+# and the build backend that installs the product itself (its console script; the wheel the packaging test builds)
 floors = {"protobuf": "7.35.1", "prometheus-client": "0.26.0", "kubernetes": "37.0.2",
-          "pytest": "9.0", "hypothesis": "6.150", "kmock": "0.8", "pytest-asyncio": "1.0"}
+          "pytest": "9.0", "hypothesis": "6.150", "kmock": "0.8", "pytest-asyncio": "1.0",
+          "setuptools": "80.9.0", "wheel": "0.45.1"}
 out = []
 for name, floor in floors.items():
     try:
@@ -157,14 +159,17 @@ fi
 in_root python3 -c 'import google.protobuf, prometheus_client, kubernetes; from google.protobuf.internal import api_implementation as a; print("protobuf", google.protobuf.__version__, "backend", a.Type())'
 
 # ---------------------------------------------------------------------------------------------- 5
-step "copy the repo into the root; python -m agent --version"
+step "copy the repo into the root, install it; topology-agent --version"
 rm -rf "$ROOT/src" "$ROOT/fixtures"
 mkdir -p "$ROOT/src" "$ROOT/fixtures"
 # Not .cluster: the real-cluster lane's live state (etcd writes there: "file changed as we read it").
 tar -C "$REPO" --exclude=./.venv --exclude=./.tools --exclude=./.git --exclude=./.cluster --exclude=./.mypy_cache \
   --exclude=./build --exclude=__pycache__ --exclude=.pytest_cache --exclude=.hypothesis --exclude=.ruff_cache --exclude='*.egg-info' -cf - . | tar -C "$ROOT/src" -xf -
 cp -a "$FIXTURES/." "$ROOT/fixtures/"
+# Installed as a user installs it (its console script, its package data), from the copy, with no network.
+in_root /opt/smoke-venv/bin/pip install --quiet --no-deps --no-build-isolation --no-index --disable-pip-version-check /src
 in_root python3 -m agent --version
+in_root topology-agent --version
 done_step ok
 
 # ---------------------------------------------------------------------------------------------- 6
