@@ -1,6 +1,7 @@
-"""The flag and environment table: every flag of every command, each with its environment twin
+"""The flag and environment table: the shared flags and serve's, each with its environment twin
 ``TOPOLOGY_AGENT_<FLAG>`` (``--kubelet-dir`` -> ``TOPOLOGY_AGENT_KUBELET_DIR``) so the Helm chart can set them; a
-flag on the command line wins."""
+flag on the command line wins. The one-shot commands' own few flags (``discover --format``, ``snapshot -o``, ...)
+are plain argparse flags without one (docs/admin/configuration.md)."""
 
 from __future__ import annotations
 

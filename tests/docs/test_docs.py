@@ -17,6 +17,7 @@ from urllib.parse import unquote
 import pytest
 
 from agent.cli import build_parser
+from agent.cli.flags import env_name
 from agent.node.labels import KEY_PREFIX, LABEL_KEYS
 from tests.support.env import REPO
 
@@ -103,6 +104,31 @@ def test_every_flag_of_every_command_is_documented() -> None:
         if flags - documented:
             missing[name] = sorted(flags - documented)
     assert missing == {}
+
+
+def test_help_shows_the_environment_name_of_every_flag_but_the_one_shot_commands_own() -> None:
+    """configuration.md: --help prints every flag's environment name, but for the flags of its last table (none)."""
+    text = CONFIGURATION.read_text(encoding="utf-8")
+    section = text[text.index("## The other commands' flags"):]
+    assert "Their own, which have no environment twin:" in section
+    own = {(row[0], flag) for row in (line.split(" | ") for line in section.splitlines() if line.startswith("| `"))
+           for flag in code_spans(row[1])}
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    without: set[tuple[str, str]] = set()
+    wrong: list[tuple[str, list[str], str]] = []
+    for name, sub in commands.choices.items():
+        for action in sub._actions:
+            flags = [o for o in action.option_strings if o not in ("-h", "--help")]
+            if not flags:
+                continue
+            env = re.search(r"\[env (\w+)", action.help or "")
+            if env is None:
+                without.update((f"| `{name}`", flag) for flag in flags)
+            elif env.group(1) != env_name(flags[0]):
+                wrong.append((name, flags, env.group(1)))
+    assert wrong == []
+    assert without == own
 
 
 def schema_leaves(node: dict[str, Any], prefix: str = "") -> list[str]:

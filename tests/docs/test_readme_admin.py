@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 
 import yaml
@@ -71,3 +72,35 @@ def test_make_test_fetches_helm_and_the_docs_say_what_skipped_tests_need() -> No
     for need in ("../shared/fixtures/s390x-real", "helm 3", "cel-python", "containerd", "libseccomp", "lscpu",
                  "TOPOLOGY_E2E_KUBECONFIG", "grpcio-tools"):
         assert need in section, need
+
+
+# What fetches from a registry, in the recipes of the README's two commands: the registry it reaches and how a
+# machine without access points it at a mirror. A fetcher not listed here fails the test below until it is.
+FETCHERS = {"pip install": ("PyPI", "PIP_INDEX_URL"), "npm pack": ("npm registry", "npm_config_registry"),
+            "apt-get install": ("python3-venv", "python3-venv")}
+UNKNOWN_FETCHERS = ("curl ", "wget ", "go install", "go get", "npm install", "git clone", "docker pull")
+
+
+def recipes(*targets: str) -> str:
+    """The Makefile recipes of these targets (and of the venv stamp they depend on), with the scripts they run."""
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    text = []
+    for target in (*targets, "$(STAMP)"):
+        start = makefile.index(f"\n{target}:") + 1
+        end = makefile.find("\n\n", start)
+        text.append(makefile[start:end])
+    joined = "\n".join(text)
+    scripts = set(re.findall(r"\btools/[\w.-]+\.sh", joined))
+    return joined + "".join((REPO / script).read_text(encoding="utf-8") for script in sorted(scripts))
+
+
+def test_the_readme_says_what_the_two_commands_fetch() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    said = " ".join(readme[:readme.index("A Kubernetes node agent")].split())
+    run = recipes("demo", "test")
+    assert "tools/get-helm.sh" in run  # the scripts are read too
+    assert [f for f in UNKNOWN_FETCHERS if f in run] == [], "a new fetch: name its registry and mirror in the README"
+    used = [entry for fetcher, entry in FETCHERS.items() if fetcher in run]
+    assert used, "the recipes no longer fetch: the README's prerequisites say they do"
+    assert [name for entry in used for name in entry if name not in said] == []
+    assert "mirror" in said

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable
 
 import pytest
@@ -311,3 +312,41 @@ def test_fake_topology_without_arch_selector_default(render: Render) -> None:
 def test_fake_topology_needs_snapshots(template_error: Callable[..., str]) -> None:
     stderr = template_error("--set", "fakeTopology.enabled=true")
     assert "fakeTopology.snapshots" in stderr
+
+
+ENFORCEMENTS = ("none", "cri", "nri", "auto")
+
+
+def mounted_with(render: Render, volume: str) -> set[tuple[str, bool]]:
+    """The (cpusetEnforcement, kubelet.readState) pairs under which the chart mounts this volume."""
+    return {(mode, read) for mode in ENFORCEMENTS for read in (False, True)
+            if volume in mounts_of(render("--set", f"cpusetEnforcement={mode}",
+                                          "--set", f"kubelet.readState={str(read).lower()}"))}
+
+
+def prose(path: str) -> str:
+    """A file's text with comment markers and line breaks folded, so a sentence reads as one line."""
+    text = (REPO / path).read_text(encoding="utf-8")
+    return " ".join(line.strip().lstrip("#").strip() for line in text.splitlines())
+
+
+def test_the_docs_say_when_the_kubelet_root_is_mounted(render: Render) -> None:
+    """The kubelet root exposes the node's pod volumes: every page that says when it is mounted says what renders."""
+    mounted = mounted_with(render, "kubelet-root")
+    (row,) = [line for line in (REPO / "docs/admin/configuration.md").read_text().splitlines()
+              if line.startswith("| `kubelet.readState` |")]
+    mode, read = re.findall(r"only `(\w+)` with `(\w+)` keeps them out", row)[0]
+    assert {(m, r) for m in ENFORCEMENTS for r in (False, True)} - mounted == {(mode, read == "true")}
+    assert "the default `auto` too" in row and ("auto", False) in mounted  # the default mounts it
+    (but,) = re.findall(r"`kubelet\.readState` or any `cpusetEnforcement` but `(\w+)`", prose("docs/admin/security.md"))
+    values = prose("deploy/helm/s390x-topology-agent/values.yaml")
+    (only,) = re.findall(r"This value matters only with cpusetEnforcement (\w+)", values)
+    assert but == only == mode
+    assert re.findall(r"the kubelet root with kubelet\.readState or any cpusetEnforcement but (\w+)", values) == [mode]
+
+
+def test_the_values_comment_says_when_the_runtime_socket_is_mounted(render: Render) -> None:
+    said = re.findall(r"its directory is mounted only when this is ((?:\"\w+\"(?:, | or )?)+)",
+                      prose("deploy/helm/s390x-topology-agent/values.yaml"))
+    assert said, "the cpusetEnforcement comment no longer says when the CRI socket's directory is mounted"
+    assert set(re.findall(r"\"(\w+)\"", said[0])) == {mode for mode, _ in mounted_with(render, "cri-socket")}

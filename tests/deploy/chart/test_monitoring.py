@@ -58,6 +58,16 @@ def exported() -> dict[str, set[str]]:
     return samples
 
 
+def cpuset_families_without_enforcement() -> set[str]:
+    """The cpuset_* families the agent exports with --cpuset-enforcement none (no EnforcementStatus)."""
+    metrics = AgentMetrics()
+    metrics.read_status(lambda: AgentStatus(machine="z16", fidelity="lpar", dispatching="horizontal", smt=2,
+                                            groups=(), resources=(), ready=True))
+    text = generate_latest(metrics.registry).decode()
+    return {f.name for f in text_string_to_metric_families(text)
+            if f.name.startswith("topology_agent_cpuset_") and not f.name.endswith("_created")}
+
+
 def rules(render: Render, *args: str) -> list[dict[str, Any]]:
     rule = one(render(*ON, *args), "PrometheusRule")
     return [r for group in rule["spec"]["groups"] for r in group["rules"]]
@@ -243,3 +253,12 @@ def test_promtool_test_rules_each_alert_fires_on_trouble_only(render: Render, ru
                           check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
+
+
+def test_the_docs_name_the_cpuset_series_that_are_always_there() -> None:
+    """The sentence before the metrics table says which cpuset_* rows exist without enforcement: exactly those."""
+    text = (REPO / "docs" / "admin" / "monitoring.md").read_text()
+    section = text[text.index("## Every metric"):]
+    intro = section[:section.index("\n|")]
+    always = intro[intro.index("but for"):intro.index("always there")]
+    assert set(METRIC.findall(always)) == cpuset_families_without_enforcement()
