@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Chart and image checks (make chart-check; CI runs them through pytest too):
 #   1. helm lint --strict (default and fake-topology values)
-#   2. helm template for the lowest and highest supported Kubernetes versions (and 1.30, the first with the
-#      ValidatingAdmissionPolicy), in default, fake-topology and all-options modes (and the ServiceMonitor at the
-#      highest), piped into kubernetes-validate --strict
+#   2. helm template for the lowest and highest supported Kubernetes versions (Chart.yaml kubeVersion), in default,
+#      fake-topology and all-options modes (and the ServiceMonitor at the highest), piped into
+#      kubernetes-validate --strict; a version on either side of the window refused
 #   2b. mode=dra (DeviceClasses with extendedResourceName, the plugin mounts, the ResourceSlice admission policy) for
 #      1.34 (the first serving resource.k8s.io/v1) and 1.37 (extendedResourceName GA), alone and with a fake
 #      topology and every option, each with its three DeviceClasses and the ResourceSlice policy counted
@@ -16,8 +16,8 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 CHART=deploy/helm/s390x-topology-agent
-# Floor (Chart.yaml kubeVersion), first version serving admissionregistration.k8s.io/v1 VAPs, newest tested.
-KUBE_VERSIONS=(1.26.0 1.30.0 1.34.0)
+# The ends of the support window (Chart.yaml kubeVersion).
+KUBE_VERSIONS=(1.34.0 1.37.0)
 
 find_tool() {  # find_tool NAME: .venv/bin/NAME, else NAME on PATH
   if [ -x "$REPO/.venv/bin/$1" ]; then echo "$REPO/.venv/bin/$1"; else command -v "$1" || true; fi
@@ -61,8 +61,8 @@ run "helm lint --strict (fake topology)" "$HELM" lint --strict "$CHART" "${FAKE[
 
 validate() {  # validate KUBE_VERSION MODE HELM_ARGS...
   local kv=$1 mode=$2; shift 2
-  # No --api-versions, as a GitOps `helm template` runs: the chart falls back on --kube-version for the
-  # ValidatingAdmissionPolicies (>= 1.30 gets them; the kinds listed below show it).
+  # No --api-versions, as a GitOps `helm template` runs: offline the chart renders the ValidatingAdmissionPolicies
+  # (every minor of its window serves them; the kinds listed below show it).
   local rendered=$WORK/rendered-$kv-$mode.yaml
   if ! "$HELM" template t "$CHART" -n kube-system --kube-version "$kv" "$@" >"$rendered" 2>"$WORK/err"; then
     echo "FAIL  helm template --kube-version $kv ($mode)"; sed 's/^/      /' "$WORK/err"
@@ -113,19 +113,21 @@ for kv in "${DRA_VERSIONS[@]}"; do
   validate "$kv" dra-all-options --set mode=dra "${ALL[@]}"
 done
 
-# Below the floor the chart must refuse to render (Chart.yaml kubeVersion).
-if "$HELM" template t "$CHART" --kube-version 1.25.0 >/dev/null 2>&1; then
-  echo "FAIL  helm template --kube-version 1.25.0 should fail (below the chart's kubeVersion)"
-  failures=$((failures + 1))
-else
-  echo "ok    helm template --kube-version 1.25.0 refused (below kubeVersion)"
-fi
+# Outside the window the chart must refuse to render (Chart.yaml kubeVersion).
+for kv in 1.33.9 1.38.0; do
+  if "$HELM" template t "$CHART" --kube-version "$kv" >/dev/null 2>&1; then
+    echo "FAIL  helm template --kube-version $kv should fail (outside the chart's kubeVersion)"
+    failures=$((failures + 1))
+  else
+    echo "ok    helm template --kube-version $kv refused (outside kubeVersion)"
+  fi
+done
 
 # The opt-in PrometheusRule through promtool check rules, when devkit/promtool/build.sh has built it
 # (tests/deploy/chart/test_monitoring.py also runs promtool test rules on every alert).
 PROMTOOL=$(devkit/promtool/build.sh --print)
 if [ -x "$PROMTOOL" ]; then
-  "$HELM" template t "$CHART" --set metrics.prometheusRule.enabled=true --show-only templates/prometheusrule.yaml \
+  "$HELM" template t "$CHART" --kube-version "${KUBE_VERSIONS[0]}" --set metrics.prometheusRule.enabled=true --show-only templates/prometheusrule.yaml \
     | "$REPO/.venv/bin/python" -c 'import sys, yaml; d = yaml.safe_load(sys.stdin); yaml.safe_dump({"groups": d["spec"]["groups"]}, sys.stdout)' \
     >"$WORK/rules.yaml"
   run "promtool check rules (the PrometheusRule)" "$PROMTOOL" check rules "$WORK/rules.yaml"

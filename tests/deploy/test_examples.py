@@ -12,6 +12,7 @@ from agent.node import seccomp
 from agent.policy.allocation import BINDING_ENV_KEYS
 from agent.policy.grouping import GroupingSettings, group_topology
 from agent.topology.embedded import load_embedded
+from tests.support.chart import FLOOR
 from tests.support.env import REPO
 
 EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
@@ -48,7 +49,7 @@ def test_each_container_asks_for_one_topology_resource_and_integer_cpu(path: Pat
 def test_examples_validate_against_the_kubernetes_schema(path: Path) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed")
     for doc in yaml.safe_load_all(path.read_text()):
-        kubernetes_validate.validate(doc, "1.30.0", strict=True)
+        kubernetes_validate.validate(doc, FLOOR, strict=True)
 
 
 def test_the_openmp_example_binds_through_the_one_line_wrapper() -> None:

@@ -18,7 +18,8 @@ from tests.support.env import REPO
 
 CHART = REPO / "deploy" / "helm" / "s390x-topology-agent"
 VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
-FLOOR, VAP_MIN, NEWEST = "1.26.0", "1.30.0", "1.34.0"
+# The chart's kubeVersion window (Chart.yaml): its floor and its newest minor.
+FLOOR, NEWEST = "1.34.0", "1.37.0"
 Doc = dict[str, Any]
 
 
@@ -77,8 +78,8 @@ FAKE_ARGS = (
 )
 
 
-# The kinds the chart renders, as a 1.30+ API server lists them in discovery: (group/version, resource, kind,
-# namespaced). A cluster below 1.30 serves no admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy.
+# The kinds the chart renders, as an API server lists them in discovery: (group/version, resource, kind,
+# namespaced). One with the API switched off lists no admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy.
 _API = [
     ("v1", "namespaces", "Namespace", False), ("v1", "nodes", "Node", False), ("v1", "secrets", "Secret", True),
     ("v1", "serviceaccounts", "ServiceAccount", True), ("v1", "configmaps", "ConfigMap", True),
@@ -97,13 +98,15 @@ _API = [
 
 @dataclass
 class FakeCluster:
-    """What the fake API server answers: a Kubernetes version and namespaces (name -> labels)."""
+    """What the fake API server answers: a Kubernetes version, whether it serves ValidatingAdmissionPolicy, and
+    namespaces (name -> labels)."""
 
     minor: int = 34
+    vap: bool = True
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def resources(self) -> list[tuple[str, str, str, bool]]:
-        return [r for r in _API if self.minor >= 30 or not r[2].startswith("ValidatingAdmissionPolicy")]
+        return [r for r in _API if self.vap or not r[2].startswith("ValidatingAdmissionPolicy")]
 
     def answer(self, path: str) -> tuple[int, Doc]:
         if path == "/version":

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.chart import VAP_API, VAP_MIN, Doc, FakeCluster, Installed, Render, find_helm, helm_template
+from tests.support.chart import FLOOR, VAP_API, Doc, FakeCluster, Installed, Render, find_helm, helm_template
 from tests.support.env import missing
 from topology_devkit.testing.apiserver import FakeApiServer, Request
 
@@ -30,7 +30,7 @@ def helm() -> str:
 def render(helm: str) -> Render:
     """render("--set", "a=b", kube_version=..., vap=True) -> the rendered objects; RuntimeError on failure."""
 
-    def _render(*args: str, kube_version: str = VAP_MIN, vap: bool = True, hooks: bool = False) -> list[Doc]:
+    def _render(*args: str, kube_version: str = FLOOR, vap: bool = True, hooks: bool = False) -> list[Doc]:
         extra = ("--kube-version", kube_version, *(("--api-versions", VAP_API) if vap else ()))
         result = helm_template(helm, (*extra, *args))
         if result.returncode:
@@ -48,7 +48,7 @@ def template_error(helm: str) -> Callable[..., str]:
     """template_error(args...) -> helm's stderr; fails the test when helm renders fine."""
 
     def _error(*args: str) -> str:
-        result = helm_template(helm, ("--kube-version", VAP_MIN, *args))
+        result = helm_template(helm, ("--kube-version", FLOOR, *args))
         assert result.returncode != 0, f"helm template {' '.join(args)} should have failed"
         return result.stderr
 
@@ -80,11 +80,13 @@ def fake_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeClu
 
 @pytest.fixture
 def install(helm: str, fake_api: tuple[FakeCluster, Path]) -> Callable[..., Installed]:
-    """install(*helm_args, minor=34, namespaces={...}) -> what `helm install --dry-run=server` would create."""
+    """install(*helm_args, minor=34, vap=True, namespaces={...}) -> what `helm install --dry-run=server` would
+    create."""
     cluster, kubeconfig = fake_api
 
-    def _install(*args: str, minor: int = 34, namespaces: dict[str, dict[str, str]] | None = None) -> Installed:
-        cluster.minor = minor
+    def _install(*args: str, minor: int = 34, vap: bool = True,
+                 namespaces: dict[str, dict[str, str]] | None = None) -> Installed:
+        cluster.minor, cluster.vap = minor, vap
         cluster.namespaces = dict(namespaces or {})
         home = kubeconfig.parent
         env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}

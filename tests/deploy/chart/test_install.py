@@ -12,6 +12,7 @@ import yaml
 
 from tests.support.chart import (
     BOTH,
+    FLOOR,
     NETPOL_ARGS,
     PRIVILEGED,
     Installed,
@@ -51,12 +52,13 @@ def test_notes_ask_for_privileged_when_the_namespace_cannot_be_read(install: Cal
     assert "kubectl label namespace new-ns pod-security.kubernetes.io/enforce=privileged --overwrite" in notes
 
 
-def test_a_live_cluster_below_1_30_gets_no_policies_and_a_warning(install: Callable[..., Installed]) -> None:
-    old = install(*chart_install("-n", "topo"), minor=29, namespaces={"topo": PRIVILEGED})
-    assert policies(old.manifest) == set()
-    assert "WARNING: no node-restriction policy was rendered" in old.notes
-    assert "may patch every Node of the cluster" in old.notes
-    new = install(*chart_install("-n", "topo"), minor=30, namespaces={"topo": PRIVILEGED})
+def test_a_live_cluster_without_the_policy_api_gets_no_policies_and_a_warning(
+        install: Callable[..., Installed]) -> None:
+    off = install(*chart_install("-n", "topo"), vap=False, namespaces={"topo": PRIVILEGED})
+    assert policies(off.manifest) == set()
+    assert "WARNING: no node-restriction policy was rendered (the cluster does not serve" in off.notes
+    assert "may patch every Node of the cluster" in off.notes
+    new = install(*chart_install("-n", "topo"), minor=37, namespaces={"topo": PRIVILEGED})
     assert policies(new.manifest) == BOTH
     assert "lets each agent update only its own Node" in new.notes and "WARNING" not in new.notes
 
@@ -130,8 +132,10 @@ def test_readme_install_renders_the_pushed_image_by_digest(helm: str) -> None:
     assert f"image.repository={repository}" in args and f"image.digest={README_DIGEST}" in args
     # The digest is read from the very image the chart is pointed at (the manifest list make image pushed).
     assert 'DIGEST=$(docker buildx imagetools inspect "$REGISTRY/s390x-topology-agent:$TAG"' in INSTALL_DOC.read_text()
-    # The documented exact flags, only `install` turned into `template`, run from the repository root as written.
-    result = subprocess.run([helm, "template", *args[2:], "--set", "seccompProfile.install=true"], cwd=REPO,
+    # The documented exact flags, only `install` turned into `template` (with a Kubernetes version, which `install`
+    # reads from the cluster), run from the repository root as written.
+    result = subprocess.run([helm, "template", *args[2:], "--kube-version", FLOOR,
+                             "--set", "seccompProfile.install=true"], cwd=REPO,
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]

@@ -18,7 +18,6 @@ from tests.support.chart import (
     NEWEST,
     SCRAPER_NS,
     SCRAPER_POD,
-    VAP_MIN,
     Render,
     helm_template,
     kinds,
@@ -49,7 +48,7 @@ ALL_OPTIONS = (
 )
 
 
-@pytest.mark.parametrize("kube_version", [FLOOR, VAP_MIN, NEWEST])
+@pytest.mark.parametrize("kube_version", [FLOOR, NEWEST])
 @pytest.mark.parametrize("args", [(), FAKE_ARGS, ("--set", "metrics.serviceMonitor.enabled=true"), ALL_OPTIONS],
                          ids=["default", "fake-topology", "service-monitor", "all-options"])
 def test_rendered_objects_pass_strict_schema_validation(render: Render, kube_version: str,
@@ -58,19 +57,36 @@ def test_rendered_objects_pass_strict_schema_validation(render: Render, kube_ver
         import kubernetes_validate
     except ImportError:
         missing("kubernetes-validate", "pip install kubernetes-validate")
-    vap = kube_version != FLOOR  # only clusters >= 1.30 serve the v1 policy
-    docs = render(*args, kube_version=kube_version, vap=vap)
+    docs = render(*args, kube_version=kube_version)
     for doc in docs:
         if doc["apiVersion"].startswith("monitoring.coreos.com/"):
             continue  # a CRD: no schema bundled (tools/check-chart.sh lets kubernetes-validate warn about it)
         kubernetes_validate.validate(doc, kube_version, strict=True)
 
 
-def test_chart_refuses_kubernetes_below_its_floor(helm: str) -> None:
+def test_chart_names_its_window_and_refuses_what_is_outside() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert chart["kubeVersion"] == f">={FLOOR}-0"
-    result = helm_template(helm, ("--kube-version", "1.25.0"))
-    assert result.returncode != 0 and "kubeVersion" in result.stderr
+    assert chart["kubeVersion"] == ">=1.34.0-0 <1.38.0-0"
+
+
+# What API servers say in /version's gitVersion: upstream, OpenShift (a build suffix), managed services (a
+# pre-release suffix), k3s and kind.
+@pytest.mark.parametrize("version, accepted", [
+    ("v1.34.0", True), ("v1.34.2+5f2d7a1", True), ("v1.34.3-eks-1234", True), ("v1.35.1-gke.1234000", True),
+    ("v1.35.0", True), ("v1.36.4+k3s1", True), ("v1.37.2", True), ("v1.37.9-rc.1", True),
+    ("v1.33.9", False), ("v1.33.9+rke2r1", False), ("v1.38.0-alpha.1", False), ("v1.38.0", False),
+])
+def test_kube_version_window_with_vendor_suffixes(helm: str, version: str, accepted: bool) -> None:
+    result = helm_template(helm, ("--kube-version", version))
+    assert (result.returncode == 0) is accepted, result.stderr
+    if not accepted:
+        assert "chart requires kubeVersion" in result.stderr
+
+
+def test_helm_template_without_a_kube_version_is_refused_by_helm_3_17(helm: str) -> None:
+    """Helm 3.17 assumes 1.32 offline: below the window, so GitOps users pass --kube-version (docs/admin/install.md)."""
+    result = helm_template(helm, ())
+    assert result.returncode != 0 and "v1.32.0" in result.stderr
 
 
 def test_default_objects_and_namespaces(render: Render) -> None:

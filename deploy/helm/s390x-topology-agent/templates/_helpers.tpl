@@ -68,18 +68,16 @@ app.kubernetes.io/component: node-agent
 {{- define "topology-agent.snapshotDir" -}}/etc/topology-agent/snapshots{{- end }}
 
 {{/*
-Whether the cluster serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (GA in Kubernetes 1.30).
-`helm install`/`upgrade` see the cluster's discovery, kinds included ("apps/v1/DaemonSet"), and are trusted
-as they are: a cluster that does not list the kind does not get the policies. Offline (`helm template`, as GitOps
-tools run it) Helm knows group/versions only, never kinds, so the kind is missing there even on a cluster that
-serves it: then the Kubernetes version decides (--kube-version; Helm's own default otherwise, 1.32 for Helm
-3.17), unless the kind was passed with --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy.
+Whether the cluster serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (GA in Kubernetes 1.30, so on
+every minor of the chart's kubeVersion). `helm install`/`upgrade` see the cluster's discovery, kinds included
+("apps/v1/DaemonSet"), and are trusted as they are: a cluster that does not list the kind (its API server has it
+switched off) does not get the policies. Offline (`helm template`, as GitOps tools run it) Helm knows
+group/versions only, never kinds, so the kind is missing there even on a cluster that serves it: then the chart's
+kubeVersion, which --kube-version has passed, answers yes.
 */}}
 {{- define "topology-agent.admissionApiServed" -}}
 {{- $api := .Capabilities.APIVersions -}}
-{{- if $api.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}
-true
-{{- else if and (not ($api.Has "apps/v1/DaemonSet")) (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) -}}
+{{- if or ($api.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (not ($api.Has "apps/v1/DaemonSet")) -}}
 true
 {{- end -}}
 {{- end }}
