@@ -4,21 +4,25 @@
 A vLLM server pod holding one book (topology_devkit.vllm.server's pod: the lane's tiny model, ``--enforce-eager``)
 serves a fixed stream of completion requests (``--requests`` of 16 tokens each, one at a time, after 5 to warm
 up) while a CPU-hog pod with no topology resource (two busy loops, requesting what CPU the node has left beside the
-server: a neighbour of real standing, see :func:`hog_millicores`) runs on the same node; three runs, a fresh
-server each:
+server: a neighbour of real standing, see :func:`hog_millicores`) runs on the same node. ``--runs`` rounds, each
+one run per mode with a fresh server, interleaved (alone, enforcing, none, none, enforcing, alone, alone, ...):
 
+* **alone**: the server with no hog (the ceiling), the agent as in enforcing;
 * **enforcing**: ``cpusetEnforcement: cri`` with ``sharedPool: true``: the server on its book, the hog confined to
-  the CPUs of no held book;
-* **none**: the agent installed, ``cpusetEnforcement: none``: both float over every CPU (vLLM still binds its OpenMP
-  thread to the CPU the agent named, so the hog lands on it);
-* **alone**: the server with no hog (the ceiling).
+  the CPUs of no held book (and the reserved ones);
+* **none**: ``cpusetEnforcement: none``: both float over every CPU (vLLM still binds its OpenMP thread to the CPU
+  the agent named, so the hog lands on it).
 
-Per run: request latency p50 and p99 and tokens per second over the same stream. The requests go through ``kubectl
-port-forward`` to 127.0.0.1 (the same path in all three runs). Target: p99 enforcing <= 1.15x alone, and below none.
+Per run: request latency p50 and p99 and tokens per second, from a client on the node that connects to the pod's
+address (no port-forward), and where the time went inside the server (bench/cluster/vllm_where.py). Per mode: the
+median and min-max of each over the rounds, and of its ratio to the same round's alone run (vllm_figure.py). Target:
+the median p99 ratio of enforcing <= 1.15x, and below none's.
 
-On the lane each book is one of the machine's two CPUs: the server's own API server, engine core and worker share
-that one CPU, and the host's client, kubelet and port-forward float on both. Skipped, with the reason, when no such
-cluster is up or the vLLM image is not in its containerd.
+As a real node (the default, ``--reserved-cpus 0``): the agent runs with ``agent.reservedCpus`` (``--reserved-cpus``,
+as the admin docs say), so the reserved CPUs hold no book, and the lane's host processes (control plane, runtime,
+kubelet, shims) and this client run on them alone, as kubelet's ``reservedSystemCPUs`` would keep them
+(topology_devkit.realcluster.confine); ``--unconfined``: every CPU a book, the host floating. Skipped, with the
+reason, when no such cluster is up or the vLLM image is not in its runtime.
 """
 
 from __future__ import annotations
@@ -26,18 +30,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
+import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.lib.common import INFO, ROOT, Row, at_most, median, percentile, skipped
+from agent.topology.cpulist import format_cpulist, parse_cpulist
+from bench.cluster import vllm_figure, vllm_where
+from bench.cluster.vllm_figure import Run
+from bench.lib.common import INFO, MISSED, ROOT, Row, loadavg, median, percentile, skipped
 from topology_devkit.testing.wait import wait_until
 
 NAME = "vllm_beside_hog"
@@ -49,9 +57,10 @@ HOG_IMAGE = "localhost/topology-e2e-busybox:latest"
 HOG = "for i in 1 2; do (while :; do :; done) & done; wait"
 TOKENS = 16
 WARM_UP = 5
-MODES = {  # run -> (helm --set values, hog)
-    "alone": ((), False),
-    "enforcing": (("--set", "cpusetEnforcement=cri", "--set", "sharedPool=true"), True),
+ENFORCING = ("--set", "cpusetEnforcement=cri", "--set", "sharedPool=true")
+MODES = {  # run -> (helm --set values, hog); alone runs the agent as enforcing does: only the hog differs
+    "alone": (ENFORCING, False),
+    "enforcing": (ENFORCING, True),
     "none": (("--set", "cpusetEnforcement=none"), True),
 }
 
@@ -154,42 +163,59 @@ def _hog(node: str, cpu: str) -> dict[str, Any]:
                          "resources": {"requests": {"cpu": cpu, "memory": "8Mi"}, "limits": {"memory": "16Mi"}}}]}}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _stream(port: int, requests: int) -> tuple[list[float], float, int]:
-    """(latencies, wall seconds, completion tokens) of ``requests`` sequential completions after the warm-up."""
+def _post_one(base: str) -> int:
     body = json.dumps({"model": "tiny", "prompt": "The agent gives each rank one book", "max_tokens": TOKENS,
                        "temperature": 0, "ignore_eos": True}).encode()
+    request = urllib.request.Request(f"{base}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return int(json.loads(answer.read())["usage"]["completion_tokens"])
 
-    def one() -> int:
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return int(json.loads(answer.read())["usage"]["completion_tokens"])
 
-    for _ in range(WARM_UP):
-        one()
+def _stream(base: str, requests: int) -> tuple[list[float], float, int]:
+    """(latencies, wall seconds, completion tokens) of ``requests`` sequential completions."""
     latencies: list[float] = []
     tokens = 0
     started = time.monotonic()
     for _ in range(requests):
         t0 = time.monotonic()
-        tokens += one()
+        tokens += _post_one(base)
         latencies.append(time.monotonic() - t0)
     return latencies, time.monotonic() - started, tokens
 
 
-def measure(mode: str, node: str, requests: int) -> dict[str, Any]:
-    from topology_devkit.vllm.server import vllm_pod
+def _metrics(base: str) -> dict[str, float]:
+    try:
+        with urllib.request.urlopen(f"{base}/metrics", timeout=10) as answer:
+            return vllm_where.histogram_totals(answer.read().decode(errors="replace"))
+    except OSError:
+        return {}
+
+
+def _threads(name: str) -> dict[tuple[int, int], vllm_where.Thread]:
+    done = kubectl("-n", NAMESPACE, "exec", name, "--", "sh", "-c", vllm_where.THREADS_SCRIPT, timeout=60, check=False)
+    return vllm_where.parse_threads(done.stdout)
+
+
+class Agent:
+    """The release's values as last applied: an upgrade only when a run needs others."""
+
+    def __init__(self, base: Sequence[str]) -> None:
+        self.base = tuple(base)
+        self.applied: tuple[str, ...] | None = None
+
+    def ensure(self, values: Sequence[str]) -> None:
+        wanted = (*self.base, *values)
+        if wanted != self.applied:
+            helm_upgrade(*wanted)
+            self.applied = wanted
+
+
+def measure(mode: str, rnd: int, node: str, requests: int, agent: Agent) -> Run:
+    from topology_devkit.vllm.server import PORT, vllm_pod
 
     values, hog = MODES[mode]
-    helm_upgrade(*values)
+    agent.ensure(values)
     made: list[str] = []
-    forward: subprocess.Popen[str] | None = None
     try:
         hog_cpu = ""
         if hog:
@@ -201,33 +227,96 @@ def measure(mode: str, node: str, requests: int) -> dict[str, Any]:
                        every=1, error=RuntimeError)
         server = vllm_pod(f"bench-vllm-{uuid.uuid4().hex[:6]}", node, books=1, tp=1, namespace=NAMESPACE)
         server["metadata"]["labels"] = {"app": "vllm-bench"}
+        started = time.monotonic()
         _apply(server)
         name = server["metadata"]["name"]
         made.append(name)
         wait_until(f"{name} to be Ready", lambda: _ready(name), 600, every=1, error=RuntimeError)
-        port = _free_port()
-        forward = subprocess.Popen([_kubectl(), "--kubeconfig", str(KUBECONFIG), "-n", NAMESPACE, "port-forward",
-                                    f"pod/{name}", f"{port}:8000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True)
-        wait_until("the port-forward", lambda: forward is not None and forward.stdout is not None
-                   and "Forwarding from" in forward.stdout.readline(), 30, every=1, error=RuntimeError)
+        ready_s = time.monotonic() - started
+        base = f"http://{_pod_json(name)['status']['podIP']}:{PORT}"
         env = dict(line.split("=", 1) for line in kubectl("-n", NAMESPACE, "exec", name, "--", "sh", "-c",
                                                           "tr '\\0' '\\n' < /proc/1/environ").stdout.splitlines()
                    if "=" in line)
-        latencies, wall, tokens = _stream(port, requests)
-        return {"mode": mode, "latencies": latencies, "wall": wall, "tokens": tokens,
-                "p50": median(latencies), "p99": percentile(latencies, 99), "tok_s": tokens / wall,
-                "book": env.get("TOPOLOGY_CPUS", "?"), "hog_cpu": hog_cpu}
+        for _ in range(WARM_UP):
+            _post_one(base)
+        metrics_before, threads_before = _metrics(base), _threads(name)
+        latencies, wall, tokens = _stream(base, requests)
+        threads_after, metrics_after = _threads(name), _metrics(base)
+        log = kubectl("-n", NAMESPACE, "logs", name, "--tail=80", check=False).stdout
+        processes = vllm_where.process_times(threads_before, threads_after)
+        where = vllm_where.per_request(vllm_where.phase_means(metrics_before, metrics_after),
+                                       sum(latencies) / len(latencies), processes, requests)
+        top = max(processes, key=lambda p: p.top_wait_s, default=None)
+        waiter = f"{top.name}/{top.top_thread} {top.top_wait_s / requests * 1e3:.1f} ms/request" if top else ""
+        return Run(mode, rnd, median(latencies), percentile(latencies, 99), tokens / wall, extra={
+            "latencies": latencies, "wall": wall, "tokens": tokens, "book": env.get("TOPOLOGY_CPUS", "?"),
+            "hog_cpu": hog_cpu, "ready_s": ready_s, "where": where,
+            "top_waiter": waiter,
+            "processes": [p.__dict__ for p in processes], "log_tail": log.splitlines()})
     finally:
-        if forward is not None:
-            forward.terminate()
-            forward.wait(timeout=10)
         if made:
             kubectl("-n", NAMESPACE, "delete", "pod", *made, "--wait=true", "--ignore-not-found",
                     "--grace-period=0", timeout=180, check=False)
 
 
-def run(quick: bool, requests: int | None = None) -> list[Row]:
+def reserved_values(reserved: str) -> tuple[str, ...]:
+    """The chart's values for ``reserved`` (a cpulist; commas escaped for --set-string); none for ""."""
+    return ("--set-string", "agent.reservedCpus=" + reserved.replace(",", "\\,")) if reserved else ()
+
+
+def check_reserved(reserved: str, online: int) -> str:
+    """``reserved`` as a canonical cpulist; ValueError unless it parses and leaves at least one CPU for a book."""
+    try:
+        cpus = set(parse_cpulist(reserved))
+    except ValueError as exc:
+        raise ValueError(f"--reserved-cpus: {exc}") from None
+    if not cpus <= set(range(online)):
+        raise ValueError(f"--reserved-cpus {reserved}: this machine has CPUs 0-{online - 1}")
+    if len(cpus) >= online:
+        raise ValueError(f"--reserved-cpus {reserved}: no CPU left for a book")
+    return format_cpulist(sorted(cpus))
+
+
+def _confine(reserved: str) -> str:
+    """The lane's host processes and this client onto ``reserved``; what the kubelet is then allowed."""
+    from topology_devkit.realcluster import confine
+    from topology_devkit.realcluster.layout import Layout
+    from topology_devkit.realcluster.procs import running
+
+    layout = Layout(CLUSTER_DIR.resolve())
+    moved = confine.confine(reserved, [*confine.lane_pids(layout), os.getpid()])
+    kubelet = running(layout, "kubelet")
+    allowed = confine.allowed_cpus(kubelet) if kubelet else "?"
+    if allowed != reserved:
+        raise RuntimeError(f"confining the host to CPUs {reserved}: the kubelet is allowed {allowed or 'nothing'}")
+    return f"{len(moved)} host processes of the lane and this client on CPUs {reserved} (kubelet allowed {allowed})"
+
+
+def _release() -> None:
+    from topology_devkit.realcluster import confine
+
+    confine.release()
+
+
+def _save(path: Path | None, runs: list[Run], settings: dict[str, Any]) -> None:
+    if path is not None:
+        path.write_text(json.dumps({"bench": NAME, "settings": settings, "runs": [
+            {"mode": r.mode, "round": r.round, "p50": r.p50, "p99": r.p99, "tok_s": r.tok_s, **r.extra}
+            for r in runs]}, indent=1, default=str))
+
+
+def where_medians(runs: Sequence[Run], mode: str) -> dict[str, float]:
+    """Per figure of ``vllm_where.per_request``: its median over ``mode``'s runs."""
+    found: dict[str, list[float]] = {}
+    for run in runs:
+        if run.mode == mode:
+            for key, value in run.extra.get("where", {}).items():
+                found.setdefault(key, []).append(value)
+    return {key: statistics.median(values) for key, values in found.items()}
+
+
+def run(quick: bool, requests: int | None = None, rounds: int | None = None, reserved: str = "0",
+        max_minutes: float | None = None, raw_out: Path | None = None) -> list[Row]:
     from topology_devkit.vllm.server import VLLM_IMAGE
 
     why = _why_not(VLLM_IMAGE)
@@ -240,58 +329,108 @@ def run(quick: bool, requests: int | None = None) -> list[Row]:
         every=1, error=RuntimeError)
     kubectl("create", "namespace", NAMESPACE, check=False)
     count = requests or (20 if quick else 60)
-    runs: dict[str, dict[str, Any]] = {}
+    rounds = rounds or (1 if quick else 5)
+    settings = {"requests": count, "rounds": rounds, "reserved_cpus": reserved, "host": "confined" if reserved else
+                "floating", "load_before": loadavg(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    print(f"vllm_beside_hog: {rounds} round(s) of {', '.join(vllm_figure.MODES)}, {count} requests each; "
+          f"load {settings['load_before']}", flush=True)
+    agent = Agent(reserved_values(reserved))
+    runs: list[Run] = []
+    started = time.monotonic()
     try:
-        for mode in ("alone", "enforcing", "none"):
-            runs[mode] = measure(mode, node, count)
-            r = runs[mode]
-            print(f"{mode}: p50 {r['p50'] * 1e3:.1f} ms, p99 {r['p99'] * 1e3:.1f} ms, {r['tok_s']:.1f} tok/s "
-                  f"(book {r['book']}{', hog requests ' + r['hog_cpu'] if r['hog_cpu'] else ''})", flush=True)
+        if reserved:
+            print(f"vllm_beside_hog: {_confine(reserved)}; the agent with agent.reservedCpus={reserved}", flush=True)
+        for rnd, mode in vllm_figure.schedule(rounds):
+            if (max_minutes is not None and mode == vllm_figure.MODES[0]
+                    and time.monotonic() - started > max_minutes * 60):
+                print(f"vllm_beside_hog: --max-minutes {max_minutes:g} reached: {rnd} round(s) done", flush=True)
+                break
+            t0 = time.monotonic()
+            r = measure(mode, rnd, node, count, agent)
+            runs.append(r)
+            _save(raw_out, runs, settings)
+            print(f"round {rnd} {mode}: p50 {r.p50 * 1e3:.1f} ms, p99 {r.p99 * 1e3:.1f} ms, {r.tok_s:.1f} tok/s "
+                  f"(book {r.extra['book']}{', hog requests ' + r.extra['hog_cpu'] if r.extra['hog_cpu'] else ''}; "
+                  f"ready after {r.extra['ready_s']:.0f} s, run {time.monotonic() - t0:.0f} s)\n  "
+                  f"{vllm_where.line(r.extra['where'])}; most waiting thread {r.extra['top_waiter']}", flush=True)
     finally:
-        helm_upgrade()
-    alone, enforcing, none = runs["alone"], runs["enforcing"], runs["none"]
-    ratio = enforcing["p99"] / alone["p99"]
+        try:
+            helm_upgrade()
+        finally:
+            if reserved:
+                _release()
+    settings["load_after"] = loadavg()
+    _save(raw_out, runs, settings)
+    print(f"vllm_beside_hog: load {settings['load_before']} -> {settings['load_after']}", flush=True)
+    found = vllm_figure.figures(runs)
+    print("\n".join(vllm_figure.table(found)), flush=True)
+    for mode in found:
+        print(f"{mode}, medians: {vllm_where.line(where_medians(runs, mode))}", flush=True)
+    return rows(found, count, runs)
 
-    def show(r: dict[str, Any]) -> str:
-        return f"p50 {r['p50'] * 1e3:.1f} ms, p99 {r['p99'] * 1e3:.1f} ms, {r['tok_s']:.1f} tok/s"
 
-    raw = {mode: {k: v for k, v in r.items()} for mode, r in runs.items()}
-    return [
-        Row(NAME, f"1-book vLLM beside a CPU hog (requests {enforcing['hog_cpu']}), {count} x {TOKENS}-token requests: "
-            "p99 enforcing / alone",
-            f"{ratio:.2f}x (enforcing {show(enforcing)}; alone {show(alone)})", ratio, "<= 1.15",
-            at_most(ratio, 1.15), raw=raw),
-        Row(NAME, "the same, enforcement none (both float) / alone",
-            f"p99 {none['p99'] / alone['p99']:.2f}x, p50 {none['p50'] / alone['p50']:.2f}x, tok/s "
-            f"{none['tok_s'] / alone['tok_s']:.2f}x ({show(none)})", none["p99"] / alone["p99"],
-            "enforcing clearly better", at_most(enforcing["p99"], none["p99"])),
-        Row(NAME, "enforcing / alone: p50, tok/s",
-            f"p50 {enforcing['p50'] / alone['p50']:.2f}x, tok/s {enforcing['tok_s'] / alone['tok_s']:.2f}x",
-            None, "", INFO),
-    ]
+def rows(found: dict[str, vllm_figure.ModeFigure], count: int, runs: Sequence[Run]) -> list[Row]:
+    """The table's rows: the verdicts on the median p99 ratios (spread beside), the medians' cost as information."""
+    said = vllm_figure.verdicts(found)
+    enforcing, none = found.get("enforcing"), found.get("none")
+    if enforcing is None or "p99" not in enforcing.ratio:
+        return [Row(NAME, "vLLM beside a CPU hog", "no enforcing run paired with an alone run", None, "<= 1.15",
+                    MISSED)]
+    hog = next((r.extra.get("hog_cpu", "") for r in runs if r.mode == "enforcing"), "")
+    rounds = enforcing.ratio["p99"].count
+    out = [Row(NAME, f"1-book vLLM beside a CPU hog (requests {hog}), {count} x {TOKENS}-token requests, "
+               f"{rounds} rounds: p99 enforcing / alone, median (min-max)", enforcing.ratio["p99"].ratio_text(),
+               enforcing.ratio["p99"].median, f"median <= {vllm_figure.GOAL}", said["goal"])]
+    if none is not None and "p99" in none.ratio:
+        out.append(Row(NAME, "the same, enforcement none (both float) / alone", none.ratio["p99"].ratio_text(),
+                       none.ratio["p99"].median, "enforcing's median below", said["below none"]))
+    for fig in (enforcing, none):
+        if fig is not None and "p50" in fig.ratio:
+            out.append(Row(NAME, f"{fig.mode} / alone: p50, tok/s, median (min-max)",
+                           f"p50 {fig.ratio['p50'].ratio_text()}, tok/s {fig.ratio['tok_s'].ratio_text()}",
+                           None, "", INFO))
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="20 requests per run instead of 60")
-    parser.add_argument("--requests", type=int, default=None, help="requests per run (after 5 to warm up)")
-    parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument("--runs", type=int, default=None, help="rounds: runs per mode, interleaved (default 5; "
+                        "1 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="1 round of 20 requests per run")
+    parser.add_argument("--requests", type=int, default=None, help="requests per run (after 5 to warm up; 60)")
+    parser.add_argument("--reserved-cpus", default="0", metavar="CPULIST",
+                        help="the agent's reserved CPUs, and the lane's host processes and the client confined to "
+                             "them as on a real node (default 0)")
+    parser.add_argument("--unconfined", action="store_true",
+                        help="no reserved CPUs: every CPU a book, the host's processes floating over all of them")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="start no new round after this long (the figures are then of the rounds done)")
+    parser.add_argument("--json-out", type=Path, default=None, help="the rows (as bench/run_all.py reads them)")
+    parser.add_argument("--raw-out", type=Path, default=None, help="every run's numbers, written after each run")
     args = parser.parse_args()
-    if args.requests is not None and args.requests < 1:
-        print("bench_vllm: --requests must be at least 1", file=sys.stderr)
-        return 2
+    for flag, value in (("--requests", args.requests), ("--runs", args.runs)):
+        if value is not None and value < 1:
+            print(f"vllm_beside_hog: {flag} must be at least 1", file=sys.stderr)
+            return 2
+    reserved = ""
+    if not args.unconfined:
+        try:
+            reserved = check_reserved(args.reserved_cpus, os.cpu_count() or 1)
+        except ValueError as exc:
+            print(f"vllm_beside_hog: {exc}", file=sys.stderr)
+            return 2
     started = time.monotonic()
     try:
-        rows = run(args.quick, args.requests)
-    except (RuntimeError, subprocess.SubprocessError) as exc:  # the cluster refused or timed out: one line
-        print(f"bench_vllm: {exc}", file=sys.stderr)
+        rows_ = run(args.quick, args.requests, args.runs, reserved, args.max_minutes, args.raw_out)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:  # the cluster refused or timed out: one line
+        print(f"vllm_beside_hog: {exc}", file=sys.stderr)
         return 1
-    for row in rows:
+    for row in rows_:
         note = f" {row.reason}" if row.reason else ""
         print(f"{row.bench}\t{row.name}\t{row.measured}\t{row.target}\t{row.verdict}{note}")
     if args.json_out:
         args.json_out.write_text(json.dumps({"bench": NAME, "seconds": time.monotonic() - started,
-                                             "rows": [row.__dict__ for row in rows]}, indent=1, default=str))
+                                             "rows": [row.__dict__ for row in rows_]}, indent=1, default=str))
     return 0
 
 

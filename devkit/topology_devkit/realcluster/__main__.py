@@ -1,5 +1,6 @@
-"""``python -m topology_devkit.realcluster up|down|status|restart-kubelet|crash|restart`` (the Makefile's cluster-*
-targets; ``crash`` and ``restart`` of kubelet or the runtime are the soak's faults, bench/cluster/soak).
+"""``python -m topology_devkit.realcluster up|down|status|restart-kubelet|crash|restart|confine|release`` (the
+Makefile's cluster-* targets; ``crash`` and ``restart`` of kubelet or the runtime are the soak's faults,
+bench/cluster/soak; ``confine CPUS`` and ``release``: the lane's host processes on reserved CPUs and back, confine.py).
 
 ``up`` starts the node with the runtime ``RUNTIME`` names (containerd, the default, or crio; ``--runtime`` wins);
 every other command acts on the cluster that is up, whichever runtime it has."""
@@ -10,6 +11,7 @@ import argparse
 import os
 import sys
 
+from . import confine
 from .cluster import (
     crash_component,
     down,
@@ -51,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     p_crash.add_argument("component", choices=["kubelet", "runtime", *RUNTIMES])
     p_restart_one = sub.add_parser("restart", help="stop kubelet or the runtime (SIGTERM) and start it again")
     p_restart_one.add_argument("component", choices=["kubelet", "runtime", *RUNTIMES])
+    p_confine = sub.add_parser("confine", help="the lane's host processes (control plane, runtime, kubelet, shims) "
+                               "onto CPUS, as reservedSystemCPUs keeps a node's daemons; release undoes it")
+    p_confine.add_argument("cpus", metavar="CPUS", help="a cpulist, e.g. 0")
+    sub.add_parser("release", help="the lane's host processes back on every CPU")
     args = parser.parse_args(argv)
     layout = Layout.from_env()
     try:
@@ -80,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "restart-kubelet":
             seconds = restart_kubelet(layout, args.cpu_manager_policy)
             print(f"cluster-restart-kubelet: kubelet healthy again after {seconds:.1f} s")
+        elif args.command == "confine":
+            moved = confine.confine(args.cpus, confine.lane_pids(layout))
+            print(f"confine: {len(moved)} processes of the lane on CPUs {args.cpus}")
+        elif args.command == "release":
+            print(f"release: {confine.release()} processes of the lane back on every CPU")
         elif args.command in ("crash", "restart"):
             how = crash_component if args.command == "crash" else restart_component
             seconds = how(layout, args.component)

@@ -19,7 +19,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from . import configs, crio, pki
+from . import configs, confine, crio, pki
 from .layout import (
     APISERVER_PORT,
     BRIDGE,
@@ -511,6 +511,7 @@ def remove_cdi_specs(folder: Path = CDI_DIR, driver: str = DRA_DRIVER) -> list[s
 
 def down(layout: Layout) -> None:
     """Stop whichever runtime is up (and anything either runtime left), then the control plane; remove the state."""
+    confine.release()  # a bench that died with the lane confined (confine.py)
     stop(layout, "kubelet")
     if running(layout, "containerd") is not None:
         _remove_sandboxes(CONTAINERD_SOCKET)
