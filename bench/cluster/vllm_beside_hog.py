@@ -28,8 +28,10 @@ reason, when no such cluster is up or the vLLM image is not in its runtime.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -298,6 +300,14 @@ def _release() -> None:
     confine.release()
 
 
+def _machine() -> str:
+    model = "?"
+    with contextlib.suppress(OSError):
+        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), "?")
+    return f"{os.cpu_count()} CPUs, {model}, {platform.machine()}, kernel {platform.release()}"
+
+
 def _save(path: Path | None, runs: list[Run], settings: dict[str, Any]) -> None:
     if path is not None:
         path.write_text(json.dumps({"bench": NAME, "settings": settings, "runs": [
@@ -331,17 +341,18 @@ def run(quick: bool, requests: int | None = None, rounds: int | None = None, res
     count = requests or (20 if quick else 60)
     rounds = rounds or (1 if quick else 5)
     settings = {"requests": count, "rounds": rounds, "reserved_cpus": reserved, "host": "confined" if reserved else
-                "floating", "load_before": loadavg(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    print(f"vllm_beside_hog: {rounds} round(s) of {', '.join(vllm_figure.MODES)}, {count} requests each; "
-          f"load {settings['load_before']}", flush=True)
+                "floating", "load_before": loadavg(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "machine": _machine()}
+    print(f"vllm_beside_hog: {rounds} round(s) of {', '.join(vllm_figure.MODES)} and back, {count} requests each, "
+          f"on {settings['machine']}; load {settings['load_before']}", flush=True)
     agent = Agent(reserved_values(reserved))
     runs: list[Run] = []
     started = time.monotonic()
     try:
         if reserved:
             print(f"vllm_beside_hog: {_confine(reserved)}; the agent with agent.reservedCpus={reserved}", flush=True)
-        for rnd, mode in vllm_figure.schedule(rounds):
-            if (max_minutes is not None and mode == vllm_figure.MODES[0]
+        for i, (rnd, mode) in enumerate(vllm_figure.schedule(rounds)):
+            if (max_minutes is not None and i % len(vllm_figure.MODES) == 0
                     and time.monotonic() - started > max_minutes * 60):
                 print(f"vllm_beside_hog: --max-minutes {max_minutes:g} reached: {rnd} round(s) done", flush=True)
                 break

@@ -4,6 +4,7 @@ the reserved CPUs it confines the lane's host processes to, and its command line
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -151,3 +152,40 @@ def test_confine_makes_the_group_with_the_roots_memory_nodes_and_the_cpus(tmp_pa
     group = tmp_path / confine.GROUP
     assert (group / "cpuset.mems").read_text() == "0\n" and (group / "cpuset.cpus").read_text() == "0\n"
     assert confine.release(root=tmp_path / "nowhere") == 0
+
+
+def test_the_agent_switches_once_per_round_and_keeps_the_reserved_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    upgrades: list[tuple[str, ...]] = []
+    monkeypatch.setattr(vllm_beside_hog, "helm_upgrade", lambda *values: upgrades.append(values))
+    agent = vllm_beside_hog.Agent(reserved_values("0"))
+    for _, mode in schedule(3):
+        agent.ensure(vllm_beside_hog.MODES[mode][0])
+    assert len(upgrades) == 4  # the first run's values, then one switch per round
+    assert all(values[:2] == ("--set-string", "agent.reservedCpus=0") for values in upgrades)
+
+
+def test_a_whole_bench_run_confines_saves_each_run_and_restores_the_lane(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:
+    calls: list[str] = []
+    p99 = {"alone": 0.1, "enforcing": 0.11, "none": 0.16}
+    monkeypatch.setattr(vllm_beside_hog, "_why_not", lambda image: None)
+    monkeypatch.setattr(vllm_beside_hog, "kubectl", lambda *args, **kw: type("Done", (), {
+        "stdout": '{"items": [{"metadata": {"name": "node"}}]}' if args[:2] == ("get", "nodes") else ""})())
+
+    def confined(reserved: str) -> str:
+        calls.append(f"confine {reserved}")
+        return "confined"
+
+    monkeypatch.setattr(vllm_beside_hog, "_confine", confined)
+    monkeypatch.setattr(vllm_beside_hog, "_release", lambda: calls.append("release"))
+    monkeypatch.setattr(vllm_beside_hog, "helm_upgrade", lambda *values: calls.append(f"helm {' '.join(values)}"))
+    monkeypatch.setattr(vllm_beside_hog, "measure", lambda mode, rnd, node, requests, agent: Run(
+        mode, rnd, p99[mode] / 2, p99[mode], 300.0, extra={"book": "1", "hog_cpu": "", "ready_s": 50.0,
+                                                           "where": {"client": 50.0}, "top_waiter": ""}))
+    raw = tmp_path / "runs.json"
+    rows_ = vllm_beside_hog.run(False, 10, 2, "0", None, raw)
+    assert calls == ["confine 0", "helm ", "release"]  # the lane's own values again, then every CPU back
+    assert [r.verdict for r in rows_[:2]] == ["met", "met"] and rows_[0].measured == "1.10x (1.10-1.10)"
+    saved = json.loads(raw.read_text())
+    assert [(r["round"], r["mode"]) for r in saved["runs"]] == schedule(2)
+    assert saved["settings"]["host"] == "confined" and "load_after" in saved["settings"]
