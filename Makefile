@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
 .PHONY: demo test lint proto bench venv clean kind-test s390x-smoke chart-check image image-s390x image-lock image-base-pin \
-	cluster-build cluster-up cluster-down cluster-restart-kubelet cluster-status e2e e2e-vllm soak
+	cluster-build cluster-up cluster-down cluster-restart-kubelet cluster-status e2e e2e-vllm soak release
 
 $(STAMP): pyproject.toml devkit/pyproject.toml deploy/image/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed")'
@@ -127,6 +127,11 @@ image-lock:
 	@[ -x $(LOCK_VENV)/bin/uv ] || { rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV) && \
 	  $(LOCK_VENV)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION) packaging; }
 	$(LOCK_VENV)/bin/python deploy/image/lock.py --uv $(LOCK_VENV)/bin/uv
+
+## Record a release (docs/admin/releases.md): refuses in one line (exit 2) when a version disagrees with VERSION, the
+## CHANGELOG has no section for it or the tree has changes; else appends it to releases.json, commits that and tags it.
+release: $(STAMP)
+	@$(BIN)/python -m topology_devkit.release record --version "$(VERSION)" $(if $(COMMIT),--commit "$(COMMIT)")
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis build *.egg-info devkit/*.egg-info

@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import NoReturn
 
-from agent import __version__
 from agent.cli import demo, discover, explain, seccomp_profile, serve, snapshot, uninstall
 from agent.cli.flags import check_choices
 from agent.errors import UserError
+from agent.version import version_line
 
 COMMANDS: dict[str, ModuleType] = {
     "discover": discover,
@@ -37,12 +37,23 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class VersionAction(argparse.Action):
+    """``--version``: the version and the commit (git runs only when asked for, from a checkout)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        sys.stdout.write(version_line() + "\n")
+        parser.exit(0)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line, or, with ``only``, every command but only that one's flags (each
     command imports what its flags need: ``discover`` starts without the rest)."""
     parser = Parser(prog="topology-agent",
                     description="Makes IBM Z CPU topology (drawers, books, sockets) schedulable.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action=VersionAction, help="print the version and the commit, then exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name, command in COMMANDS.items():
         p = sub.add_parser(name, help=command.HELP)

@@ -38,7 +38,7 @@ class StateFiles:
     def __init__(self, kubelet_dir: Path, settings: GroupingSettings) -> None:
         self.settings = settings
         self.directory = Path(kubelet_dir) / STATE_DIR / _safe(settings.resource_prefix)
-        self.legacy_groups = Path(kubelet_dir) / STATE_DIR / GROUPS_FILE  # where 0.1.0 kept them
+        self.legacy_groups = Path(kubelet_dir) / STATE_DIR / GROUPS_FILE  # the layout before per-prefix directories
         self._grouping: Grouping | None = None
 
     @property

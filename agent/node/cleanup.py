@@ -54,8 +54,8 @@ def _why(exc: Exception) -> str:
 
 # --------------------------------------------------------------------------------------- the agent's half
 def remove_state_files(kubelet_dir: Path, resource_prefix: str, dra: bool) -> list[str]:
-    """Remove the agent's state under ``kubelet_dir`` (its prefix's files, DRA claims, the 0.1.0 file), and the
-    state directory itself once empty. Returns what was removed; OSError for what could not be."""
+    """Remove the agent's state under ``kubelet_dir`` (its prefix's files, DRA claims, the pre-release top-level
+    groups file), and the state directory itself once empty. Returns what was removed; OSError for what could not be."""
     root = Path(kubelet_dir) / STATE_DIR
     prefix_dir = StateFiles(Path(kubelet_dir), GroupingSettings(resource_prefix=resource_prefix)).directory.name
     removed = []

@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from agent import __version__
 from agent.observe.status import AgentStatus
 from agent.policy.cpuset import EVICTION_REASONS, EVICTION_RESULTS, KINDS
+from agent.version import commit
 
 PREFIX = "topology_agent"
 DEVICE_STATES: tuple[str, ...] = ("healthy", "allocated", "held-elsewhere", "blocked-by-overlap", "unhealthy-offline")
@@ -30,7 +31,8 @@ class AgentMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
-        Info(f"{PREFIX}_build", "Agent version", registry=self.registry).info({"version": __version__})
+        Info(f"{PREFIX}_build", "Agent version and commit", registry=self.registry).info(
+            {"version": __version__, "commit": commit()})
         ProcessCollector(registry=self.registry)  # process_*: CPU seconds, resident memory, open fds, start time
         self.calls = Counter(f"{PREFIX}_rpc_calls", "Allocate and GetPreferredAllocation calls by result",
                              ["method", "resource", "code"], registry=self.registry)

@@ -156,9 +156,9 @@ def grouping_from_dict(data: Any, settings: GroupingSettings, present_cpus: Iter
 
 
 def holds_to_dict(holds: SavedHolds, settings: GroupingSettings) -> dict[str, Any]:
-    """Every held device as a [resource, id] pair (``holds``, the layout since 0.1.0, when only
-    unconfirmed holds were saved), and the pods of the init-container holds as [resource, id,
-    namespace, pod] (``pods``, read by nothing older: it keeps those as unconfirmed holds)."""
+    """Every held device as a [resource, id] pair (``holds``, the layout of the pre-release
+    agents that saved only unconfirmed holds), and the pods of the init-container holds as [resource,
+    id, namespace, pod] (``pods``; an agent without it keeps those as unconfirmed holds)."""
     return {"version": SAVED_VERSION, "resource_prefix": settings.resource_prefix,
             "holds": [list(k) for k in sorted(holds.keys)],
             "pods": sorted([*k, *pod] for k, pods in holds.pods.items() for pod in pods)}

@@ -37,7 +37,8 @@ def removal_patch(labels: Mapping[str, str], annotations: Mapping[str, str], pre
 
 def state_paths(state_root: PurePath, prefix_dir: str, dra: bool, groups_file: str) -> tuple[PurePath, ...]:
     """The agent's own entries under ``state_root`` (``<kubelet dir>/s390x-topology-agent``): its prefix's
-    directory, DRA mode's claims directory, the 0.1.0 groups file. Another instance's prefix is not among them."""
+    directory, DRA mode's claims directory, the pre-release top-level groups file. Another instance's prefix is
+    not among them."""
     paths: list[PurePath] = [state_root / prefix_dir]
     if dra:
         paths.append(state_root / "dra")

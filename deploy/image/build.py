@@ -3,6 +3,7 @@
 
     make image REGISTRY=registry.example.com/team [TAG=0.1.0] [DRY_RUN=1]
         docker buildx build --platform linux/s390x,linux/amd64 -f Dockerfile.s390x --tag REGISTRY/NAME:TAG --push
+        TAG defaults to the chart's appVersion (agent.__version__ in SemVer form: 0.2.0.dev0 -> 0.2.0-dev.0),
         with VERSION, REVISION, SOURCE_DATE_EPOCH (the last commit's time) and CREATED as build args, then prints the
         pushed manifest list's digest and the helm flags that pin it.
     make image-base-pin [DRY_RUN=1]
@@ -26,7 +27,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -101,11 +101,19 @@ def mode(docker: str) -> bool:
     return False
 
 
+def image_version() -> str:
+    """The image's version label and default tag: the chart's appVersion, the SemVer form of agent.__version__."""
+    sys.path.insert(0, str(REPO))
+    from agent import __version__
+    from agent.version import semver
+    return semver(__version__)
+
+
 def image() -> None:
     registry = os.environ.get("REGISTRY", "").strip().rstrip("/")
     if not registry:
         raise Failure("REGISTRY is required, e.g. make image REGISTRY=registry.example.com/team TAG=0.1.0")
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    version = image_version()
     tag = os.environ.get("TAG", "").strip() or version
     ref = f"{registry}/{os.environ.get('IMAGE_NAME') or IMAGE_NAME}:{tag}"
     dockerfile = os.environ.get("DOCKERFILE") or "Dockerfile.s390x"

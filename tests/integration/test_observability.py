@@ -10,6 +10,8 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent import __version__
+from agent.version import commit
 from tests.support.env import BOOK, SOCKET
 from tests.support.harness import Node, running_node
 from topology_devkit.kubelet_emulator import AdmissionError, Container
@@ -40,7 +42,7 @@ def test_metrics_after_registration_allocations_restart_and_a_bad_allocate() -> 
     with running_node(metrics_port=0, metrics_address="127.0.0.1") as node:
         k = node.kubelet
         m = scrape(node)
-        assert value(m, "topology_agent_build_info", version="0.1.0") == 1
+        assert value(m, "topology_agent_build_info", version=__version__, commit=commit()) == 1
         assert value(m, "topology_agent_node_info", machine="z16", fidelity="lpar", dispatching="horizontal",
                      smt="2") == 1
         assert value(m, "topology_agent_devices", resource=BOOK, state="healthy") == 8

@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
+from agent import __version__
+from agent.version import semver
 from tests.support.chart import (
     CHART,
     FAKE_ARGS,
@@ -256,7 +258,7 @@ def test_every_agent_variable_is_a_serve_flag(render: Render, monkeypatch: pytes
 
 
 def test_image_tag_defaults_to_app_version_and_digest_wins(render: Render) -> None:
-    assert agent_container(render())["image"] == "s390x-topology-agent:0.1.0"
+    assert agent_container(render())["image"] == f"s390x-topology-agent:{semver(__version__)}"
     digest = "sha256:" + "a" * 64
     container = agent_container(render("--set", "image.repository=quay.io/x/agent", "--set", f"image.digest={digest}"))
     assert container["image"] == f"quay.io/x/agent@{digest}"

@@ -231,3 +231,11 @@ def test_the_dockerignore_matcher_follows_dockers_rules() -> None:
     assert not dockerignore_included(rules, "tests/test_x.py")
     assert dockerignore_included(rules, "keep.txt") and not dockerignore_included(rules, "sub/keep.txt")
     assert dockerignore_included(rules, "README.md") and not dockerignore_included(rules, "NOTES.md")
+
+
+def test_the_wheel_carries_the_commit_make_image_passes() -> None:
+    wheel_stage = STAGES["app-wheel"]
+    assert "ARG REVISION=unknown" in wheel_stage
+    build = next(line for line in wheel_stage if "pip wheel" in line)
+    bake = 'printf \'{"commit": "%s"}\\n\' "$REVISION" > agent/data/build.json'
+    assert bake in build and build.index(bake) < build.index("pip wheel"), "the commit is in the wheel"

@@ -9,14 +9,14 @@ import re
 import shlex
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support.env import REPO
 
-PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+CHART = yaml.safe_load((REPO / "deploy/helm/s390x-topology-agent/Chart.yaml").read_text())
 
 
 def make(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -56,7 +56,7 @@ def test_make_image_dry_run_prints_the_buildx_command() -> None:
     assert options(argv, "--metadata-file") == ["build/image-metadata.json"]
     args = dict(a.split("=", 1) for a in options(argv, "--build-arg"))
     revision, epoch = last_commit()
-    assert args == {"VERSION": PYPROJECT["project"]["version"], "REVISION": revision, "SOURCE_DATE_EPOCH": epoch,
+    assert args == {"VERSION": CHART["appVersion"], "REVISION": revision, "SOURCE_DATE_EPOCH": epoch,
                     "CREATED": args["CREATED"]}
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", args["CREATED"])
     assert "imagetools inspect registry.example.com/team/s390x-topology-agent:1.2.3" in result.stdout
@@ -66,7 +66,7 @@ def test_make_image_dry_run_prints_the_buildx_command() -> None:
 def test_make_image_tag_defaults_to_the_version_and_created_follows_source_date_epoch() -> None:
     result = make("image", "REGISTRY=r.example", env={"DRY_RUN": "1", "SOURCE_DATE_EPOCH": "1700000000"})
     argv = buildx_command(result.stdout)
-    assert options(argv, "--tag") == [f"r.example/s390x-topology-agent:{PYPROJECT['project']['version']}"]
+    assert options(argv, "--tag") == [f"r.example/s390x-topology-agent:{CHART['appVersion']}"]
     assert {"SOURCE_DATE_EPOCH=1700000000", "CREATED=2023-11-14T22:13:20Z"} <= set(options(argv, "--build-arg"))
 
 

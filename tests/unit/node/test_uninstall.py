@@ -69,7 +69,7 @@ def test_label_selectors_round_trip_and_bad_items_are_named() -> None:
 
 def test_state_files_of_our_prefix_go_and_the_directory_once_empty(tmp_path: Path) -> None:
     ours = write_state_files(tmp_path)
-    (tmp_path / "s390x-topology-agent" / "groups.json").write_text("{}")  # where 0.1.0 kept them
+    (tmp_path / "s390x-topology-agent" / "groups.json").write_text("{}")  # the layout before per-prefix directories
     (tmp_path / "kubelet_internal_checkpoint").write_text("kubelet's")
     removed = remove_state_files(tmp_path, "topology", dra=False)
     assert not ours.exists() and not (tmp_path / "s390x-topology-agent").exists()
