@@ -13,6 +13,7 @@ from collections.abc import Callable
 from agent.app.config import AgentConfig
 from agent.devices.serving import DeviceServer
 from agent.devices.table import NodeDevices
+from agent.dra.unprepare_only import UnprepareOnly
 from agent.enforce.engine import EnforcementEngine
 from agent.enforce.evictions import Evictions
 from agent.errors import PodResourcesError, TopologyReadError
@@ -70,7 +71,8 @@ class Agent:
                  metrics: AgentMetrics, http: HttpEndpoint | None, latest: LatestTopology,
                  loader: Callable[[], Topology] | None = None, fingerprint: Callable[[], object] | None = None,
                  first_fingerprint: object = None, enforcement: EnforcementEngine | None = None,
-                 enforcement_mode: str = "none", evictions: Evictions | None = None) -> None:
+                 enforcement_mode: str = "none", evictions: Evictions | None = None,
+                 dra_unprepare_only: UnprepareOnly | None = None) -> None:
         self.topology = topology
         self.config = config
         self.grouping = grouping
@@ -84,6 +86,7 @@ class Agent:
         self.latest = latest
         self.enforcement = enforcement
         self.evictions = evictions  # --stranded-policy evict: the pods the enforcement asks the API server to evict
+        self.dra_unprepare_only = dra_unprepare_only  # device-plugin mode: the DRA plugin for claims left prepared
         self._enforcement_mode = enforcement_mode  # none | cri | nri: the one chosen at start
         self.fingerprint = fingerprint
         self._last_fingerprint = first_fingerprint
@@ -199,10 +202,20 @@ class Agent:
                     "their overlapping devices blocked until it does" + (f"; {note}" if note else ""))
         if note is None and self.enforcement_mode != "none":
             note = f"cpuset enforcement: {self.enforcement_mode}"
+        left = self.dra_claims_to_unprepare()
+        if left:
+            note = (f"DRA plugin registered for unprepare only: {left} claim(s) prepared in DRA mode left"
+                    + (f"; {note}" if note else ""))
         return True, f"ready ({note})" if note else "ready"
 
     def alive(self) -> bool:
         return self.manager.alive()
+
+    def dra_claims_to_unprepare(self) -> int:
+        """Claims prepared in DRA mode that the DRA plugin, kept for their unprepare only, still serves (0: none,
+        or it is unregistered)."""
+        leftover = self.dra_unprepare_only
+        return leftover.claims_left() if leftover is not None and leftover.serving else 0
 
     def allocations(self) -> dict[str, object]:
         return {"ready": self.ready(), **self.devices.allocations(pod_names=self.config.allocations_pod_names)}
@@ -231,7 +244,9 @@ class Agent:
             cpu_manager_static=self.reporter.cpu_manager_policy == "static",
             cpu_manager_findings=len(self.reporter.findings), log_records_dropped=dropped_records(),
             enforcement=self._enforcement_status(), enforcement_mode=self.enforcement_mode,
-            uniform=tuple((u.resource, u.cpus, len(u.left_out)) for u in self.grouping.uniform))
+            uniform=tuple((u.resource, u.cpus, len(u.left_out)) for u in self.grouping.uniform),
+            dra_unprepare_only=self.dra_unprepare_only is not None and self.dra_unprepare_only.serving,
+            dra_claims_to_unprepare=self.dra_claims_to_unprepare())
 
     def _enforcement_status(self) -> EnforcementStatus | None:
         if self.enforcement is None:
@@ -261,6 +276,8 @@ class Agent:
             self.rescan_loop.start()
             if self.enforcement is not None:
                 self.enforcement.start()
+        if self.dra_unprepare_only is not None:  # kubelet finishes those claims' pods only once they are unprepared
+            self.dra_unprepare_only.start()
         if self.http is not None:
             self.http.start(make_app(self.metrics.registry, self.alive, self.readiness, self.allocations))
 
@@ -273,6 +290,8 @@ class Agent:
         self.rescan_loop.stop()
         self.pod_resources_loop.stop()
         self.manager.stop()
+        if self.dra_unprepare_only is not None:
+            self.dra_unprepare_only.stop()
         self.devices.stop_publisher()
         self.pod_resources.close()
         if self.http is not None:

@@ -51,8 +51,9 @@ from agent.policy.ledger import SavedHolds
 from agent.policy.resource_slices import DRIVER
 from agent.topology.model import Topology
 
-if TYPE_CHECKING:  # made only in the steps that need them (DRA mode, --stranded-policy evict)
+if TYPE_CHECKING:  # made only in the steps that need them (DRA mode, claims left by it, --stranded-policy evict)
     from agent.dra.driver import DraManager
+    from agent.dra.unprepare_only import UnprepareOnly
     from agent.enforce.evictions import Evictions
 
 log = logging.getLogger("topology-agent")
@@ -96,10 +97,13 @@ class ReleasedClaims:
     first List)."""
 
     def __init__(self, devices: NodeDevices[Wire], path: Path, claims: Mapping[str, PreparedClaim],
-                 groups: Sequence[Group], cdi_dir: Path) -> None:
+                 groups: Sequence[Group], cdi_dir: Path,
+                 forget: Callable[[list[str]], list[str]] | None = None) -> None:
         self.devices = devices
         self.path = path
         self.cdi_dir = cdi_dir  # the forgotten claims' CDI files go with them
+        # the checkpoint's owner when the DRA plugin serves their unprepare (its preparer), else the file itself
+        self.forget = forget or (lambda uids: forget_claims(self.path, uids, self.cdi_dir))
         by_id = {g.id: g for g in groups}
         self.holding = {uid: set(keys) for uid in claims if (keys := claim_holds({uid: claims[uid]}, by_id))}
 
@@ -110,8 +114,8 @@ class ReleasedClaims:
             ledger = self.devices.ledger
             still = set(ledger.pending_claims) | set(ledger.listed)
         released = [uid for uid, keys in self.holding.items() if not keys & still]
-        for uid in forget_claims(self.path, released, self.cdi_dir) if released else ():
-            del self.holding[uid]
+        for uid in self.forget(released) if released else ():
+            self.holding.pop(uid, None)
 
 
 def first_pod_resources_sync(devices: NodeDevices[Wire], pod_resources: PodResourcesClient,
@@ -153,11 +157,12 @@ def advertised_groups(topology: Topology, config: AgentConfig, files: StateFiles
 
 
 def device_table(topology: Topology, config: AgentConfig, grouping: Grouping, shadow: Sequence[Group],
-                 files: StateFiles, pod_resources: PodResourcesClient,
-                 claims: Mapping[str, PreparedClaim]) -> tuple[NodeDevices[Wire], list[Callable[[], None]]]:
+                 files: StateFiles, pod_resources: PodResourcesClient, claims: Mapping[str, PreparedClaim],
+                 leftover: UnprepareOnly | None = None) -> tuple[NodeDevices[Wire], list[Callable[[], None]]]:
     """Step 2: the node's device table with every hold known before serving: the saved holds (of an earlier instance)
     and, in device-plugin mode, the claims a DRA agent left prepared; and the steps to run after the first List
-    (the prepared claims that hold nothing any more are then forgotten)."""
+    (the prepared claims that hold nothing any more are then forgotten, through ``leftover``'s preparer when the DRA
+    plugin serves their unprepare)."""
     machine = topology.machine
     every = (*grouping.groups, *shadow)
     devices = NodeDevices(grouping, config.grouping, config.allocation, render,
@@ -183,10 +188,12 @@ def device_table(topology: Topology, config: AgentConfig, grouping: Grouping, sh
                         "pod-resources shows or drops them: %s", len(held),
                         ", ".join(f"{r} {d}" for r, d in sorted(held)))
             devices.restore_claims(held)
-            forget = ReleasedClaims(devices, checkpoint_path(config.kubelet_dir), claims, every, config.cdi_dir)
+            forget = ReleasedClaims(devices, checkpoint_path(config.kubelet_dir), claims, every, config.cdi_dir,
+                                    leftover.preparer.forget if leftover is not None else None)
             devices.add_listener(forget)
             after_first_sync.append(forget)
-        pod_resources.dra_admin = lambda: admin_devices(claims)
+        pod_resources.dra_admin = (leftover.preparer.admin_devices if leftover is not None
+                                   else lambda: admin_devices(claims))
     return devices, after_first_sync
 
 
@@ -307,7 +314,13 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
     files = StateFiles(config.kubelet_dir, config.grouping)
     claims = read_checkpoint(checkpoint_path(config.kubelet_dir))  # DRA mode's prepared claims (the preparer's own)
     grouping, shadow = advertised_groups(topology, config, files, pod_resources, claims)
-    devices, after_first_sync = device_table(topology, config, grouping, shadow, files, pod_resources, claims)
+    leftover = None
+    if config.mode != "dra" and claims:  # a DRA agent ran here: kubelet needs its plugin to unprepare them
+        from agent.app.build_dra import build_unprepare_only
+
+        leftover = build_unprepare_only(config, (*grouping.groups, *shadow))
+    devices, after_first_sync = device_table(topology, config, grouping, shadow, files, pod_resources, claims,
+                                             leftover)
     metrics = AgentMetrics()
     metrics.prepare(grouping.resources())
     manager, dra = device_server(config, topology, grouping, devices, pod_resources, metrics)
@@ -321,4 +334,4 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
     return Agent(topology=topology, config=config, grouping=grouping, devices=devices, manager=manager,
                  pod_resources=pod_resources, reporter=reporter, metrics=metrics, http=http, loader=loader,
                  fingerprint=fingerprint, first_fingerprint=first_fingerprint, latest=latest,
-                 enforcement=enforcement, enforcement_mode=mode, evictions=evictions)
+                 enforcement=enforcement, enforcement_mode=mode, evictions=evictions, dra_unprepare_only=leftover)

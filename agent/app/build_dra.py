@@ -1,6 +1,7 @@
 """DRA mode's part of the composition root (``--mode dra``): the API client, the claim preparer, the slice publisher,
 the health service and the kubelet plugin, made into a :class:`agent.dra.driver.DraManager` over the device-plugin
-mode's own discovery, grouping, planning, state and enforcement.
+mode's own discovery, grouping, planning, state and enforcement; and, in device-plugin mode with claims left prepared,
+the DRA plugin kept for their unprepare only (:class:`agent.dra.unprepare_only.UnprepareOnly`).
 
 Must hold: the checkpoint's claims hold their devices before anything is served, and a prepare or unprepare tells the
 node's device table first, then every other listener (the cpuset enforcement among them).
@@ -8,7 +9,8 @@ node's device table first, then every other listener (the cpuset enforcement amo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 
 from agent.app.config import AgentConfig
 from agent.devices.table import NodeDevices
@@ -18,15 +20,21 @@ from agent.dra.kubelet_plugin import KubeletPlugin
 from agent.dra.prepare import ClaimPreparer, checkpoint_path
 from agent.dra.publisher import DraApi, SlicePublisher
 from agent.dra.served import ServedApi, check_served
+from agent.dra.unprepare_only import UnprepareOnly
 from agent.errors import NodeLabelerError, StartupError
 from agent.node.kubeapi import kube_api_from_environment
 from agent.node.resource_withdrawal import ExtendedResourcesClear
 from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire
-from agent.policy.grouping import Grouping
+from agent.policy.grouping import Group, Grouping
 from agent.policy.keys import DeviceKey
 from agent.policy.resource_slices import DRIVER, PoolPlan, SliceSettings, build_pool
 from agent.topology.model import Topology
+
+log = logging.getLogger("topology-agent.dra")
+
+REFUSE_NEW = ("the agent on this node runs in device-plugin mode: its DRA plugin serves only the unprepare of the "
+              "claims prepared before the switch")
 
 
 def dra_api() -> DraApi:
@@ -82,3 +90,28 @@ def build_dra_manager(config: AgentConfig, topology: Topology, grouping: Groupin
     devices.set_claims(preparer.holds())  # the checkpoint's claims hold their devices before anything is served
     devices.add_listener(manager.changed)
     return manager
+
+
+def build_unprepare_only(config: AgentConfig, groups: Sequence[Group]) -> UnprepareOnly:
+    """Device-plugin mode with claims left in the DRA checkpoint: the DRA plugin for their unprepare only, over a
+    preparer that refuses every claim it does not hold (``groups``: every group its claims may name); without API
+    access it deletes no ResourceSlice (the DRA agent that handed over did)."""
+    preparer = ClaimPreparer(driver=DRIVER, pool=config.node_name or "", groups={g.id: g for g in groups},
+                             allocation=config.allocation, read_claim=_no_claim_read, cdi_dir=config.cdi_dir,
+                             checkpoint=checkpoint_path(config.kubelet_dir))
+    preparer.refuse_new = REFUSE_NEW
+    slices = None
+    if config.node_name:
+        try:
+            slices = SlicePublisher(dra_api(), config.node_name, DRIVER)
+        except StartupError as exc:
+            log.warning("not deleting this node's ResourceSlices: %s", exc, extra={"reason": str(exc)})
+    plugin = KubeletPlugin(driver=DRIVER, registry_dir=config.dra_registry_dir, plugin_dir=config.dra_plugin_dir,
+                           preparer=preparer)
+    leftover = UnprepareOnly(plugin=plugin, slices=slices)
+    preparer.on_change = leftover.changed
+    return leftover
+
+
+def _no_claim_read(namespace: str, name: str) -> dict[str, object]:
+    raise StartupError(f"claim {namespace}/{name}: device-plugin mode reads no claim")  # refused before reading

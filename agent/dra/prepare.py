@@ -7,7 +7,8 @@ mode (:func:`agent.policy.allocation.plan_allocation`) and written as one CDI de
 Must hold: an admin-access request is observed only (no binding variables, no claim variable, held by nobody); a claim
 on devices the other mode holds, or overlapping them, is refused; what was prepared is checkpointed (atomically)
 before the answer goes out, so a repeated prepare answers from the checkpoint; unpreparing an unknown claim succeeds;
-and no CDI file outlives its claim. Why and how: docs/contributing/design/dra-claims.md."""
+no CDI file outlives its claim; and a preparer that refuses new claims (device-plugin mode, serving unprepares only)
+still answers those it holds. Why and how: docs/contributing/design/dra-claims.md."""
 
 from __future__ import annotations
 
@@ -291,6 +292,7 @@ class ClaimPreparer:
         self.claims: dict[str, PreparedClaim] = self._load()
         self._requests: dict[str, PreparedRequest] = request_index(self.claims, self.groups)
         self.on_change: Callable[[], None] | None = None  # after a claim was prepared or unprepared (must not block)
+        self.refuse_new: str | None = None  # why claims it does not hold are refused (None: prepared from the API)
         self.prepares = 0  # claims prepared from the API (not from the checkpoint)
         self.unprepares = 0
 
@@ -344,6 +346,8 @@ class ClaimPreparer:
             if known is not None:
                 self._write_files(known)  # idempotent; restores a file somebody removed
                 return known
+        if self.refuse_new is not None:
+            raise PrepareError(f"claim {namespace}/{name} cannot be prepared: {self.refuse_new}")
         claim = self.read_claim(namespace, name)
         got = str((claim.get("metadata") or {}).get("uid") or "")
         if got != uid:
@@ -382,6 +386,29 @@ class ClaimPreparer:
             self.unprepares += 1
         log.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, uid)
         self._changed()
+
+    def forget(self, uids: Iterable[str]) -> list[str]:
+        """Drop claims none of whose containers is left (device-plugin mode: pod-resources lists none of them), with
+        their CDI files, as :func:`forget_claims` does to the file; the uids of ``uids`` it holds no more (forgotten
+        now or before; none when the checkpoint cannot be written)."""
+        asked = set(uids)
+        with self._lock:
+            gone = {uid: c for uid, c in self.claims.items() if uid in asked}
+            if gone:
+                try:
+                    self._commit({k: v for k, v in self.claims.items() if k not in asked})
+                except OSError as exc:
+                    log.warning("cannot forget released claims in the DRA checkpoint %s (%s)", self.checkpoint, exc)
+                    return []
+                for c in gone.values():
+                    remove_claim_files(self.cdi_dir, c)
+            left = sorted(asked - set(self.claims))
+        for uid, c in sorted(gone.items()):
+            log.info("forgot claim %s/%s (%s) in the DRA checkpoint: pod-resources lists none of its containers any "
+                     "more", c.namespace, c.name, uid)
+        if gone:
+            self._changed()
+        return left
 
     def _changed(self) -> None:
         if self.on_change is not None:

@@ -166,6 +166,10 @@ def _health(s: AgentStatus) -> Iterator[Metric]:
     yield GaugeMetricFamily(f"{PREFIX}_pending_holds",
                             "Devices handed out that pod-resources has not shown yet (kept held until it does)",
                             value=s.pending_holds)
+    yield GaugeMetricFamily(f"{PREFIX}_dra_unprepare_only_claims",
+                            "Claims prepared in DRA mode not unprepared yet, while device-plugin mode keeps the DRA "
+                            "plugin registered for their unprepare only (it unregisters at 0)",
+                            value=s.dra_claims_to_unprepare)
     yield GaugeMetricFamily(f"{PREFIX}_memory_node_fallbacks",
                             "Groups whose recorded memory node is not a real one (fell back)",
                             value=s.memory_node_fallbacks)

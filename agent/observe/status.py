@@ -63,3 +63,5 @@ class AgentStatus:
     enforcement: EnforcementStatus | None = None  # None: --cpuset-enforcement none
     enforcement_mode: str = "none"  # the cpuset enforcement in force: none | cri | nri
     uniform: tuple[tuple[str, int, int], ...] = ()  # --uniform-groups: (resource, CPUs advertised, groups left out)
+    dra_unprepare_only: bool = False  # device-plugin mode serves the DRA plugin for claims prepared in DRA mode
+    dra_claims_to_unprepare: int = 0  # of those claims, the ones not unprepared yet

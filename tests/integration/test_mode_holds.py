@@ -21,7 +21,11 @@ import pytest
 
 from agent._proto.deviceplugin.v1beta1 import api_pb2 as dp
 from agent._proto.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from agent._proto.dra.v1 import api_pb2 as dra_v1
+from agent._proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
+from agent._proto.pluginregistration.v1 import api_pb2 as reg_pb2
+from agent._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from agent.app.agent import Agent
 from agent.app.build import build_agent
 from agent.app.config import AgentConfig
@@ -196,7 +200,7 @@ def allocate(agent: Agent, resource: str, ids: list[str]) -> dp.AllocateResponse
 
 @pytest.mark.parametrize("known_from", ["pod-resources", "checkpoint"])
 def test_after_a_switch_to_device_plugin_dra_claims_are_held_from_the_first_listandwatch(
-        kubelet: KubeletEmulator, known_from: str) -> None:
+        kubelet: KubeletEmulator, api: ClaimsApi, known_from: str) -> None:
     topology = load_embedded("z16-lpar")
     book = "drawer0-book1"
     prepare_in_checkpoint(kubelet, topology, claim("u-1", book))
@@ -224,6 +228,71 @@ def test_after_a_switch_to_device_plugin_dra_claims_are_held_from_the_first_list
         if known_from == "pod-resources":  # the DRA pod gone: the book is free again
             kubelet.remove_claim_pod("ns", "llm")
             kubelet.wait_for(lambda: book not in kubelet.unhealthy_devices(BOOK), what="the book healthy again")
+
+
+def kubelet_registers_dra(cfg: AgentConfig) -> str:
+    """kubelet's plugin watcher finds the DRA registration socket: GetInfo, then the registration taken."""
+    with grpc.insecure_channel(f"unix://{cfg.dra_registry_dir / f'{DRIVER}-reg.sock'}") as channel:
+        stub = reg_grpc.RegistrationStub(channel)
+        info = stub.GetInfo(reg_pb2.InfoRequest(), timeout=5)
+        stub.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(plugin_registered=True), timeout=5)
+    return str(info.endpoint)
+
+
+def dra_sockets(cfg: AgentConfig) -> list[Path]:
+    return [p for p in (cfg.dra_registry_dir / f"{DRIVER}-reg.sock", cfg.dra_plugin_dir / "dra.sock") if p.exists()]
+
+
+def test_after_a_switch_to_device_plugin_the_dra_plugin_unprepares_the_claims_left_then_unregisters(
+        kubelet: KubeletEmulator, api: ClaimsApi) -> None:
+    """kubelet finishes a pod only once its claims are unprepared: the DRA plugin stays registered for that (no
+    slices, no new claims), the claimed book held until then and advertised again after, then it unregisters."""
+    topology = load_embedded("z16-lpar")
+    book = "drawer0-book1"
+    prepare_in_checkpoint(kubelet, topology, claim("u-1", book))
+    api.create_slice({"metadata": {"name": f"{NODE}-{DRIVER}-0"}, "spec": {"nodeName": NODE, "driver": DRIVER}})
+    kubelet.add_claim_pod("ns", "llm", "main", ("ns", "c"), DRIVER, NODE, [book])  # kubelet lists it until unprepared
+    cfg = config(kubelet)
+    with started(build_agent(topology, cfg)) as agent:
+        kubelet.wait_registered(BOOK)
+        kubelet.wait_registered(SOCKET)
+        kubelet.wait_for(lambda: kubelet.unhealthy_devices(BOOK) == {book}, what="the claimed book held")
+        wait_until("the agent ready", agent.ready, 10, every=0.02)
+        assert api.slices == {}  # device-plugin mode publishes none, and deletes the node's
+        endpoint = kubelet_registers_dra(cfg)
+        ready, text = agent.readiness()
+        assert ready and "DRA plugin registered for unprepare only: 1 claim(s) prepared in DRA mode left" in text
+        gauge = "topology_agent_dra_unprepare_only_claims"
+        assert agent.metrics.registry.get_sample_value(gauge) == 1
+        with grpc.insecure_channel(f"unix://{endpoint}") as channel:
+            dra = dra_v1_grpc.DRAPluginStub(channel)
+            api.add(claim("u-2", "drawer0-book0", name="new"))
+            refused = dra.NodePrepareResources(dra_v1.NodePrepareResourcesRequest(claims=[
+                dra_v1.Claim(namespace="ns", name="new", uid="u-2")]), timeout=5)
+            assert "runs in device-plugin mode" in refused.claims["u-2"].error
+            assert not list((kubelet.root / "cdi").glob("*_u-2.json"))
+            # The pod deleted: kubelet unprepares its claim, then the pod goes (and its claim rows with it).
+            answer = dra.NodeUnprepareResources(dra_v1.NodeUnprepareResourcesRequest(claims=[
+                dra_v1.Claim(namespace="ns", name="c", uid="u-1")]), timeout=5)
+            assert answer.claims["u-1"].error == ""
+        kubelet.remove_claim_pod("ns", "llm")
+        kubelet.wait_for(lambda: kubelet.unhealthy_devices(BOOK) == set(), what="the book advertised again")
+        pod = kubelet.admit_pod("default", "after", [Container("c", {BOOK: 1})])
+        assert len(pod.devices("c", BOOK)) == 1
+        wait_until("the DRA plugin unregistered", lambda: dra_sockets(cfg) == [], 10, every=0.02)
+        assert list((kubelet.root / "cdi").iterdir()) == []
+        assert json.loads(checkpoint_path(kubelet.device_plugin_dir).read_text())["claims"] == []
+        assert agent.metrics.registry.get_sample_value(gauge) == 0
+        assert "unprepare only" not in agent.readiness()[1]
+        assert api.slices == {}
+
+
+def test_a_device_plugin_agent_with_no_claims_left_serves_no_dra_plugin(kubelet: KubeletEmulator,
+                                                                        api: ClaimsApi) -> None:
+    cfg = config(kubelet)
+    with started(build_agent(load_embedded("z16-lpar"), cfg)) as agent:
+        kubelet.wait_registered(BOOK)
+        assert agent.dra_unprepare_only is None and dra_sockets(cfg) == [] and api.calls == []
 
 
 # --- 4. admin-access claims hold nothing and pin nothing ----------------------------------------------------
@@ -329,7 +398,7 @@ def test_with_cri_enforcement_a_prepare_holds_at_once_and_wakes_the_loop(
 
 # --- the other mode's holds on a level this one does not advertise --------------------------------------------
 def test_a_dra_claim_on_a_socket_blocks_its_book_when_device_plugin_mode_advertises_books_only(
-        kubelet: KubeletEmulator) -> None:
+        kubelet: KubeletEmulator, api: ClaimsApi) -> None:
     topology = load_embedded("z16-lpar")
     socket = "drawer0-book1-socket0"
     prepare_in_checkpoint(kubelet, topology, claim("u-1", socket))  # DRA mode published books and sockets
@@ -365,7 +434,7 @@ def test_a_device_plugin_pod_on_a_socket_taints_its_book_when_dra_mode_publishes
 
 
 def test_a_claim_whose_pod_went_in_device_plugin_mode_is_forgotten_and_held_no_more_after_a_kubelet_restart(
-        kubelet: KubeletEmulator) -> None:
+        kubelet: KubeletEmulator, api: ClaimsApi) -> None:
     """Its pod deleted while no DRA plugin runs, kubelet cannot unprepare the claim: the checkpoint keeps it. Once
     pod-resources no longer lists it the agent forgets it there, so that an agent started right after a kubelet
     restart (whose List releases nothing for a while) does not hold the book again."""
@@ -376,9 +445,11 @@ def test_a_claim_whose_pod_went_in_device_plugin_mode_is_forgotten_and_held_no_m
     prepare_in_checkpoint(kubelet, topology, claim("u-1", book))
     kubelet.add_claim_pod("ns", "llm", "main", ("ns", "c"), DRIVER, NODE, [book])
     checkpoint = checkpoint_path(kubelet.device_plugin_dir)
-    with started(build_agent(topology, config(kubelet))):
+    cfg = config(kubelet)
+    with started(build_agent(topology, cfg)):
         kubelet.wait_registered(BOOK)
         kubelet.wait_for(lambda: kubelet.unhealthy_devices(BOOK) == {book}, what="the claimed book held")
+        assert len(dra_sockets(cfg)) == 2  # kubelet could unprepare it
         assert set(read_checkpoint(checkpoint)) == {"u-1"}  # in use: kept
         assert len(list((kubelet.root / "cdi").glob("*_u-1.json"))) == 1
         kubelet.remove_claim_pod("ns", "llm")
@@ -387,6 +458,7 @@ def test_a_claim_whose_pod_went_in_device_plugin_mode_is_forgotten_and_held_no_m
         # its CDI file goes with it, right after the checkpoint is written
         wait_until("the claim's CDI file removed", lambda: list((kubelet.root / "cdi").glob("*_u-1.json")) == [], 10,
                    every=0.02)
+        wait_until("the DRA plugin unregistered: no claim left", lambda: dra_sockets(cfg) == [], 10, every=0.02)
     kubelet.pods_resync = 30.0  # the restarted kubelet's List stays empty: an agent now releases nothing
     kubelet.restart()
     with started(build_agent(topology, config(kubelet))):

@@ -303,12 +303,13 @@ def test_node_restriction_policy_shape(render: Render) -> None:
 def test_node_restriction_policy_sits_beside_a_patch_only_nodes_role(render: Render) -> None:
     """The policy covers what the role grants on nodes and their status: UPDATE (PATCH); events can only be
     created. Without the policy there is no patch on the status at all (it would be every Node's, unbounded)."""
-    rule, status, events = one(render("--set", "strandedPolicy=keep"), "ClusterRole")["rules"]
+    rule, status, events, slices = one(render("--set", "strandedPolicy=keep"), "ClusterRole")["rules"]
     assert rule["resources"] == ["nodes"] and set(rule["verbs"]) <= {"get", "patch"}
     assert status["resources"] == ["nodes/status"] and status["verbs"] == ["patch"]
     assert events["resources"] == ["events"] and events["verbs"] == ["create"]
+    assert slices["resources"] == ["resourceslices"] and set(slices["verbs"]) == {"list", "delete"}
     unguarded = one(render("--set", "nodeRestrictionPolicy.enabled=false"), "ClusterRole")["rules"]
-    assert not [r for r in unguarded if "nodes/status" in r["resources"]]
+    assert not [r for r in unguarded if {"nodes/status", "resourceslices"} & set(r["resources"])]
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

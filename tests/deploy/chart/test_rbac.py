@@ -1,5 +1,5 @@
-"""The chart's RBAC: what the agent's account may do (get and patch its Node, create events and evictions) and
-nothing more, only with node labels on, and its token mounted only then."""
+"""The chart's RBAC: what the agent's account may do (get and patch its Node, create events and evictions, delete
+its node's ResourceSlices) and nothing more, only with node labels on, and its token mounted only then."""
 
 from __future__ import annotations
 
@@ -19,15 +19,19 @@ from tests.support.chart import (
 EVICTION_RULE = {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}
 
 
-def test_rbac_is_get_and_patch_on_nodes_create_on_events_and_on_evictions_only(render: Render) -> None:
+def test_rbac_is_get_patch_on_nodes_create_on_events_and_evictions_delete_on_own_slices_only(render: Render) -> None:
     docs = render()
     role = one(docs, "ClusterRole")
     # nodes/status: patch only, and only beside the node-restriction policy that holds it to lowering the agent's
     # own extended resources to zero (a hand-over to the other mode; test_node_policy_admits_only_our_...)
     # pods/eviction: create only, for a stranded holder's pod (strandedPolicy evict, the default; below)
+    # resourceslices: list and delete, beside the policy that holds them to its own node's (the slices a DRA agent
+    # left before a switch; test_dra.py)
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
                              {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
-                             {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}, EVICTION_RULE]
+                             {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}, EVICTION_RULE,
+                             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+                              "verbs": ["list", "delete"]}]
     binding = one(docs, "ClusterRoleBinding")
     account = one(docs, "ServiceAccount")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
