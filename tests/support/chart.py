@@ -98,15 +98,18 @@ _API = [
 
 @dataclass
 class FakeCluster:
-    """What the fake API server answers: a Kubernetes version, whether it serves ValidatingAdmissionPolicy, and
-    namespaces (name -> labels)."""
+    """What the fake API server answers: a Kubernetes version, whether it serves ValidatingAdmissionPolicy and
+    OpenShift's SCCs, and namespaces (name -> labels)."""
 
     minor: int = 34
     vap: bool = True
+    openshift: bool = False  # serves security.openshift.io/v1 SecurityContextConstraints
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def resources(self) -> list[tuple[str, str, str, bool]]:
-        return [r for r in _API if self.vap or not r[2].startswith("ValidatingAdmissionPolicy")]
+        scc = [("security.openshift.io/v1", "securitycontextconstraints", "SecurityContextConstraints", False)]
+        return [r for r in _API if self.vap or not r[2].startswith("ValidatingAdmissionPolicy")] + \
+            (scc if self.openshift else [])
 
     def answer(self, path: str) -> tuple[int, Doc]:
         if path == "/version":

@@ -80,13 +80,13 @@ def fake_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeClu
 
 @pytest.fixture
 def install(helm: str, fake_api: tuple[FakeCluster, Path]) -> Callable[..., Installed]:
-    """install(*helm_args, minor=34, vap=True, namespaces={...}) -> what `helm install --dry-run=server` would
-    create."""
+    """install(*helm_args, minor=34, vap=True, openshift=False, namespaces={...}) -> what `helm install
+    --dry-run=server` would create."""
     cluster, kubeconfig = fake_api
 
-    def _install(*args: str, minor: int = 34, vap: bool = True,
+    def _install(*args: str, minor: int = 34, vap: bool = True, openshift: bool = False,
                  namespaces: dict[str, dict[str, str]] | None = None) -> Installed:
-        cluster.minor, cluster.vap = minor, vap
+        cluster.minor, cluster.vap, cluster.openshift = minor, vap, openshift
         cluster.namespaces = dict(namespaces or {})
         home = kubeconfig.parent
         env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}

@@ -146,3 +146,28 @@ and the agent's look at its DaemonSet need an API token (topology-agent.apiAcces
 {{- end -}}
 {{- toJson $nodeSelector -}}
 {{- end }}
+
+{{/*
+Whether the chart installs its SecurityContextConstraints (OpenShift, openshift.scc.create): true, or auto where the
+cluster serves security.openshift.io/v1 (helm install reads discovery; helm template knows it from --api-versions).
+*/}}
+{{- define "topology-agent.scc" -}}
+{{- $create := toString .Values.openshift.scc.create -}}
+{{- if or (eq $create "true") (and (eq $create "auto") (.Capabilities.APIVersions.Has "security.openshift.io/v1")) -}}true{{- end -}}
+{{- end }}
+
+{{/*
+The SELinux type of the agent's pods under the SCC (openshift.scc.seLinuxType, else the narrowest that does the job).
+container-selinux's container.te: container_device_plugin_t may read and write sysfs and connect to kubelet's sockets
+(device-plugins, pod-resources), nothing of the runtime's (the CRI and NRI sockets are container_runtime_t's) or
+kubelet's root; spc_t, the super-privileged container type, is confined by nothing of SELinux.
+*/}}
+{{- define "topology-agent.seLinuxType" -}}
+{{- if .Values.openshift.scc.seLinuxType -}}
+{{- .Values.openshift.scc.seLinuxType -}}
+{{- else if and (eq .Values.cpusetEnforcement "none") (not .Values.kubelet.readState) (not (include "topology-agent.dra" .)) (not .Values.seccompProfile.install) -}}
+container_device_plugin_t
+{{- else -}}
+spc_t
+{{- end -}}
+{{- end }}
