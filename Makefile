@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test lint proto bench venv clean kind-test s390x-smoke chart-check image image-s390x image-lock image-base-pin \
+.PHONY: demo test lint proto bench venv clean fuzz kind-test s390x-smoke chart-check image image-s390x image-lock image-base-pin \
 	cluster-build cluster-up cluster-down cluster-restart-kubelet cluster-status e2e e2e-vllm soak release
 
 $(STAMP): pyproject.toml devkit/pyproject.toml deploy/image/requirements.txt
@@ -40,6 +40,16 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+## Every door's fuzz target (tests/fuzz/runner.py), FUZZ_SECONDS each (60), in hypothesis and, where atheris has a
+## wheel for this Python (pinned in tests/fuzz/runner.py), coverage-guided by atheris too; not part of make test.
+FUZZ_SECONDS ?= 60
+FUZZ_ENGINE ?= both
+fuzz: $(STAMP)
+	@$(BIN)/python -c 'import atheris' 2>/dev/null || $(BIN)/pip install --quiet --only-binary=:all: \
+	  "$$($(BIN)/python -c 'from tests.fuzz.runner import ATHERIS; print(ATHERIS)')" 2>/dev/null || \
+	  echo "make fuzz: no atheris wheel for this Python and machine: the hypothesis engine alone" >&2
+	$(BIN)/python -m tests.fuzz.runner --seconds $(FUZZ_SECONDS) --engine $(FUZZ_ENGINE) $(if $(FUZZ_ONLY),--only $(FUZZ_ONLY))
 
 ## Regenerate the gRPC code in agent/_proto from proto/ (a test checks it is up to date).
 proto: $(STAMP)

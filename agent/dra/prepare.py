@@ -66,15 +66,42 @@ class PreparedClaim:
 
     @classmethod
     def from_json(cls, doc: JSON) -> PreparedClaim:
-        return cls(uid=str(doc["uid"]), namespace=str(doc["namespace"]), name=str(doc["name"]),
-                   devices=tuple(PreparedDevice(str(d["request"]), str(d["pool"]), str(d["device"]),
-                                                tuple(map(str, d["cdiIds"])), d.get("adminAccess") is True)
-                                 for d in doc["devices"]),
-                   files={str(k): v for k, v in doc["files"].items()})
+        """The claim :meth:`to_json` wrote; TypeError for a field of another type (nothing is coerced: a checkpoint
+        with one is not the agent's, and is not trusted)."""
+        return cls(uid=_text(doc, "uid"), namespace=_text(doc, "namespace"), name=_text(doc, "name"),
+                   devices=tuple(PreparedDevice(_text(d, "request"), _text(d, "pool"), _text(d, "device"),
+                                                tuple(_texts(d["cdiIds"])), d.get("adminAccess") is True)
+                                 for d in _objects(doc["devices"])),
+                   files={k: v for k, v in _object(doc["files"]).items() if _texts([k])})
 
     @property
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+def _text(doc: JSON, key: str) -> str:
+    value = doc[key]
+    if not isinstance(value, str):
+        raise TypeError(f"{key} is {type(value).__name__}, not a string")
+    return value
+
+
+def _texts(values: Any) -> list[str]:
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise TypeError("expected a list of strings")
+    return values
+
+
+def _objects(values: Any) -> list[JSON]:
+    if not isinstance(values, list) or not all(isinstance(v, dict) for v in values):
+        raise TypeError("expected a list of objects")
+    return values
+
+
+def _object(value: Any) -> JSON:
+    if not isinstance(value, dict):
+        raise TypeError("expected an object")
+    return value
 
 
 def cdi_name(text: str) -> str:
@@ -241,9 +268,11 @@ def load_checkpoint(path: Path) -> dict[str, PreparedClaim] | None:
         doc = json.loads(raw)
         if doc.get("version") != CHECKPOINT_VERSION:
             raise ValueError(f"version {doc.get('version')!r}")
-        return {c["uid"]: PreparedClaim.from_json(c) for c in doc["claims"]}
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        log.warning("the DRA checkpoint %s cannot be trusted (%s): not used", path, exc)
+        claims = [PreparedClaim.from_json(c) for c in _objects(doc["claims"])]
+        return {c.uid: c for c in claims}
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else " ".join(str(exc).split())[:200]
+        log.warning("the DRA checkpoint %s cannot be trusted (%s): not used", path, reason)
         return None
 
 

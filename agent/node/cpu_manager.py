@@ -10,6 +10,7 @@ Parsing and the findings are pure; the two ``read_*`` functions do the file I/O.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from dataclasses import dataclass, field
@@ -26,6 +27,19 @@ _SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoad
 
 CPU_MANAGER_STATE_PATH = "/var/lib/kubelet/cpu_manager_state"
 KUBELET_CONFIG_PATH = "/var/lib/kubelet/config.yaml"
+
+
+MAX_FILE_BYTES = 4 * 2**20  # either file is a few KiB; more is not kubelet's, and is not read into memory
+
+
+def _read_bounded(path: str | os.PathLike[str]) -> str:
+    """A kubelet file's text; OSError (FileNotFoundError too) or UnicodeDecodeError as open and read raise them,
+    and OSError(EFBIG) for a file larger than MAX_FILE_BYTES."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise OSError(errno.EFBIG, f"larger than {MAX_FILE_BYTES // 2**20} MiB")
+    return data.decode("utf-8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +75,8 @@ def parse_cpu_manager_state(text: str) -> CpuManagerState:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CpuManagerStateError(f"CPU manager state is not JSON: {exc}") from None
+    except RecursionError:  # arrays nested a thousand deep: kubelet writes a flat object
+        raise CpuManagerStateError("CPU manager state is not kubelet's checkpoint: JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise CpuManagerStateError(f"CPU manager state must be a JSON object, not {type(data).__name__}")
     policy = data.get("policyName")
@@ -88,8 +104,7 @@ def read_cpu_manager_state(path: str | os.PathLike[str] = CPU_MANAGER_STATE_PATH
     CpuManagerStateError when the file exists but cannot be read or parsed; the caller logs it.
     """
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = _read_bounded(path)
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
@@ -107,16 +122,16 @@ def read_reserved_system_cpus(kubelet_config_path: str | os.PathLike[str] = KUBE
     """
     where = os.fspath(kubelet_config_path)
     try:
-        with open(kubelet_config_path, encoding="utf-8") as f:
-            text = f.read()
+        text = _read_bounded(kubelet_config_path)
     except FileNotFoundError:
         return ()
     except (OSError, UnicodeDecodeError) as exc:
         raise KubeletConfigError(f"{where}: cannot read the kubelet config: {exc}") from None
     try:
         data = yaml.load(text, Loader=_SAFE_LOADER)
-    except yaml.YAMLError as exc:
-        raise KubeletConfigError(f"{where}: not YAML/JSON: {exc}") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        reason = " ".join(str(exc).split())[:200] if isinstance(exc, yaml.YAMLError) else "nested too deeply"
+        raise KubeletConfigError(f"{where}: not YAML/JSON: {reason}") from None
     if data is None:
         return ()
     if not isinstance(data, dict):

@@ -24,6 +24,7 @@ from agent.dra.prepare import (
     PreparedClaim,
     cdi_file_uid,
     forget_claims,
+    load_checkpoint,
     plan_claim,
     request_index,
     with_claim_env,
@@ -197,6 +198,20 @@ def test_untrusted_checkpoint_is_ignored(dirs: dict[str, Path]) -> None:
     dirs["state"].parent.mkdir(parents=True)
     dirs["state"].write_text("{not json")
     assert make_plugin(dirs, Claims()).preparer.claims == {}
+
+
+@pytest.mark.parametrize("text", [
+    "[" * 100_000,  # nested past the JSON parser's recursion limit
+    '{"version": 1, "claims": [{"uid": null, "namespace": "ns", "name": "c", "devices": [], "files": {}}]}',
+    '{"version": 1, "claims": [{"uid": "u", "namespace": "ns", "name": "c", "devices": [{"request": "r", '
+    '"pool": "p", "device": "d", "cdiIds": [7]}], "files": {}}]}',
+    '{"version": 1, "claims": {"uid": "u"}}',
+])
+def test_a_checkpoint_that_is_not_the_agents_is_not_trusted(tmp_path: Path, text: str) -> None:
+    """Whatever the file holds, reading it never raises: None (not trusted), and nothing is coerced into a claim."""
+    path = tmp_path / "claims.json"
+    path.write_text(text)
+    assert load_checkpoint(path) is None
 
 
 def test_prepared_requests_are_indexed_in_memory_and_follow_prepare_unprepare(dirs: dict[str, Path]) -> None:

@@ -194,3 +194,30 @@ def test_a_changed_policy_is_noticed_without_rescans() -> None:
         state.write_text(STATIC)  # kubelet restarted with cpuManagerPolicy: static (--rescan-interval 0)
         node.kubelet.wait_for(lambda: node.agent.reporter.cpu_manager_policy == "static", timeout=10,
                               what="the static policy noticed")
+
+
+def test_a_state_nested_too_deeply_is_refused_in_one_line() -> None:
+    with pytest.raises(CpuManagerStateError, match="nested too deeply"):
+        parse_cpu_manager_state("[" * 100_000)
+
+
+def test_a_state_with_a_huge_cpu_list_is_refused_quickly() -> None:
+    with pytest.raises(CpuManagerStateError, match="CPU list too large"):
+        parse_cpu_manager_state(json.dumps({"policyName": "static", "defaultCpuSet": "0-999999," * 200 + "0"}))
+
+
+@pytest.mark.parametrize("text", ["reservedSystemCPUs: [\n", "reservedSystemCPUs: " + "[" * 100_000,
+                                  "a: b\n c: d\n"])
+def test_a_kubelet_config_that_is_not_yaml_is_refused_in_one_line(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(KubeletConfigError, match="not YAML/JSON") as refused:
+        read_reserved_system_cpus(path)
+    assert "\n" not in str(refused.value) and len(str(refused.value)) < 400
+
+
+def test_a_kubelet_file_larger_than_any_kubelet_writes_is_not_read(tmp_path: Path) -> None:
+    path = tmp_path / "cpu_manager_state"
+    path.write_bytes(b" " * (5 * 2**20))
+    with pytest.raises(CpuManagerStateError, match="larger than 4 MiB"):
+        read_cpu_manager_state(path)

@@ -68,3 +68,22 @@ def test_cpumask_agrees_with_cpulist(cpus: set[int]) -> None:
     words = f"{value:x}".rjust(8 * ((max(cpus, default=0) // 32) + 1), "0")
     mask = ",".join(words[i:i + 8] for i in range(0, len(words), 8))
     assert parse_cpumask(mask) == sorted(cpus)
+
+
+@pytest.mark.parametrize("text", ["0-999999," * 200 + "0", ",".join(["0-999999"] * 50), "0-1000000"])
+def test_a_cpulist_naming_more_than_a_million_cpus_is_refused_before_it_is_expanded(text: str) -> None:
+    with pytest.raises(CpuListError, match="CPU list too large") as refused:
+        parse_cpulist(text)
+    assert len(str(refused.value)) < 200  # the list is quoted cut short, never whole
+
+
+def test_a_bad_cpulist_is_quoted_cut_short() -> None:
+    with pytest.raises(CpuListError) as refused:
+        parse_cpulist("1" * 10_000 + "x")
+    assert len(str(refused.value)) < 300 and "10001 characters" in str(refused.value)
+
+
+def test_a_wide_cpumask_reads_in_linear_time_or_is_refused() -> None:
+    assert parse_cpumask("f" * 60_000)[-1] == 60_000 * 4 - 1  # 65536 bytes of sysfs: quick, every bit
+    with pytest.raises(CpuListError, match="CPU mask too large"):
+        parse_cpumask("f" * 300_000)
