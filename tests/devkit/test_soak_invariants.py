@@ -18,6 +18,8 @@ from bench.cluster.soak.invariants import (
     Fault,
     Hold,
     Snapshot,
+    Terminating,
+    free_now,
 )
 from bench.cluster.soak.plan import FAULT_KINDS, POD_KINDS, make_plan
 from bench.cluster.soak.truth import agent_hold_groups, cdi_files, checkpoint_holds
@@ -179,8 +181,8 @@ def test_agent_rss_and_fd_growth_per_process_after_warmup() -> None:
 
 def test_every_kind_is_tested() -> None:
     tested = {"shared-held-cpu", "non-holder-on-held-cpu", "holder-outside-group", "admission-failure-while-free",
-              "leaked-hold", "leaked-claim-checkpoint", "leaked-cdi-file", "leaked-slice", "agent-rss-growth",
-              "agent-fd-growth"}
+              "leaked-hold", "leaked-claim-checkpoint", "leaked-cdi-file", "leaked-slice", "terminating-too-long",
+              "advertised-fewer-than-free", "agent-rss-growth", "agent-fd-growth"}
     assert tested == set(KINDS)
 
 
@@ -292,3 +294,135 @@ def test_a_claim_is_held_by_the_containers_that_use_it_not_by_the_whole_pod() ->
                                    containers=(snap.containers[0],
                                                Container("uid-i", "soak-713-0153-init", "main", T0, box({1}))))
     assert "holder-outside-group" in kinds(Checker(), pod_wide)  # the old reading of the same pod on CPU 1
+
+
+# --- a pod that stays Terminating, a node that offers fewer groups than are free ---------------------------------
+BOOK, SOCKET = "topology/book", "topology/socket"
+EVERYTHING = {BOOK: 2, SOCKET: 2}
+
+
+def switched_back(t: float, *, deleted: float, gone: float | None, offered: dict[str, int]) -> Snapshot:
+    """Device-plugin mode after a switch from DRA mode: two claim pods (a socket and a book, through the
+    DeviceClasses' extended resource names) deleted at ``deleted`` with a 1 s grace, gone at ``gone`` (None: never);
+    until then kubelet lists their claims (pod-resources) and the claims stay reserved for them, their containers
+    stopped. The Node offers ``offered``."""
+    there = gone is None or t < gone
+    pods = ("uid-sock", "uid-book") if there else ()
+    return Snapshot(
+        t=t, groups=GROUPS, online=frozenset({0, 1}), mode="deviceplugin",
+        containers=(Container("uid-agent", "agent", "agent", T0, box({0, 1})),),
+        holds=(Hold("drawer0-book0-socket0", "uid-sock", "main", "pod-resources"),
+               Hold("drawer0-book1", "uid-book", "main", "pod-resources")) if there else (),
+        pods=frozenset({"uid-agent", *pods}), claims=frozenset({"claim-s", "claim-b"}) if there else frozenset(),
+        terminating=tuple(Terminating(uid, f"soak/{uid}", deleted + 1, 1.0) for uid in pods) if t >= deleted else (),
+        advertised=offered)
+
+
+def switch_fault(checker: Checker) -> None:
+    checker.fault(Fault("mode-switch", T0 - 40, T0 - 10))  # helm upgrade --set mode=deviceplugin, over
+
+
+def test_the_mode_switch_case_two_pods_stay_terminating_and_the_node_offers_no_book() -> None:
+    """What the soak saw after a switch from DRA to device-plugin mode with no DRA plugin left to unprepare: two claim
+    pods Terminating for more than 10 minutes, the Node offering topology/book: 0 and topology/socket: 0 although no
+    container ran on any group. Each pod is named once, and each resource once."""
+    checker = Checker()
+    switch_fault(checker)
+    stuck = {BOOK: 0, SOCKET: 0}
+    found = [v for t in range(0, 660, 5) for v in checker.check(switched_back(T0 + t, deleted=T0, gone=None,
+                                                                                  offered=stuck))]
+    assert sorted(v.kind for v in found) == ["advertised-fewer-than-free"] * 2 + ["terminating-too-long"] * 2
+    late = {v.what.split()[1] for v in found if v.kind == "terminating-too-long"}
+    assert late == {"soak/uid-sock", "soak/uid-book"}
+    short = sorted(v.what for v in found if v.kind == "advertised-fewer-than-free")
+    assert short[0].startswith("the Node offers topology/book: 0 while 2 are free (drawer0-book0, drawer0-book1)")
+    assert short[1].startswith("the Node offers topology/socket: 0 while 2 are free")
+    # found as soon as the 60 s bounds passed after the switch's 15 s recovery (it ended at T0 - 10): the pods' due
+    # time moves to T0 + 5; the short offer is counted from the first look after it
+    assert sorted({(v.kind, v.t - T0) for v in found}) == [("advertised-fewer-than-free", 75.0),
+                                                           ("terminating-too-long", 70.0)]
+    assert all(v.faults == ("mode-switch@" + f"{v.t - (T0 - 40):.0f}s",) for v in found)
+
+
+def test_the_same_switch_with_the_claims_unprepared_is_clean() -> None:
+    """The DRA plugin, kept for unprepare only, lets kubelet finish both pods within seconds; their groups are free
+    and offered again once pod-resources drops them and kubelet's status sync writes the allocatable (10 s)."""
+    checker = Checker()
+    switch_fault(checker)
+    snaps = [switched_back(T0 + t, deleted=T0, gone=T0 + 3, offered={BOOK: 1, SOCKET: 1} if t < 15 else EVERYTHING)
+             for t in range(0, 660, 5)]
+    assert kinds(checker, *snaps) == []
+
+
+def test_terminating_within_the_bound_or_during_a_fault_is_none() -> None:
+    slow = [switched_back(T0 + t, deleted=T0, gone=T0 + 55, offered=EVERYTHING) for t in range(0, 120, 5)]
+    assert kinds(Checker(), *slow) == []  # gone 54 s past its deletionTimestamp: within the 60 s bound
+    checker = Checker()
+    checker.fault(Fault("kubelet-kill", T0 + 10, T0 + 100))  # kubelet away while the pods end
+    late = [switched_back(T0 + t, deleted=T0, gone=T0 + 150, offered=EVERYTHING) for t in range(0, 200, 5)]
+    assert kinds(checker, *late) == []  # due 60 s after the fault's recovery (T0 + 175), gone before
+    checker = Checker()
+    i = checker.fault_started("containerd-kill", T0 + 10)
+    assert kinds(checker, *late[:30]) == []  # a fault under way: not judged until it ended
+    checker.fault_ended(i, T0 + 20)
+    assert kinds(checker, switched_back(T0 + 300, deleted=T0, gone=None, offered=EVERYTHING)) == [
+        "terminating-too-long", "terminating-too-long"]
+
+
+def test_fewer_offered_than_free_counts_only_past_the_bound_outside_faults_and_in_device_plugin_mode() -> None:
+    def one_short(t: float, **changes: object) -> Snapshot:
+        snap = switched_back(T0 + t, deleted=T0 - 100, gone=T0 - 99, offered={BOOK: 1, SOCKET: 2})
+        return dataclasses.replace(snap, **changes)  # type: ignore[arg-type]
+
+    assert kinds(Checker(), *(one_short(t) for t in range(0, 60, 5))) == []  # a dip shorter than the bound
+    assert kinds(Checker(), *(one_short(t) for t in range(0, 70, 5))) == ["advertised-fewer-than-free"]
+    assert kinds(Checker(), *(one_short(t, mode="dra") for t in range(0, 300, 5))) == []  # DRA offers no allocatable
+    assert kinds(Checker(), *(one_short(t, advertised=None) for t in range(0, 300, 5))) == []  # the Node not read
+    checker = Checker()
+    checker.fault(Fault("agent-kill", T0 + 10, T0 + 20))
+    assert kinds(checker, *(one_short(t) for t in range(0, 90, 5))) == []  # counted again from the recovery's end
+    assert kinds(checker, one_short(100)) == []  # 60 s since the first look after the recovery (T0 + 40)
+    assert kinds(checker, one_short(105)) == ["advertised-fewer-than-free"]
+    # a dip that recovers and comes back later is a second violation
+    checker = Checker()
+    again = [*(one_short(t) for t in range(0, 70, 5)),
+             *(one_short(t, advertised=EVERYTHING) for t in range(70, 90, 5)),
+             *(one_short(t) for t in range(90, 160, 5))]
+    assert kinds(checker, *again) == ["advertised-fewer-than-free"] * 2
+
+
+def test_free_means_no_running_pod_holds_it() -> None:
+    """Held by a pod that exists and is not being deleted (admitted, an init container's hold): not free, container
+    or not; held only by a pod being deleted whose containers stopped, or by a pod that is gone: free; a group with a
+    CPU offline is never counted free (the agent offers it unhealthy)."""
+    base = switched_back(T0 + 10, deleted=T0 + 100, gone=None, offered=EVERYTHING)  # not deleted yet
+    assert free_now(base, "book") == [] and free_now(base, "socket") == []  # the socket holder's book is taken too
+    deleted = switched_back(T0 + 10, deleted=T0, gone=None, offered=EVERYTHING)
+    assert free_now(deleted, "book") == ["drawer0-book0", "drawer0-book1"]
+    still_running = dataclasses.replace(deleted, containers=(Container("uid-book", "soak/uid-book", "main", T0,
+                                                                       box({1})),))
+    assert free_now(still_running, "book") == ["drawer0-book0"]  # its container still runs: held
+    offline = dataclasses.replace(deleted, online=frozenset({1}))
+    assert free_now(offline, "book") == ["drawer0-book1"]
+    gone = dataclasses.replace(deleted, pods=frozenset({"uid-agent"}), terminating=())
+    assert free_now(gone, "socket") == ["drawer0-book0-socket0", "drawer0-book1-socket0"]
+
+
+def test_truth_reads_terminating_pods_and_the_nodes_allocatable() -> None:
+    from datetime import UTC, datetime
+
+    from kubernetes.client import V1ObjectMeta, V1Pod, V1PodSpec
+
+    from bench.cluster.soak.truth import advertised, terminating
+
+    at = datetime(2026, 12, 5, 2, 0, 0, tzinfo=UTC)
+    meta = V1ObjectMeta(name="p", namespace="soak", uid="u", deletion_timestamp=at, deletion_grace_period_seconds=1)
+    pod = V1Pod(metadata=meta, spec=V1PodSpec(containers=[], termination_grace_period_seconds=30))
+    assert terminating(pod) == Terminating("u", "soak/p", at.timestamp(), 1.0)  # the grace the deletion gave
+    meta.deletion_grace_period_seconds = None
+    assert terminating(pod) == Terminating("u", "soak/p", at.timestamp(), 30.0)
+    meta.deletion_timestamp = None
+    assert terminating(pod) is None
+    assert advertised({"cpu": "2", "topology/book": "0", "topology/socket": "2", "topology/x": "1k"}) == {
+        "topology/book": 0, "topology/socket": 2, "topology/x": 0}
+    assert advertised(None) == {}

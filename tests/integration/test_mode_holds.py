@@ -295,6 +295,67 @@ def test_a_device_plugin_agent_with_no_claims_left_serves_no_dra_plugin(kubelet:
         assert agent.dra_unprepare_only is None and dra_sockets(cfg) == [] and api.calls == []
 
 
+@pytest.mark.parametrize("plugin", ["kept-for-unprepare", "reverted"])
+def test_the_soak_checker_finds_claims_left_unprepared_after_a_switch_only_without_the_plugin(
+        kubelet: KubeletEmulator, api: ClaimsApi, monkeypatch: pytest.MonkeyPatch, plugin: str) -> None:
+    """The soak's checker fed what the node shows after a switch to device-plugin mode with two claim pods deleted (a
+    socket's and a book's), kubelet played as it ends such a pod: unprepare through the registered DRA driver, then
+    remove the pod; with no driver registered it retries and the pod stays Terminating. With the plugin kept for
+    unprepare the checker finds nothing; with it reverted (the agent before it), both violations."""
+    import time
+
+    import agent.app.build_dra as build_dra
+    from bench.cluster.soak.invariants import Allowances, Checker, Hold, Snapshot, Terminating
+
+    if plugin == "reverted":
+        monkeypatch.setattr(build_dra, "build_unprepare_only", lambda config, groups: None)
+    topology = load_embedded("z16-lpar")
+    pods = {"u-sock": ("sock", "drawer0-book0-socket0"), "u-book": ("book", "drawer0-book1")}
+    for uid, (name, device) in pods.items():
+        prepare_in_checkpoint(kubelet, topology, claim(uid, device, name=name))
+        kubelet.add_claim_pod("soak", name, "main", ("ns", name), DRIVER, NODE, [device])
+    cfg = config(kubelet)
+    with started(build_agent(topology, cfg)) as agent:
+        for resource in (BOOK, SOCKET):
+            kubelet.wait_registered(resource)
+        kubelet.wait_for(lambda: "drawer0-book1" in kubelet.unhealthy_devices(BOOK), what="the claimed book held")
+        groups = {g.id: frozenset(g.cpus) for g in agent.grouping.groups}
+        online = frozenset().union(*groups.values())
+        checker = Checker(Allowances(terminating_bound=1.0, advertise_bound=1.0))
+        deleted = time.time()
+        there = dict(pods)
+
+        def kubelet_ends(uid: str) -> bool:
+            if not (cfg.dra_registry_dir / f"{DRIVER}-reg.sock").exists():
+                return False  # "DRA driver topology.s390x.ibm.com is not registered": retried later
+            with grpc.insecure_channel(f"unix://{kubelet_registers_dra(cfg)}") as channel:
+                answer = dra_v1_grpc.DRAPluginStub(channel).NodeUnprepareResources(
+                    dra_v1.NodeUnprepareResourcesRequest(claims=[dra_v1.Claim(namespace="ns", name=there[uid][0],
+                                                                               uid=uid)]), timeout=5)
+            if answer.claims[uid].error:
+                return False
+            kubelet.remove_claim_pod("soak", there.pop(uid)[0])
+            return True
+
+        found: list[str] = []
+        while time.time() < deleted + 3.5:
+            for uid in list(there):
+                kubelet_ends(uid)
+            snap = Snapshot(
+                t=time.time(), groups=groups, online=online, mode="deviceplugin",
+                holds=tuple(Hold(device, uid, "main", "pod-resources") for uid, (_, device) in there.items()),
+                pods=frozenset(there), terminating=tuple(Terminating(uid, f"soak/{name}", deleted + 1, 1.0)
+                                                         for uid, (name, _) in there.items()),
+                advertised={r: len(kubelet.devices(r)) - len(kubelet.unhealthy_devices(r)) for r in (BOOK, SOCKET)})
+            found += [v.kind for v in checker.check(snap)]
+            time.sleep(0.1)
+    if plugin == "reverted":
+        assert sorted(set(found)) == ["advertised-fewer-than-free", "terminating-too-long"]
+        assert found.count("terminating-too-long") == 2
+    else:
+        assert found == [] and not there
+
+
 # --- 4. admin-access claims hold nothing and pin nothing ----------------------------------------------------
 def cdi_env(k: KubeletEmulator, uid: str, request: str = "r") -> list[str]:
     for spec_file in (k.root / "cdi").glob(f"*_{uid}.json"):

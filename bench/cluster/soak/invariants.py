@@ -16,6 +16,11 @@ returns the violations each one shows (each once), by kind:
 * ``leaked-claim-checkpoint``: the agent's DRA checkpoint keeps a claim that no longer exists, past the grace;
 * ``leaked-cdi-file``: a CDI spec file of a claim that no longer exists, past the grace;
 * ``leaked-slice``: the driver's ResourceSlices outlive DRA mode, past the grace;
+* ``terminating-too-long``: a pod still there longer than its termination grace period past its deletion, plus the
+  bound (its containers stopped, kubelet finishes it: unprepares its claims, removes it);
+* ``advertised-fewer-than-free``: in device-plugin mode the Node's allocatable offers fewer groups of a level than are
+  free, past the bound: free is every CPU online and none in a group held by a pod still running (one with a running
+  container, or one not being deleted);
 * ``agent-rss-growth``, ``agent-fd-growth``: one agent process's RSS or open files grew past the allowance since
   its first sample after warm-up.
 
@@ -28,8 +33,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 KINDS = ("shared-held-cpu", "non-holder-on-held-cpu", "holder-outside-group", "admission-failure-while-free",
-         "leaked-hold", "leaked-claim-checkpoint", "leaked-cdi-file", "leaked-slice", "agent-rss-growth",
-         "agent-fd-growth")
+         "leaked-hold", "leaked-claim-checkpoint", "leaked-cdi-file", "leaked-slice", "terminating-too-long",
+         "advertised-fewer-than-free", "agent-rss-growth", "agent-fd-growth")
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,8 @@ class Allowances:
     recovery: float = 15.0  # after a fault ends (a component back up), the agent catches up
     cpu_online_recovery: float = 150.0  # a fake-topology CPU back online: ConfigMap sync, rescan, re-pin
     leak_grace: float = 60.0  # kubelet's and the agent's own reconcile loops, pod deletion with grace
+    terminating_bound: float = 60.0  # past a deleted pod's grace: kubelet stops it, unprepares, removes it
+    advertise_bound: float = 60.0  # a group freed: pod-resources drops its pod, kubelet's status sync (10 s)
     warmup: float = 60.0  # an agent's RSS and fds are first sampled this long after it is first seen
     rss_growth_kib: int = 64 * 1024
     fd_growth: int = 64
@@ -83,6 +90,16 @@ class Failure:
 
 
 @dataclass(frozen=True)
+class Terminating:
+    """A pod being deleted: ``deadline`` is its deletionTimestamp (the deletion plus ``grace`` seconds)."""
+
+    uid: str
+    pod: str
+    deadline: float  # epoch seconds
+    grace: float
+
+
+@dataclass(frozen=True)
 class AgentProc:
     pid: int
     rss_kib: int
@@ -115,6 +132,8 @@ class Snapshot:
     slices: int = 0  # the driver's ResourceSlices of this node
     failures: tuple[Failure, ...] = ()
     agent: AgentProc | None = None
+    terminating: tuple[Terminating, ...] = ()  # pods with a deletionTimestamp
+    advertised: Mapping[str, int] | None = None  # the Node's allocatable of each topology resource (None: not read)
 
 
 @dataclass(frozen=True)
@@ -150,6 +169,19 @@ def free_groups(snap: Snapshot, resource_level: str) -> list[str]:
                   if _level(g) == resource_level and cpus & snap.online and not (cpus & snap.online) & taken)
 
 
+def free_now(snap: Snapshot, resource_level: str) -> list[str]:
+    """Groups of a level whose CPUs are all online and none of them in a group held by a pod still running: one with
+    a running container, or one that exists and is not being deleted (admitted, an init container's hold)."""
+    being_deleted = {t.uid for t in snap.terminating}
+    running = {c.pod_uid for c in snap.containers} | (snap.pods - being_deleted)
+    taken: set[int] = set()
+    for h in snap.holds:
+        if h.pod_uid in running:
+            taken |= snap.groups.get(h.group, frozenset()) & snap.online
+    return sorted(g for g, cpus in snap.groups.items()
+                  if _level(g) == resource_level and cpus and cpus <= snap.online and not cpus & taken)
+
+
 def _level(group: str) -> str:
     last = group.rsplit("-", 1)[-1]
     return last.rstrip("0123456789")
@@ -167,6 +199,7 @@ class Checker:
         self.pool_since: float | None = None  # shared pool on since
         self.pool_seen: tuple[frozenset[int], float] = (frozenset(), 0.0)  # the pool (online, not held) and since
         self.agent_base: dict[int, tuple[float, AgentProc | None]] = {}  # pid -> (first seen, baseline sample)
+        self.short_since: dict[str, float] = {}  # resource -> since when the Node offers fewer than are free
         self.previous: Snapshot | None = None
 
     def fault(self, fault: Fault) -> None:
@@ -199,6 +232,13 @@ class Checker:
                 when = max(when, f.end + recovery)
         return when
 
+    def _recovery(self, f: Fault) -> float:
+        return self.allow.cpu_online_recovery if f.kind == "cpu-offline" else self.allow.recovery
+
+    def _in_fault(self, t: float) -> bool:
+        """A fault under way at ``t``, or its recovery."""
+        return any(f.start - 1.0 <= t <= f.end + self._recovery(f) for f in self.faults)
+
     def _fault_history(self, t: float) -> tuple[str, ...]:
         return tuple(f"{f.kind}@{t - f.start:.0f}s" for f in reversed(self.faults) if f.start <= t)[:5]
 
@@ -223,6 +263,8 @@ class Checker:
         self._exclusivity(snap, out)
         self._admission(snap, out)
         self._leaks(snap, out)
+        self._terminating(snap, out)
+        self._advertised(snap, out)
         self._agent(snap, out)
         self.previous = snap
         return out
@@ -308,6 +350,37 @@ class Checker:
             since = self.first_seen.setdefault(key, snap.t)
             if snap.t - since > self.allow.leak_grace:
                 self._report(out, key[0], key[1], snap.t, f"{what} ({snap.t - since:.0f} s)")
+
+    def _terminating(self, snap: Snapshot, out: list[Violation]) -> None:
+        """A pod still there ``terminating_bound`` seconds past its deletionTimestamp; a fault during its termination
+        moves that to the fault's recovery, plus the bound."""
+        for p in snap.terminating:
+            due = p.deadline
+            for f in self.faults:
+                if f.start - 1.0 <= snap.t and f.end + self._recovery(f) >= p.deadline - p.grace:
+                    due = max(due, f.end + self._recovery(f))
+            late = snap.t - due
+            if late > self.allow.terminating_bound:
+                self._report(out, "terminating-too-long", p.uid, snap.t,
+                             f"pod {p.pod} is still Terminating {snap.t - (p.deadline - p.grace):.0f} s after its "
+                             f"deletion (grace {p.grace:g} s)")
+
+    def _advertised(self, snap: Snapshot, out: list[Violation]) -> None:
+        if snap.mode != "deviceplugin" or snap.advertised is None or self._in_fault(snap.t):
+            self.short_since.clear()  # DRA mode offers nothing through allocatable; a fault's recovery is judged after
+            return
+        for level in sorted({_level(g) for g in snap.groups}):
+            resource = f"topology/{level}"
+            free = free_now(snap, level)
+            offered = snap.advertised.get(resource, 0)
+            if offered >= len(free):
+                self.short_since.pop(resource, None)
+                continue
+            since = self.short_since.setdefault(resource, snap.t)
+            if snap.t - since > self.allow.advertise_bound:
+                self._report(out, "advertised-fewer-than-free", f"{resource}@{since:.0f}", snap.t,
+                             f"the Node offers {resource}: {offered} while {len(free)} are free "
+                             f"({', '.join(free)}) for {snap.t - since:.0f} s")
 
     def _agent(self, snap: Snapshot, out: list[Violation]) -> None:
         a = snap.agent

@@ -448,7 +448,13 @@ class Soak:
         if (self.config.mode, self.config.enforcement, self.config.shared_pool) != ("deviceplugin", "cri", False):
             self.config.mode, self.config.enforcement, self.config.shared_pool = "deviceplugin", "cri", False
             self.say("back to the base install")
-            self.helm_upgrade()
+            with self.lock:  # a mode switch like the faults': judged after its recovery
+                index = self.checker.fault_started("mode-switch", time.time())
+            try:
+                self.helm_upgrade()
+            finally:
+                with self.lock:
+                    self.checker.fault_ended(index, time.time())
         grace = self.checker.allow.leak_grace + 5
         self.say(f"checking for leaks for {grace:g} s")
         time.sleep(grace)

@@ -7,7 +7,9 @@ agent's view.
   pod-resources' List (devices and DRA claims per container), and the API's ResourceClaims (allocated devices of this
   driver, reserved for a pod);
 * the agent's own hold file and DRA checkpoint, the CDI spec files, the driver's ResourceSlices;
-* the pods and claims that exist, the pods that failed admission (phase Failed with a reason);
+* the pods and claims that exist, the pods that failed admission (phase Failed with a reason), the pods being deleted
+  (their deletionTimestamp and grace);
+* the Node's allocatable of each topology resource (what the scheduler sees offered);
 * the agent's process: RSS (``VmRSS``) and open files.
 
 Each read that fails (a component down during a fault) leaves that part empty for this second and is counted.
@@ -29,7 +31,7 @@ from agent._proto.podresources.v1 import api_pb2_grpc as pr_grpc
 from agent.cri.client import CriClient
 from agent.errors import CriError
 from agent.topology.cpulist import parse_cpulist
-from bench.cluster.soak.invariants import AgentProc, Container, Failure, Hold, Snapshot
+from bench.cluster.soak.invariants import AgentProc, Container, Failure, Hold, Snapshot, Terminating
 
 DRIVER = "topology.s390x.ibm.com"
 PREFIX = "topology/"
@@ -136,6 +138,31 @@ def agent_hold_groups(state: Path = AGENT_STATE) -> tuple[frozenset[str], frozen
     return frozenset(groups), frozenset(claims)
 
 
+def terminating(pod: Any) -> Terminating | None:
+    """A V1Pod being deleted: its deletionTimestamp (the deletion plus its grace) and the grace it was given; None
+    for a pod not being deleted. Pure."""
+    meta = pod.metadata
+    if meta.deletion_timestamp is None:
+        return None
+    grace = meta.deletion_grace_period_seconds
+    if grace is None:
+        grace = pod.spec.termination_grace_period_seconds if pod.spec.termination_grace_period_seconds is not None \
+            else 30
+    return Terminating(meta.uid, f"{meta.namespace}/{meta.name}", meta.deletion_timestamp.timestamp(), float(grace))
+
+
+def advertised(allocatable: dict[str, str] | None) -> dict[str, int]:
+    """The Node's allocatable -> each topology resource's count (a resource it does not list offers 0). Pure."""
+    out = {}
+    for name, value in (allocatable or {}).items():
+        if name.startswith(PREFIX):
+            try:
+                out[name] = int(value)
+            except ValueError:
+                out[name] = 0
+    return out
+
+
 def process_usage(pid: int) -> AgentProc | None:
     try:
         rss = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
@@ -174,6 +201,9 @@ class Truth:
             out += self.custom.list_namespaced_custom_object("resource.k8s.io", "v1", ns, "resourceclaims",
                                                              _request_timeout=10)["items"]
         return out
+
+    def _advertised(self) -> dict[str, int]:
+        return advertised(self.core.read_node(self.node, _request_timeout=10).status.allocatable)
 
     def _slices(self) -> int:
         items = self.custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
@@ -269,6 +299,11 @@ class Truth:
             containers, agent = self._containers()
         except CriError:
             self.errors.add("cri")
+        offered: dict[str, int] | None = None
+        try:
+            offered = self._advertised()
+        except Exception:
+            self.errors.add("node")
         agent_groups, agent_claims = agent_hold_groups()
         # Pods that are gone but still have a running container (being torn down) are no holders' concern here.
         return Snapshot(
@@ -276,7 +311,8 @@ class Truth:
             shared_pool=config.shared_pool, mode=config.mode, containers=tuple(containers), holds=tuple(holds),
             pods=pod_uids | {c.pod_uid for c in containers}, claims=frozenset(c["metadata"]["uid"] for c in claims),
             agent_holds=agent_groups, agent_claims=agent_claims, cdi_files=cdi_files(), slices=slices,
-            failures=tuple(failures), agent=agent)
+            failures=tuple(failures), agent=agent,
+            terminating=tuple(t for t in map(terminating, pods) if t is not None), advertised=offered)
 
 
 def requested(pod: Any) -> str:
