@@ -38,6 +38,11 @@ class StartupError(UserError):
     """Something the agent needs is taken or unusable (a socket, a port)."""
 
 
+class NewerStateError(StartupError):
+    """A state file of a format newer than this agent knows (a rollback past a format change): the agent refuses to
+    start and never writes over the file."""
+
+
 class SocketInUseError(StartupError):
     """Another live process serves our socket: at start a reason to exit, later a reason to wait."""
 

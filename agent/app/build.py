@@ -312,6 +312,7 @@ def build_agent(topology: Topology, config: AgentConfig, *, loader: Callable[[],
     pod_resources = PodResourcesClient(config.pod_resources_socket)
     pod_resources.dra_driver = DRIVER  # claim rows are holds in either mode
     files = StateFiles(config.kubelet_dir, config.grouping)
+    files.refuse_newer()  # a file of a newer format stops the agent before anything is written
     claims = read_checkpoint(checkpoint_path(config.kubelet_dir))  # DRA mode's prepared claims (the preparer's own)
     grouping, shadow = advertised_groups(topology, config, files, pod_resources, claims)
     leftover = None

@@ -1,7 +1,8 @@
 """The agent's own state on the node, in a directory of its own inside kubelet's device-plugin
 directory (kubelet deletes sockets there, never directories): per resource prefix, the groups it
 advertised and every hold it knows of (pod-resources may be away when it restarts). Reads are bounded and checked
-(:mod:`agent.policy.state_codec`); a file that cannot be trusted is said loudly and not used."""
+(:mod:`agent.policy.state_codec`); a file that cannot be trusted is said loudly and not used, and a file of a newer
+format than this agent reads stops the agent before anything is written (:meth:`StateFiles.refuse_newer`)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from agent.atomic import write_atomically
-from agent.errors import SavedStateError
+from agent.errors import NewerStateError, SavedStateError
 from agent.policy.grouping import Grouping, GroupingSettings
 from agent.policy.keys import DeviceKey
 from agent.policy.ledger import SavedHolds
-from agent.policy.state_codec import grouping_from_dict, grouping_to_dict, holds_from_dict, holds_to_dict
+from agent.policy.state_codec import (
+    check_version,
+    grouping_from_dict,
+    grouping_to_dict,
+    holds_from_dict,
+    holds_to_dict,
+    newer_refusal,
+)
 
 log = logging.getLogger("topology-agent.state")
 
@@ -49,6 +57,23 @@ class StateFiles:
     def holds_path(self) -> Path:
         return self.directory / HOLDS_FILE
 
+    def refuse_newer(self) -> None:
+        """NewerStateError, naming the file, when a saved file is of a newer format than this agent reads; run
+        before anything is written, so that such a file is never replaced (a rollback past a format change)."""
+        for path, what in ((self.groups_path, "saved groups"), (self.legacy_groups, "saved groups"),
+                           (self.holds_path, "saved holds")):
+            try:  # quietly: a file that cannot be read is said when it is loaded
+                with open(path, "rb") as f:
+                    data = json.loads(f.read(MAX_STATE_BYTES + 1))
+            except (OSError, ValueError, RecursionError):
+                continue
+            try:
+                check_version(data, f"the {what}")
+            except SavedStateError:
+                pass  # said, and not used, when it is loaded
+            except NewerStateError as exc:
+                raise newer_refusal(path, exc) from None
+
     # --- groups ---------------------------------------------------------------------------------
     def load_groups(self, present_cpus: Iterable[int]) -> Grouping | None:
         """The groups saved under the same settings, or None (absent, other settings, untrusted)."""
@@ -58,6 +83,8 @@ class StateFiles:
             return None
         try:
             return grouping_from_dict(data, self.settings, present_cpus)
+        except NewerStateError as exc:
+            raise newer_refusal(path, exc) from None
         except SavedStateError as exc:
             log.warning("not trusting the saved groups %s: %s; the groups found now are advertised", path, exc,
                         extra={"reason": str(exc)})
@@ -76,6 +103,8 @@ class StateFiles:
             return SavedHolds(frozenset(), {})
         try:
             return holds_from_dict(data, self.settings, known)
+        except NewerStateError as exc:
+            raise newer_refusal(self.holds_path, exc) from None
         except SavedStateError as exc:
             log.warning("not trusting the saved holds %s: %s", self.holds_path, exc, extra={"reason": str(exc)})
             return SavedHolds(frozenset(), {})

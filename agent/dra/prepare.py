@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.atomic import write_atomically
+from agent.errors import NewerStateError
 from agent.policy.allocation import AllocationSettings, plan_allocation
 from agent.policy.container_claims import ADMIN_ENV, CLAIM_ENV, PreparedRequest, claim_value
 from agent.policy.grouping import Group
 from agent.policy.keys import DeviceKey, Holder, claim_holder
+from agent.policy.state_codec import newer_refusal
 
 log = logging.getLogger("topology-agent.dra")
 
@@ -254,7 +256,8 @@ def read_checkpoint(path: Path) -> dict[str, PreparedClaim]:
 
 def load_checkpoint(path: Path) -> dict[str, PreparedClaim] | None:
     """As :func:`read_checkpoint`, but None when a checkpoint is there and cannot be read or trusted ({} only when
-    there is none), so that nothing is cleaned up on the strength of a checkpoint that was not read."""
+    there is none), so that nothing is cleaned up on the strength of a checkpoint that was not read. A checkpoint of
+    a newer format is NewerStateError: the agent stops before it could write over it."""
     try:
         raw = Path(path).read_bytes()
     except FileNotFoundError:
@@ -266,7 +269,11 @@ def load_checkpoint(path: Path) -> dict[str, PreparedClaim] | None:
         if len(raw) > MAX_CHECKPOINT:
             raise ValueError("too large")
         doc = json.loads(raw)
-        if doc.get("version") != CHECKPOINT_VERSION:
+        version = doc.get("version")
+        if isinstance(version, int) and not isinstance(version, bool) and version > CHECKPOINT_VERSION:
+            raise newer_refusal(path, NewerStateError(
+                f"the DRA checkpoint is format version {version}, newer than this agent reads ({CHECKPOINT_VERSION})"))
+        if version != CHECKPOINT_VERSION:
             raise ValueError(f"version {doc.get('version')!r}")
         claims = [PreparedClaim.from_json(c) for c in _objects(doc["claims"])]
         return {c.uid: c for c in claims}

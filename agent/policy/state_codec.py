@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from agent.errors import SavedStateError
+from agent import __version__
+from agent.errors import NewerStateError, SavedStateError
 from agent.policy.grouping import LEVELS, Group, Grouping, GroupingSettings, Uniform
 from agent.policy.keys import DeviceKey
 from agent.policy.ledger import SavedHolds
@@ -19,6 +20,23 @@ from agent.topology.model import POLARIZATIONS
 
 SAVED_VERSION = 1
 KEPT = "kept from before the restart"
+
+
+def check_version(data: Any, what: str) -> None:
+    """NewerStateError for a file of a newer format than :data:`SAVED_VERSION` (it must be kept, not replaced),
+    SavedStateError for one of no known format. Versions so far: 1 (0.1.0 and later)."""
+    version = data.get("version") if isinstance(data, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > SAVED_VERSION:
+        raise NewerStateError(f"{what} are format version {version}, newer than this agent reads ({SAVED_VERSION})")
+    if version != SAVED_VERSION:
+        raise SavedStateError(f"unknown version {version!r:.20} (expected {SAVED_VERSION})")
+
+
+def newer_refusal(path: object, exc: NewerStateError) -> NewerStateError:
+    """The one line an agent stops with when the file at ``path`` is of a newer format (it stays as it is)."""
+    return NewerStateError(f"{path}: {exc}; topology-agent {__version__} neither uses nor replaces it and does not "
+                           "start: run the release that wrote it, or remove the file once no pod holds its groups "
+                           "(docs/admin/releases.md)")
 
 
 def settings_key(settings: GroupingSettings) -> dict[str, Any]:
@@ -122,12 +140,11 @@ def grouping_from_dict(data: Any, settings: GroupingSettings, present_cpus: Iter
     """The saved grouping; None when it was made under other settings (nothing wrong with it).
 
     SavedStateError says why a file cannot be trusted: a wrong type or layout, or CPUs this machine
-    (``present_cpus``) does not have.
+    (``present_cpus``) does not have; NewerStateError, a newer format.
     """
     if not isinstance(data, dict):
         raise SavedStateError(f"the saved groups must be an object, not {type(data).__name__}")
-    if data.get("version") != SAVED_VERSION:
-        raise SavedStateError(f"unknown version {data.get('version')!r:.20} (expected {SAVED_VERSION})")
+    check_version(data, "the saved groups")
     if data.get("settings") != settings_key(settings):
         return None
     present = frozenset(present_cpus)
@@ -166,8 +183,9 @@ def holds_to_dict(holds: SavedHolds, settings: GroupingSettings) -> dict[str, An
 
 def holds_from_dict(data: Any, settings: GroupingSettings, known: Iterable[DeviceKey]) -> SavedHolds:
     """The saved holds that name devices advertised now; SavedStateError for a file not in this format."""
-    if not isinstance(data, dict) or data.get("version") != SAVED_VERSION:
+    if not isinstance(data, dict):
         raise SavedStateError("the saved holds are not an object of the expected version")
+    check_version(data, "the saved holds")
     if data.get("resource_prefix") != settings.resource_prefix:
         return SavedHolds(frozenset(), {})
     known_keys = set(known)

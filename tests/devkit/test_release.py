@@ -201,3 +201,18 @@ def test_topology_agent_version_prints_version_and_commit() -> None:
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
                           check=True).stdout.strip()
     assert result.stdout.startswith(f"topology-agent {__version__} (commit {head}")
+
+
+def test_the_release_fixtures_are_what_the_release_itself_writes(tmp_path: Path) -> None:
+    from topology_devkit.release_fixtures import FIXTURES, generate
+
+    for release in RELEASES:
+        if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", release["commit"]], check=False).returncode:
+            pytest.skip(f"{release['commit'][:12]} is not in this clone (a shallow one)")
+        out = tmp_path / release["version"]
+        generate(release["version"], out)
+        kept = FIXTURES / f"release-{release['version']}"
+        files = sorted(p.relative_to(kept) for p in kept.rglob("*") if p.is_file())
+        assert files == sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+        for name in files:
+            assert (out / name).read_bytes() == (kept / name).read_bytes(), name
