@@ -2,7 +2,8 @@
 checkpoint of prepared claims, kubelet's ``cpu_manager_state`` and kubelet config. Each is written as the writer
 writes it, then mutated (values replaced, deleted, duplicated), cut short, or made huge. Right answer: the unchanged
 file reads back as what was written. Refusal: the state files and the DRA checkpoint are then not trusted (None, or
-no holds) and nothing raises; kubelet's files raise CpuManagerStateError / KubeletConfigError, one line.
+no holds), or, with a whole-number version above the agent's, NewerStateError (one line: the agent stops and keeps
+the file); kubelet's files raise CpuManagerStateError / KubeletConfigError, one line.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from agent.devices.persist import StateFiles
 from agent.dra.prepare import CHECKPOINT_VERSION, PreparedClaim, load_checkpoint, plan_claim
-from agent.errors import CpuManagerStateError, KubeletConfigError
+from agent.errors import CpuManagerStateError, KubeletConfigError, NewerStateError
 from agent.node.cpu_manager import parse_cpu_manager_state, read_reserved_system_cpus
 from agent.policy.allocation import AllocationSettings
 from agent.policy.grouping import Grouping, GroupingSettings, group_topology
@@ -64,11 +65,23 @@ def state_files(data: st.DataObject) -> None:
     for path in (files.groups_path, files.holds_path):
         doc = json.loads(path.read_text())
         path.write_text(data.draw(mangled_text(json.dumps(data.draw(mutated_json(doc))))))
-    grouping = files.load_groups(PRESENT)  # never raises: a file not trusted is None
-    if grouping is not None:
-        check_grouping(grouping)
-    read = files.load_holds(KNOWN)
-    assert isinstance(read, SavedHolds) and read.keys <= set(KNOWN)
+    try:
+        grouping = files.load_groups(PRESENT)  # a file not trusted is None
+        if grouping is not None:
+            check_grouping(grouping)
+        read = files.load_holds(KNOWN)
+        assert isinstance(read, SavedHolds) and read.keys <= set(KNOWN)
+    except NewerStateError as exc:
+        newer(exc, files.groups_path, files.holds_path)
+
+
+def newer(exc: NewerStateError, *paths: Path) -> None:
+    """A refusal for a newer format: one line naming the file, whose version is a whole number above 1."""
+    message = str(exc)
+    assert "\n" not in message and "newer than this agent reads" in message, message
+    path = next(p for p in paths if message.startswith(f"{p}: "))
+    version = json.loads(path.read_text()).get("version")
+    assert isinstance(version, int) and not isinstance(version, bool) and version > 1, version
 
 
 def prepared_claims() -> dict[str, PreparedClaim]:
@@ -95,7 +108,11 @@ def dra_checkpoint(data: st.DataObject) -> None:
     if data.draw(st.integers(0, 20)) == 0:
         text = "[" * data.draw(st.integers(900, 100000)) + text  # nested past the parser's recursion limit
     path = write("claims.json", text)
-    claims = load_checkpoint(path)  # never raises: a checkpoint not trusted is None
+    try:
+        claims = load_checkpoint(path)  # a checkpoint not trusted is None
+    except NewerStateError as exc:
+        newer(exc, path)
+        return
     if text == json.dumps(CHECKPOINT):
         assert claims == CLAIMS
     if claims is not None:
