@@ -203,8 +203,10 @@ class Agent:
         if note is None and self.enforcement_mode != "none":
             note = f"cpuset enforcement: {self.enforcement_mode}"
         left = self.dra_claims_to_unprepare()
-        if left:
-            note = (f"DRA plugin registered for unprepare only: {left} claim(s) prepared in DRA mode left"
+        if left and self.dra_unprepare_only is not None:
+            leftover = self.dra_unprepare_only
+            how = "registered" if leftover.registered() else "served" if leftover.serving else "failing (see the log)"
+            note = (f"DRA plugin {how} for unprepare only: {left} claim(s) prepared in DRA mode left"
                     + (f"; {note}" if note else ""))
         return True, f"ready ({note})" if note else "ready"
 
@@ -212,10 +214,10 @@ class Agent:
         return self.manager.alive()
 
     def dra_claims_to_unprepare(self) -> int:
-        """Claims prepared in DRA mode that the DRA plugin, kept for their unprepare only, still serves (0: none,
-        or it is unregistered)."""
+        """Claims prepared in DRA mode that the DRA plugin, kept for their unprepare only, has not unprepared yet (0:
+        none, or it is unregistered)."""
         leftover = self.dra_unprepare_only
-        return leftover.claims_left() if leftover is not None and leftover.serving else 0
+        return leftover.claims_left() if leftover is not None and leftover.wanted else 0
 
     def allocations(self) -> dict[str, object]:
         return {"ready": self.ready(), **self.devices.allocations(pod_names=self.config.allocations_pod_names)}

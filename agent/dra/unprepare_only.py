@@ -44,8 +44,9 @@ class UnprepareOnly:
         self.slices = slices  # None: no API access (the DRA agent that handed over deleted them already)
         self.slices_cleared = slices is None
         self.linger = linger
-        self.serving = False
-        self.served = False  # it was started (and so registered or tried to)
+        self.wanted = False  # claims were left at the start, and some may still be
+        self.serving = False  # its sockets are served
+        self.served = False  # they were served once
         self._empty_since: float | None = None
         self._lock = threading.Lock()
         self.loop = PeriodicLoop("DRA plugin for unprepare only", interval, self.step, (AgentError, OSError),
@@ -63,12 +64,11 @@ class UnprepareOnly:
         left = self.claims_left()
         if not left:
             return
-        self.plugin.start()
-        self.serving = self.served = True
         log.warning("the DRA checkpoint holds %d claim(s) prepared in DRA mode: serving the DRA plugin for their "
                     "unprepare only (no ResourceSlices, no new claims) until none is left", left,
                     extra={"claims": left})
-        self.loop.run_once()
+        self.wanted = True
+        self.loop.run_once()  # serves, or says why not; the loop retries with backoff
         self.loop.start()
 
     def changed(self) -> None:
@@ -77,27 +77,43 @@ class UnprepareOnly:
 
     def step(self) -> None:
         with self._lock:
-            if not self.serving:
+            if not self.wanted:
                 return
             if self.claims_left():
                 self._empty_since = None
             else:
                 now = time.monotonic()
                 self._empty_since = self._empty_since if self._empty_since is not None else now
-                if now - self._empty_since >= self.linger:
-                    self.plugin.stop()
-                    self.serving = False
+                if not self.serving or now - self._empty_since >= self.linger:
+                    self._unserve()
+                    self.wanted = False
                     log.info("every claim prepared in DRA mode is unprepared: the DRA plugin is unregistered")
                     return
-            if not self.plugin.registration_socket_present():
+            if not self.serving:
+                self._serve()
+            elif not self.plugin.registration_socket_present():
                 log.warning("the DRA registration socket %s is gone: serving it again", self.plugin.registration_path)
-                self.plugin.stop()
-                self.plugin.start()
+                self._unserve()
+                self._serve()
         if not self.slices_cleared and self.slices is not None:
             deleted = self.slices.remove_all()
             self.slices_cleared = True
             if deleted:
                 log.info("deleted %d ResourceSlice(s) of this node: device-plugin mode publishes none", deleted)
+
+    def _serve(self) -> None:
+        """Both sockets, or neither (an error says why: kubelet cannot end those claims' pods meanwhile)."""
+        try:
+            self.plugin.start()
+        except (AgentError, OSError):
+            self.plugin.stop()
+            raise
+        self.serving = self.served = True
+
+    def _unserve(self) -> None:
+        if self.serving:
+            self.plugin.stop()
+            self.serving = False
 
     def _pace(self) -> float:
         """The linger's end while no claim is left, else every ``interval``."""
@@ -109,6 +125,4 @@ class UnprepareOnly:
     def stop(self) -> None:
         self.loop.stop()
         with self._lock:
-            if self.serving:
-                self.plugin.stop()
-                self.serving = False
+            self._unserve()

@@ -234,3 +234,22 @@ def test_without_api_access_it_serves_all_the_same(dirs: dict[str, Path]) -> Non
         assert leftover.registered()
     finally:
         leftover.stop()
+
+
+def test_a_plugin_that_cannot_be_served_is_retried_and_the_agent_goes_on(dirs: dict[str, Path]) -> None:
+    """Its directory unusable (a file in its place; on a host, a denial): said, retried with backoff, served once it
+    can be; nothing raises into the agent's start."""
+    left_by_dra_mode(dirs, "u-1")
+    dirs["registry"].parent.mkdir(parents=True, exist_ok=True)
+    dirs["registry"].write_text("not a directory")
+    leftover, _ = make(dirs)
+    leftover.start()
+    try:
+        assert leftover.wanted and not leftover.serving and leftover.loop.failures == 1 and sockets(dirs) == []
+        assert leftover.claims_left() == 1
+        dirs["registry"].unlink()
+        wait_until("served once it can be", lambda: leftover.serving and len(sockets(dirs)) == 2, 5, every=0.02)
+        register(dirs)
+        assert leftover.registered()
+    finally:
+        leftover.stop()
