@@ -24,6 +24,7 @@ from agent.cri.client import CriClient
 from agent.devices.table import NodeDevices
 from agent.enforce.engine import CpusetEngine, EnforcementCounters, Evict, Notify
 from agent.enforce.nri_upkeep import RECHECK, Upkeep, container_update
+from agent.errors import CpuListError
 from agent.nri.stub import DEFAULT_SOCKET, NriPlugin, Refused
 from agent.plugin.servicer import Wire
 from agent.policy.container_claims import PreparedRequest, claimed_devices, match_claim, prepared_keys, with_claims
@@ -37,6 +38,17 @@ log = logging.getLogger("topology-agent.cpuset")
 
 LIVE_STATES = frozenset({nri.CONTAINER_CREATED, nri.CONTAINER_RUNNING, nri.CONTAINER_PAUSED,
                          nri.CONTAINER_UNKNOWN})
+
+
+def runtime_cpuset(text: str, who: str) -> frozenset[int]:
+    """The CPUs of a cpuset the runtime reports; one it cannot have set (not a CPU list) counts as none known, which
+    the planner treats as every CPU, and is said in one line rather than failing the whole event."""
+    try:
+        return frozenset(parse_cpulist(text)) if text else frozenset()
+    except CpuListError as exc:
+        log.warning("NRI: %s reports a cpuset that is not a CPU list (%s): taken as every CPU", who, exc,
+                    extra={"reason": "bad cpuset"})
+        return frozenset()
 
 
 def running_container(pod: nri.PodSandbox, container: nri.Container, domain: str) -> RunningContainer:
@@ -53,7 +65,7 @@ def running_container(pod: nri.PodSandbox, container: nri.Container, domain: str
     groups = annotations.get(f"{domain}/groups", "")
     return RunningContainer(
         id=container.id, identity=(pod.namespace, pod.name, container.name),
-        cpus=frozenset(parse_cpulist(cpu.cpus)) if cpu.cpus else frozenset(), mems=cpu.mems,
+        cpus=runtime_cpuset(cpu.cpus, f"{pod.namespace}/{pod.name}/{container.name}"), mems=cpu.mems,
         annotated_groups=tuple(g for g in groups.split(",") if g),
         annotated_resource=annotations.get(f"{domain}/resource", ""),
         created_at=container.created_at / 1e9 if container.created_at else 0.0)
@@ -199,9 +211,9 @@ class NriEnforcement(CpusetEngine):
     def update_container(self, pod: nri.PodSandbox, container: nri.Container,
                          resources: nri.LinuxResources) -> list[nri.ContainerUpdate]:
         asked = running_container(pod, container, self.domain)
-        if resources.cpu.cpus:
-            asked = dataclasses.replace(asked, cpus=frozenset(parse_cpulist(resources.cpu.cpus)),
-                                        mems=resources.cpu.mems or asked.mems)
+        wanted = runtime_cpuset(resources.cpu.cpus, f"the update of {'/'.join(asked.identity)}")
+        if wanted:
+            asked = dataclasses.replace(asked, cpus=wanted, mems=resources.cpu.mems or asked.mems)
         claim = self._claim_of(pod, container)
         with self._lock:
             self._containers[asked.id] = asked

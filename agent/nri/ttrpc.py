@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from agent.nri.wire import (
     INTERNAL,
+    INVALID_ARGUMENT,
     PLUGIN_CONN,
     REQUEST,
     RESPONSE,
@@ -159,9 +160,13 @@ class Trunk:
             waiter[0].set()
         elif conn == PLUGIN_CONN and message.kind == REQUEST:
             try:
-                response = self._serve(Request.decode(message.data))
-            except WireError:
-                raise
+                request = Request.decode(message.data)
+            except WireError as exc:  # one envelope that is not a Request: refused on its stream, as Go's ttrpc does
+                self._send(PLUGIN_CONN, ttrpc_message(message.stream, RESPONSE,
+                                                      Response(INVALID_ARGUMENT, str(exc)).encode()))
+                return
+            try:
+                response = self._serve(request)
             except Exception as exc:  # a handler's bug answers an error, never ends the trunk
                 log.exception("NRI request failed")
                 response = Response(INTERNAL, f"topology-agent: {exc}")

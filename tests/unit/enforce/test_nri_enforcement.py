@@ -560,3 +560,12 @@ def test_a_rescan_that_finds_a_held_book_offline_moves_its_running_holder_to_the
         assert update.container_id == "c-llm"
         assert set(parse_cpulist(update.linux.resources.cpu.cpus)) == set(range(82)) - gone
         assert enforcement.counters.offline == 1
+
+
+def test_a_cpuset_the_runtime_reports_that_is_no_cpu_list_is_taken_as_every_cpu_not_a_failed_event() -> None:
+    enforcement, grouping = setup()
+    answer = enforcement.create_container(pod("llm"), container("c1", "llm", annotated(grouping, 1), cpus="x"))
+    assert answer.adjust.linux.resources.cpu.cpus == grouping.groups[1].cpulist  # pinned all the same
+    updates = enforcement.update_container(pod("llm"), container("c1", "llm", annotated(grouping, 1)),
+                                           nri.LinuxResources(cpu=nri.LinuxCPU(cpus="0-1,y")))
+    assert [u.linux.resources.cpu.cpus for u in updates] in ([], [grouping.groups[1].cpulist])

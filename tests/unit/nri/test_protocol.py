@@ -324,3 +324,29 @@ def test_a_refused_creation_fails_with_its_reason_and_the_plugin_stays(runtime: 
         assert stopped.code == wire.OK
     finally:
         plugin.stop()
+
+
+def test_a_request_envelope_that_does_not_decode_is_refused_on_its_stream_and_the_trunk_serves_on() -> None:
+    """As Go's ttrpc server: InvalidArgument on that stream id, the connection kept (../shared/docs/nri.md §1.3)."""
+    from agent.nri.ttrpc import Trunk
+
+    ours, theirs = socket.socketpair()
+    trunk = Trunk(ours, lambda request: Response(0, "", b"served"))
+    trunk.start()
+    try:
+        theirs.sendall(mux_frames(wire.PLUGIN_CONN, ttrpc_message(1, wire.REQUEST, b"\x0a\xff")))  # cut inside a field
+        theirs.sendall(mux_frames(wire.PLUGIN_CONN, ttrpc_message(3, wire.REQUEST,
+                                                                  Request(PLUGIN_SERVICE, "Shutdown").encode())))
+        theirs.settimeout(5.0)
+        demux, answers = Demux(), list[tuple[int, Response]]()
+        while len(answers) < 2:
+            data = theirs.recv(65536)
+            assert data, trunk.close_reason
+            for conn in demux.feed(data):
+                answers += [(m.stream, Response.decode(m.data)) for m in messages(demux.streams[conn])]
+        (first, refused), (second, served) = answers
+        assert (first, refused.code) == (1, wire.INVALID_ARGUMENT) and "cannot decode" in refused.message
+        assert (second, served.code, served.payload) == (3, wire.OK, b"served") and not trunk.closed
+    finally:
+        trunk.close()
+        theirs.close()
