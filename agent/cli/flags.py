@@ -127,7 +127,8 @@ def add_enforcement_flags(parser: argparse.ArgumentParser, default: str = "none"
 def add_service_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("kubelet")
     _add(group, "--kubelet-dir", DEFAULT_KUBELET_DIR, metavar="DIR",
-         help="kubelet's device-plugin directory (k3s: /var/lib/rancher/k3s/agent/kubelet/device-plugins)")
+         help="kubelet's device-plugin directory (the same whatever kubelet's --root-dir, on k3s, microk8s "
+              "and k0s too)")
     _add(group, "--pod-resources-socket", DEFAULT_POD_RESOURCES_SOCKET, metavar="PATH",
          help="kubelet's pod-resources socket (mount its directory: kubelet recreates the socket)")
     _add(group, "--pod-resources-interval", "2", metavar="SECONDS",

@@ -60,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if not config.kubelet_dir.is_dir():  # kubelet makes it; the agent never invents one (nor writes state there)
         why = "it is a file, not a directory" if config.kubelet_dir.exists() else "it does not exist"
         raise StartupError(f"cannot use kubelet's directory {config.kubelet_dir} (--kubelet-dir): {why}; give "
-                           f"kubelet's device-plugin directory (usually {DEFAULT_KUBELET_DIR}; k3s and microk8s use "
-                           "other roots)")
+                           f"kubelet's device-plugin directory (usually {DEFAULT_KUBELET_DIR}, whatever kubelet's "
+                           "--root-dir: k3s and microk8s too)")
     setup_logging(args.log_level, args.log_format)
     source = topology_source(args)
     agent = build_agent(source.load(), config, loader=source.load, fingerprint=source.fingerprint)

@@ -28,10 +28,10 @@ from agent.worker import Worker
 
 log = logging.getLogger("topology-agent.plugin")
 
-USUAL_DIRS = ("/var/lib/kubelet/device-plugins (kubeadm, OpenShift, most distributions); "
-              "/var/lib/rancher/k3s/agent/kubelet/device-plugins (k3s); "
-              "/var/snap/microk8s/common/var/lib/kubelet/device-plugins (microk8s); "
-              "/var/lib/k0s/kubelet/device-plugins (k0s)")
+# kubelet listens on a constant path whatever its --root-dir (k8s.io/kubelet pkg/apis/deviceplugin/v1beta1
+# DevicePluginPath; docs/admin/kubelet-roots.md).
+USUAL_DIRS = ("/var/lib/kubelet/device-plugins, whatever kubelet's --root-dir (kubeadm, OpenShift, k3s, microk8s, "
+              "k0s)")
 
 
 class PluginManager(Worker):

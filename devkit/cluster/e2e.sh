@@ -23,7 +23,10 @@
 # (TOPOLOGY_E2E_DRA=0 unless SKEW=1: the containerd set's Kubernetes 1.37 control plane beside CRI-O's kubelet 1.34).
 # A cluster already up with the other runtime is an error (make cluster-down first).
 #
-# Environment: RUNTIME (containerd), SKEW, E2E_TESTS (the test files or ids to run; tests/e2e), CLUSTER_DIR (.cluster),
+# KUBELET_ROOT=/var/lib/k0s/kubelet (at cluster-up; an absolute path ending in /kubelet): kubelet's --root-dir moves
+# there, as on k0s or microk8s, and the chart is installed with --set kubelet.root=<it> (docs/admin/kubelet-roots.md).
+#
+# Environment: RUNTIME (containerd), SKEW, KUBELET_ROOT, E2E_TESTS (the test files or ids to run; tests/e2e), CLUSTER_DIR (.cluster),
 # CLUSTER_CACHE, KEEP_CLUSTER=1 (leave a cluster this script started
 # running), PYTEST_ARGS (extra pytest arguments), HELM, E2E_SUITE (main or vllm), E2E_PRELOAD_VLLM,
 # SOAK_SECONDS, SOAK_SEED, SOAK_QUIET_PODS (8: the quiet run's book pods, for the pod start baseline).
@@ -60,6 +63,12 @@ case "$RUNTIME" in
   crio) RUNTIME_VALUES=(-f devkit/cluster/e2e-values-crio.yaml); DRA_DEFAULT=$([ "$SKEW" = 1 ] && echo 1 || echo 0) ;;
   *) die "RUNTIME is containerd or crio, not '$RUNTIME'" ;;
 esac
+# kubelet's root of the cluster that is up (KUBELET_ROOT at cluster-up), else the one asked for: a root other than
+# /var/lib/kubelet goes to the chart as docs/admin/kubelet-roots.md says, --set kubelet.root=<root>.
+KUBELET_ROOT=$(cat "$CLUSTER_DIR/kubelet-root" 2>/dev/null || echo "${KUBELET_ROOT:-/var/lib/kubelet}")
+export KUBELET_ROOT
+ROOT_VALUES=()
+[ "$KUBELET_ROOT" = /var/lib/kubelet ] || ROOT_VALUES=(--set "kubelet.root=$KUBELET_ROOT")
 BIN=$(devkit/cluster/build.sh "$RUNTIME")
 CONTROL_BIN=$BIN
 [ "$SKEW" = 1 ] && CONTROL_BIN=$(devkit/cluster/build.sh containerd)
@@ -104,7 +113,7 @@ kubectl label namespace "$NAMESPACE" pod-security.kubernetes.io/enforce=privileg
 
 echo "==> helm upgrade --install $RELEASE (fake topology: one book per CPU of this machine)"
 "$HELM" upgrade --install "$RELEASE" deploy/helm/s390x-topology-agent --namespace "$NAMESPACE" \
-  -f devkit/cluster/e2e-values.yaml "${RUNTIME_VALUES[@]}" \
+  -f devkit/cluster/e2e-values.yaml "${RUNTIME_VALUES[@]}" "${ROOT_VALUES[@]}" \
   --set-file "fakeTopology.snapshots.default\.json=$SNAPSHOTS/default.json" --wait --timeout 180s
 
 if [ "$SUITE" = main ] && [ "$WHAT" = test ] && [ "${E2E_PRELOAD_VLLM:-0}" = 1 ]; then
@@ -141,7 +150,7 @@ export TOPOLOGY_E2E_KUBECONFIG=$KUBECONFIG TOPOLOGY_E2E_LANE=local TOPOLOGY_E2E_
        TOPOLOGY_E2E_RELEASE=$RELEASE TOPOLOGY_E2E_IMAGE=$IMAGE TOPOLOGY_E2E_WORKLOAD_IMAGE=$WORKLOAD \
        TOPOLOGY_E2E_SNAPSHOTS=$SNAPSHOTS TOPOLOGY_E2E_HELM=$HELM REQUIRE_E2E=1 \
        TOPOLOGY_E2E_DRA=${TOPOLOGY_E2E_DRA:-$DRA_DEFAULT} TOPOLOGY_E2E_VLLM_IMAGE=localhost/topology-e2e-vllm:0.32.0 \
-       TOPOLOGY_E2E_RUNTIME=$RUNTIME
+       TOPOLOGY_E2E_RUNTIME=$RUNTIME TOPOLOGY_E2E_KUBELET_ROOT=$KUBELET_ROOT
 # shellcheck disable=SC2086  # E2E_TESTS and PYTEST_ARGS are lists of words
 "$PYTHON" -m pytest -m "$MARKS" ${E2E_TESTS:-tests/e2e} -v -rA --durations=12 -p no:cacheprovider ${PYTEST_ARGS:-}
 if [ -n "$preload_pid" ]; then

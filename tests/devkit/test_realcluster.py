@@ -17,8 +17,8 @@ import pytest
 
 from tests.support.env import REPO
 from topology_devkit.realcluster import configs, pki
-from topology_devkit.realcluster.cluster import reachable_state_folder, remove_cdi_specs
-from topology_devkit.realcluster.layout import Layout
+from topology_devkit.realcluster.cluster import _argv, reachable_state_folder, remove_cdi_specs
+from topology_devkit.realcluster.layout import Layout, requested_kubelet_root
 from topology_devkit.realcluster.procs import ClusterError, crash, running, start, stop, wait_until
 
 CLUSTER = REPO / "devkit" / "cluster"
@@ -82,6 +82,26 @@ def test_the_state_folder_a_shim_left_0600_is_made_reachable_before_containerd_s
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_kubelet_root_moves_with_kubelet_root_and_the_cluster_up_keeps_its_own(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    layout = Layout(tmp_path)
+    monkeypatch.delenv("KUBELET_ROOT", raising=False)
+    assert layout.kubelet_root() == Path("/var/lib/kubelet")
+    monkeypatch.setenv("KUBELET_ROOT", "/var/lib/k0s/kubelet")
+    assert "--root-dir=/var/lib/k0s/kubelet" in _argv(layout, tmp_path, "kubelet")
+    # A cluster that is up keeps the root it was started with, whatever KUBELET_ROOT says now.
+    layout.kubelet_root_file.write_text("/var/snap/microk8s/common/var/lib/kubelet\n")
+    assert layout.kubelet_root() == Path("/var/snap/microk8s/common/var/lib/kubelet")
+
+
+@pytest.mark.parametrize("value", ["var/lib/kubelet", "/", "/var/lib", "/var/lib/kubelet/..", "/data/kubelets"])
+def test_a_kubelet_root_cluster_down_could_not_remove_safely_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                                                        value: str) -> None:
+    monkeypatch.setenv("KUBELET_ROOT", value)
+    with pytest.raises(ValueError, match="absolute path ending in /kubelet"):
+        requested_kubelet_root()
+
+
 def test_pki_names_the_identities_the_authorizers_expect(tmp_path: Path) -> None:
     pki.make_pki(tmp_path, "node-a", ["127.0.0.1"], ["localhost"])
 

@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 
 from tests.e2e.snapshots import Expected
-from tests.support.e2e.cluster import RUNTIME_VALUES, E2EEnv
+from tests.support.e2e.cluster import E2EEnv, lane_values
 from tests.support.e2e.kube import wait_for
-from tests.support.e2e.node import AGENT_PREFIX, KUBELET_ROOT, agent_pod, book_pods_running, http_get
+from tests.support.e2e.node import AGENT_PREFIX, DEVICE_PLUGINS, KUBELET_ROOT, agent_pod, book_pods_running, http_get
 from tests.support.env import REPO
 
 pytestmark = pytest.mark.e2e
 
-STATE_DIR = KUBELET_ROOT / "device-plugins" / "s390x-topology-agent"
+STATE_DIR = DEVICE_PLUGINS / "s390x-topology-agent"
 PROFILE = KUBELET_ROOT / "seccomp" / "profiles" / "vllm-numa.json"
 CHART = REPO / "deploy" / "helm" / "s390x-topology-agent"
 
@@ -43,7 +43,7 @@ def helm(env: E2EEnv, *args: str, timeout: float = 330) -> subprocess.CompletedP
 def install_as_the_lane_does(env: E2EEnv) -> None:
     """devkit/cluster/e2e.sh's install command, word for word (with the runtime's values: CRI-O's socket)."""
     values = REPO / "devkit" / "cluster" / "e2e-values.yaml"
-    helm(env, "upgrade", "--install", env.release, str(CHART), "-f", str(values), *RUNTIME_VALUES[env.runtime],
+    helm(env, "upgrade", "--install", env.release, str(CHART), "-f", str(values), *lane_values(env.runtime),
          "--set-file", f"fakeTopology.snapshots.default\\.json={env.snapshots / 'default.json'}",
          "--wait", "--timeout", "180s")
 

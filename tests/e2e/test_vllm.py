@@ -25,13 +25,13 @@ two-book one both of the machine's.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from agent.topology.cpulist import parse_cpulist
 from tests.support.e2e.cluster import E2EEnv
 from tests.support.e2e.kube import wait_kubectl
+from tests.support.e2e.node import KUBELET_ROOT
 from tests.support.e2e.vllm import (
     PODS,
     SECCOMP_VALUES,
@@ -53,7 +53,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 def vllm_release(local: E2EEnv, pod_namespace: str) -> Iterator[E2EEnv]:
     """The lane's release with the chart's seccomp profile installed (the examples' Localhost profile)."""
     local.helm_upgrade(*SECCOMP_VALUES)
-    profile = Path("/var/lib/kubelet/seccomp/profiles/vllm-numa.json")
+    profile = KUBELET_ROOT / "seccomp" / "profiles" / "vllm-numa.json"
     wait_kubectl(f"the agent to install {profile}", profile.is_file, timeout=120)
     try:
         yield local

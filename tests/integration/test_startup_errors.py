@@ -30,8 +30,8 @@ def test_a_missing_kubelet_dir_is_a_startup_error_and_is_not_created(capsys: pyt
     missing = tmp_path / "nonexistent" / "dp"
     line = one_line_error(capsys, "serve", "--topology-file", "embedded:z16-lpar", "--kubelet-dir", str(missing))
     assert line == (f"topology-agent: error: cannot use kubelet's directory {missing} (--kubelet-dir): it does not "
-                    "exist; give kubelet's device-plugin directory (usually /var/lib/kubelet/device-plugins; k3s and "
-                    "microk8s use other roots)")
+                    "exist; give kubelet's device-plugin directory (usually /var/lib/kubelet/device-plugins, whatever "
+                    "kubelet's --root-dir: k3s and microk8s too)")
     assert not (tmp_path / "nonexistent").exists()
     a_file = tmp_path / "file"
     a_file.write_text("")

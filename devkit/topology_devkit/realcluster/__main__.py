@@ -2,8 +2,9 @@
 Makefile's cluster-* targets; ``crash`` and ``restart`` of kubelet or the runtime are the soak's faults,
 bench/cluster/soak; ``confine CPUS`` and ``release``: the lane's host processes on reserved CPUs and back, confine.py).
 
-``up`` starts the node with the runtime ``RUNTIME`` names (containerd, the default, or crio; ``--runtime`` wins);
-every other command acts on the cluster that is up, whichever runtime it has."""
+``up`` starts the node with the runtime ``RUNTIME`` names (containerd, the default, or crio; ``--runtime`` wins) and
+kubelet's root at ``KUBELET_ROOT`` (``/var/lib/kubelet`` by default); every other command acts on the cluster that is
+up, whichever runtime and root it has."""
 
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     layout = Layout.from_env()
     try:
         requested_runtime()
+        layout.kubelet_root()
     except ValueError as err:
         print(f"{args.command}: {err}", file=sys.stderr)
         return 2

@@ -46,6 +46,7 @@ from .layout import (
     Layout,
     components,
     node_name,
+    requested_kubelet_root,
 )
 from .mounts import mounts_under, remove_tree, unmount
 from .procs import (
@@ -230,7 +231,8 @@ def _argv(layout: Layout, bins: Path, component: str) -> list[str]:
         return crio.argv(layout, bins)
     if component == "kubelet":
         return [str(bins / "kubelet"), f"--config={layout.etc / 'kubelet.yaml'}",
-                f"--kubeconfig={layout.component_kubeconfig('kubelet')}", f"--root-dir={KUBELET_ROOT}", "--v=2"]
+                f"--kubeconfig={layout.component_kubeconfig('kubelet')}", f"--root-dir={layout.kubelet_root()}",
+                "--v=2"]
     raise ValueError(component)
 
 
@@ -352,6 +354,7 @@ def up(layout: Layout, cpu_manager_policy: str = "none", images: bool = True, ru
                                "RUNTIME=crio")
         layout.root.mkdir(parents=True, exist_ok=True)
         layout.runtime_file.write_text(f"{wanted}{' skew' if skew else ''}\n")
+        layout.kubelet_root_file.write_text(f"{requested_kubelet_root()}\n")
     runtime = layout.runtime()
     if runtime == "crio":
         crio.probe_host()
@@ -386,7 +389,7 @@ def restart_kubelet(layout: Layout, cpu_manager_policy: str | None = None) -> fl
     if cpu_manager_policy is not None:
         write_kubelet_config(layout, cpu_manager_policy)
         # kubelet refuses a checkpoint written by another policy; a policy change drains the node first.
-        (KUBELET_ROOT / "cpu_manager_state").unlink(missing_ok=True)
+        (layout.kubelet_root() / "cpu_manager_state").unlink(missing_ok=True)
     t0 = time.monotonic()
     start_component(layout, "kubelet")
     return time.monotonic() - t0
@@ -526,13 +529,15 @@ def down(layout: Layout) -> None:
     for component in CONTROL_PLANE[::-1]:
         stop(layout, component)
     netns = Path("/var/run/netns")
-    state_paths = [KUBELET_ROOT, CONTAINERD_STATE, layout.containerd_root, layout.root, netns, *crio.state_paths()]
+    # The default root too: kubelet makes its device-plugin directory there whatever its root (DEVICE_PLUGIN_DIR).
+    kubelet_roots = list(dict.fromkeys([layout.kubelet_root(), KUBELET_ROOT]))
+    state_paths = [*kubelet_roots, CONTAINERD_STATE, layout.containerd_root, layout.root, netns, *crio.state_paths()]
     unmount(state_paths)
     crio_left = crio.clean_host(layout)
     for entry in netns.glob("cni-*") if netns.is_dir() else []:
         entry.unlink(missing_ok=True)
     subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
-    for path in (KUBELET_ROOT, CONTAINERD_STATE, CNI_STATE, POD_LOGS, CONTAINER_LOGS, layout.containerd_root,
+    for path in (*kubelet_roots, CONTAINERD_STATE, CNI_STATE, POD_LOGS, CONTAINER_LOGS, layout.containerd_root,
                  layout.etcd_data, layout.pki, layout.etc, layout.run, layout.root / "cni"):
         remove_tree(path)  # a folder with a mount left below it stays, and is named below
     remove_cdi_specs()
@@ -540,6 +545,7 @@ def down(layout: Layout) -> None:
         sock.unlink(missing_ok=True)
     layout.kubeconfig.unlink(missing_ok=True)
     layout.runtime_file.unlink(missing_ok=True)
+    layout.kubelet_root_file.unlink(missing_ok=True)
     left = mounts_under(state_paths) + crio_left + [str(t) for t in _cgroup_trees()]
     if left:
         raise ClusterError(f"cluster-down left behind: {', '.join(left)}")

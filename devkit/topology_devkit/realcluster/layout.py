@@ -47,7 +47,11 @@ BRIDGE_IP = "10.88.0.1"
 BRIDGE = "e2e0"
 CNI_NETWORK = "topology-e2e"
 
+# kubelet's default --root-dir; KUBELET_ROOT=... at cluster-up moves it (Layout.kubelet_root), as k0s and microk8s do.
 KUBELET_ROOT = Path("/var/lib/kubelet")
+# Where kubelet's device manager listens whatever --root-dir says (k8s.io/kubelet@v0.37.2
+# pkg/apis/deviceplugin/v1beta1/constants.go: DevicePluginPath), so it is also made, and removed, with another root.
+DEVICE_PLUGIN_DIR = KUBELET_ROOT / "device-plugins"
 POD_LOGS = Path("/var/log/pods")
 CONTAINER_LOGS = Path("/var/log/containers")
 CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
@@ -134,6 +138,20 @@ class Layout:
             return recorded[0]
         return requested_runtime()
 
+    @property
+    def kubelet_root_file(self) -> Path:
+        """kubelet's --root-dir of the cluster that is up (``up`` writes it, ``down`` removes it)."""
+        return self.root / "kubelet-root"
+
+    def kubelet_root(self) -> Path:
+        """kubelet's --root-dir: the one recorded at ``up``, else ``KUBELET_ROOT`` (checked by
+        :func:`requested_kubelet_root`), else kubelet's default."""
+        try:
+            recorded = self.kubelet_root_file.read_text().strip()
+        except OSError:
+            recorded = ""
+        return Path(recorded) if recorded else requested_kubelet_root()
+
     def skewed(self) -> bool:
         """The control plane runs the containerd set's Kubernetes (1.37) beside the CRI-O set's kubelet (1.34):
         recorded at ``up`` from ``SKEW=1``."""
@@ -142,6 +160,17 @@ class Layout:
         except OSError:
             return os.environ.get("SKEW") == "1"
         return "skew" in recorded[1:]
+
+
+def requested_kubelet_root() -> Path:
+    """``KUBELET_ROOT`` (kubelet's default when unset or empty). ``down`` removes the whole folder, so it must be an
+    absolute path whose last part is ``kubelet`` (``/var/lib/k0s/kubelet``); ValueError otherwise."""
+    value = os.environ.get("KUBELET_ROOT") or str(KUBELET_ROOT)
+    path = Path(value)
+    if not path.is_absolute() or path.name != "kubelet" or ".." in path.parts:
+        raise ValueError(f"KUBELET_ROOT is an absolute path ending in /kubelet (cluster-down removes it), "
+                         f"not {value!r}")
+    return path
 
 
 def requested_runtime() -> str:

@@ -52,15 +52,29 @@ def test_sys_is_mounted_read_only_and_proc_is_the_containers_own(render: Render)
     assert "TOPOLOGY_AGENT_TOPOLOGY_FILE" not in env
 
 
-def test_kubelet_root_is_a_value(render: Render) -> None:
-    docs = render("--set", "kubelet.root=/var/lib/rancher/k3s/agent/kubelet/")
+def test_kubelet_root_moves_what_kubelet_moves_and_not_the_device_plugin_directory(render: Render) -> None:
+    """kubelet 1.37: pod-resources, plugins_registry, plugins/ and its state follow --root-dir; the device manager
+    listens on the constant /var/lib/kubelet/device-plugins/kubelet.sock (docs/admin/kubelet-roots.md)."""
+    root = "/var/snap/microk8s/common/var/lib/kubelet"
+    docs = render("--set", f"kubelet.root={root}/", "--set", "mode=dra", "--set", "seccompProfile.install=true")
     mounts = mounts_of(docs)
-    assert mounts["device-plugins"][1]["hostPath"]["path"] == "/var/lib/rancher/k3s/agent/kubelet/device-plugins"
-    assert mounts["pod-resources"][1]["hostPath"]["path"] == "/var/lib/rancher/k3s/agent/kubelet/pod-resources"
+    assert mounts["device-plugins"][1]["hostPath"] == {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}
+    assert mounts["pod-resources"][1]["hostPath"] == {"path": f"{root}/pod-resources", "type": "Directory"}
+    assert mounts["kubelet-root"][1]["hostPath"] == {"path": root, "type": "Directory"}
+    assert mounts["dra-registry"][1]["hostPath"]["path"] == f"{root}/plugins_registry"
+    assert mounts["dra-plugin"][1]["hostPath"]["path"] == f"{root}/plugins/topology.s390x.ibm.com"
+    assert mounts["seccomp-profiles"][1]["hostPath"]["path"] == f"{root}/seccomp/profiles"
     # The container paths do not move, and the agent is told where they are.
     env = env_of(agent_container(docs))
     assert env["TOPOLOGY_AGENT_KUBELET_DIR"] == mounts["device-plugins"][0]["mountPath"]
     assert env["TOPOLOGY_AGENT_POD_RESOURCES_SOCKET"] == mounts["pod-resources"][0]["mountPath"] + "/kubelet.sock"
+    assert env["TOPOLOGY_AGENT_DRA_REGISTRY_DIR"] == f"{root}/plugins_registry"  # kubelet dials what the agent names
+
+
+def test_a_kubelet_built_with_another_device_plugin_directory(render: Render) -> None:
+    mounts = mounts_of(render("--set", "kubelet.devicePluginDir=/data/kubelet/device-plugins/"))
+    assert mounts["device-plugins"][1]["hostPath"] == {"path": "/data/kubelet/device-plugins", "type": "Directory"}
+    assert mounts["device-plugins"][0]["mountPath"] == "/var/lib/kubelet/device-plugins"
 
 
 def test_kubelet_state_mount_is_opt_in_and_read_only(render: Render) -> None:

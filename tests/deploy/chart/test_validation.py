@@ -127,6 +127,7 @@ def test_default_objects_and_namespaces(render: Render) -> None:
     (("--set", "kubelet.readState=yes"), "readState"),
     (("--set", "agent.bogus=1"), "bogus"),
     (("--set", "kubelet.root=var/lib/kubelet"), "root"),
+    (("--set", "kubelet.devicePluginDir=device-plugins"), "devicePluginDir"),
     (("--set", "fakeTopology.enabled=1"), "enabled"),
     (("--set", "fakeTopology.snapshots.node1=x"), "snapshots"),
     (("--set-json", 'admissionPolicy.validationActions=["Deny","Warn"]'), "validationActions"),

@@ -76,6 +76,13 @@ CRI_SOCKETS = {"containerd": Path("/run/containerd/containerd.sock"), "crio": Pa
 RUNTIME_VALUES = {"containerd": [], "crio": ["-f", str(REPO / "devkit" / "cluster" / "e2e-values-crio.yaml")]}
 
 
+def lane_values(runtime: str) -> list[str]:
+    """What e2e.sh adds to devkit/cluster/e2e-values.yaml: the runtime's values, and kubelet's root when the lane
+    moved it (KUBELET_ROOT at cluster-up: --set kubelet.root, as docs/admin/kubelet-roots.md says)."""
+    root = os.environ.get("TOPOLOGY_E2E_KUBELET_ROOT") or "/var/lib/kubelet"
+    return [*RUNTIME_VALUES[runtime], *([] if root == "/var/lib/kubelet" else ["--set", f"kubelet.root={root}"])]
+
+
 @dataclass(frozen=True)
 class E2EEnv:
     lane: str  # local | kind | remote
@@ -132,15 +139,15 @@ class E2EEnv:
             pytest.skip(f"the {self.lane} lane's install is not this suite's to change")
         values = os.environ.get("TOPOLOGY_E2E_VALUES")
         if values:
-            lane_values = ["-f", values]
+            given = ["-f", values]
         else:
             snapshot = self.snapshots / "default.json"
-            lane_values = ["-f", str(REPO / "devkit" / "cluster" / "e2e-values.yaml"), *RUNTIME_VALUES[self.runtime],
-                           "--set-file", f"fakeTopology.snapshots.default\\.json={snapshot}"]
+            given = ["-f", str(REPO / "devkit" / "cluster" / "e2e-values.yaml"), *lane_values(self.runtime),
+                     "--set-file", f"fakeTopology.snapshots.default\\.json={snapshot}"]
         subprocess.run([os.environ.get("TOPOLOGY_E2E_HELM") or "helm", "upgrade", *(["--install"] if install else []),
                         self.release,
                         str(REPO / "deploy" / "helm" / "s390x-topology-agent"), "--namespace", self.namespace,
-                        "--kubeconfig", str(self.kubeconfig), *lane_values, *extra,
+                        "--kubeconfig", str(self.kubeconfig), *given, *extra,
                         *(["--wait", "--timeout", "180s"] if wait else [])], check=True, timeout=240,
                        capture_output=True, text=True)
         if wait:

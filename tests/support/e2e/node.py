@@ -3,6 +3,7 @@ metrics, pods that print their environment, and a restarted kubelet waited for u
 
 from __future__ import annotations
 
+import os
 import subprocess
 import urllib.request
 from collections.abc import Callable
@@ -14,7 +15,10 @@ import pytest
 from tests.support.e2e.cluster import E2EEnv
 from tests.support.e2e.kube import wait_for
 
-KUBELET_ROOT = Path("/var/lib/kubelet")
+# kubelet's --root-dir on the node (the local lane's KUBELET_ROOT, which e2e.sh passes on), and its device-plugin
+# directory, which does not follow the root (docs/admin/kubelet-roots.md).
+KUBELET_ROOT = Path(os.environ.get("TOPOLOGY_E2E_KUBELET_ROOT") or "/var/lib/kubelet")
+DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 
 
 POD_RESOURCES = KUBELET_ROOT / "pod-resources" / "kubelet.sock"

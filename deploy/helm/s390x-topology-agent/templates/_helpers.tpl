@@ -56,7 +56,7 @@ app.kubernetes.io/component: node-agent
 {{- printf "%s/" .Values.agent.resourcePrefix }}
 {{- end }}
 
-{{/* Host paths under the kubelet root (k3s, microk8s and k0s use other roots). */}}
+{{/* Host paths under the kubelet root (microk8s and k0s use other roots); the device-plugin directory is not one. */}}
 {{- define "topology-agent.kubeletRoot" -}}
 {{- .Values.kubelet.root | trimSuffix "/" }}
 {{- end }}
