@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.env import REPO
 from topology_devkit.realcluster import configs, pki
-from topology_devkit.realcluster.cluster import _argv, reachable_state_folder, remove_cdi_specs
+from topology_devkit.realcluster.cluster import _argv, _remove_empty_parents, reachable_state_folder, remove_cdi_specs
 from topology_devkit.realcluster.layout import Layout, requested_kubelet_root
 from topology_devkit.realcluster.procs import ClusterError, crash, running, start, stop, wait_until
 
@@ -92,6 +92,15 @@ def test_kubelet_root_moves_with_kubelet_root_and_the_cluster_up_keeps_its_own(t
     # A cluster that is up keeps the root it was started with, whatever KUBELET_ROOT says now.
     layout.kubelet_root_file.write_text("/var/snap/microk8s/common/var/lib/kubelet\n")
     assert layout.kubelet_root() == Path("/var/snap/microk8s/common/var/lib/kubelet")
+
+
+def test_down_removes_the_empty_folders_above_a_moved_root_and_nothing_more(tmp_path: Path) -> None:
+    root = tmp_path / "var" / "lib" / "k0s" / "kubelet"
+    root.parent.mkdir(parents=True)
+    (tmp_path / "var" / "lib" / "other").mkdir()
+    _remove_empty_parents(root)
+    assert not (tmp_path / "var" / "lib" / "k0s").exists()
+    assert (tmp_path / "var" / "lib" / "other").is_dir()  # /var/lib is not empty: it and what is above it stay
 
 
 @pytest.mark.parametrize("value", ["var/lib/kubelet", "/", "/var/lib", "/var/lib/kubelet/..", "/data/kubelets"])

@@ -512,6 +512,18 @@ def remove_cdi_specs(folder: Path = CDI_DIR, driver: str = DRA_DRIVER) -> list[s
     return removed
 
 
+def _remove_empty_parents(path: Path) -> None:
+    """The folders ``up`` made above a moved kubelet root (``/var/lib/k0s`` for ``/var/lib/k0s/kubelet``), while
+    empty and below the top two levels (``/var/lib`` stays)."""
+    for parent in path.parents:
+        if len(parent.parts) <= 3:
+            return
+        try:
+            parent.rmdir()
+        except OSError:  # not empty (or already gone): whatever is there was not the lane's
+            return
+
+
 def down(layout: Layout) -> None:
     """Stop whichever runtime is up (and anything either runtime left), then the control plane; remove the state."""
     confine.release()  # a bench that died with the lane confined (confine.py)
@@ -540,6 +552,7 @@ def down(layout: Layout) -> None:
     for path in (*kubelet_roots, CONTAINERD_STATE, CNI_STATE, POD_LOGS, CONTAINER_LOGS, layout.containerd_root,
                  layout.etcd_data, layout.pki, layout.etc, layout.run, layout.root / "cni"):
         remove_tree(path)  # a folder with a mount left below it stays, and is named below
+    _remove_empty_parents(layout.kubelet_root())
     remove_cdi_specs()
     for sock in (CONTAINERD_SOCKET, Path(f"{CONTAINERD_SOCKET}.ttrpc"), NRI_SOCKET):
         sock.unlink(missing_ok=True)
