@@ -19,7 +19,7 @@ import time
 from typing import Protocol
 
 from agent.dra.kubelet_plugin import KubeletPlugin
-from agent.errors import AgentError
+from agent.errors import AgentError, KubeApiError
 from agent.periodic import PeriodicLoop
 
 log = logging.getLogger("topology-agent.dra")
@@ -96,7 +96,14 @@ class UnprepareOnly:
                 self._unserve()
                 self._serve()
         if not self.slices_cleared and self.slices is not None:
-            deleted = self.slices.remove_all()
+            try:
+                deleted = self.slices.remove_all()
+            except KubeApiError as exc:
+                if exc.status not in (401, 403):
+                    raise  # the API server away: retried with backoff
+                log.warning("not allowed to delete this node's ResourceSlices (%s): the chart grants it beside its "
+                            "node-restriction policy only", exc, extra={"reason": str(exc)})
+                deleted = 0
             self.slices_cleared = True
             if deleted:
                 log.info("deleted %d ResourceSlice(s) of this node: device-plugin mode publishes none", deleted)

@@ -50,14 +50,17 @@ def left_by_dra_mode(dirs: dict[str, Path], *uids: str) -> None:
 
 
 class Slices:
-    def __init__(self, fail: int = 0) -> None:
+    def __init__(self, fail: int = 0, status: int = 503) -> None:
         self.removed = 0
+        self.calls = 0
         self.fail = fail
+        self.status = status
 
     def remove_all(self) -> int:
+        self.calls += 1
         if self.fail:
             self.fail -= 1
-            raise KubeApiError(503, "the API server is away")
+            raise KubeApiError(self.status, "refused")
         self.removed += 1
         return 2 if self.removed == 1 else 0
 
@@ -251,5 +254,19 @@ def test_a_plugin_that_cannot_be_served_is_retried_and_the_agent_goes_on(dirs: d
         wait_until("served once it can be", lambda: leftover.serving and len(sockets(dirs)) == 2, 5, every=0.02)
         register(dirs)
         assert leftover.registered()
+    finally:
+        leftover.stop()
+
+
+def test_a_forbidden_slice_deletion_is_said_once_and_not_retried(dirs: dict[str, Path]) -> None:
+    """Without the chart's RBAC for it (no node-restriction policy), the plugin serves all the same."""
+    left_by_dra_mode(dirs, "u-1")
+    slices = Slices(fail=5, status=403)
+    leftover, _ = make(dirs, slices=slices)
+    leftover.start()
+    try:
+        assert leftover.serving and leftover.slices_cleared and slices.calls == 1 and leftover.loop.failures == 0
+        leftover.step()
+        assert slices.calls == 1
     finally:
         leftover.stop()
