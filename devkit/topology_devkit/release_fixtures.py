@@ -3,8 +3,9 @@
 ``python -m topology_devkit.release_fixtures 0.1.0`` checks out the release's commit (releases.json) in a temporary
 worktree and runs :data:`SCRIPT` there, on its own package, its kubelet emulator and its tests' helpers: a
 device-plugin agent allocates a book (its state directory, the Allocate annotations kubelet hands the runtime, the
-Node annotation), then a DRA agent prepares a claim (the checkpoint and the CDI file). The result goes to
-``tests/fixtures/release-<version>/``, which tests/unit/devices/test_state_versions.py reads with today's code.
+Node annotation), then a DRA agent prepares a claim (the checkpoint and the CDI file); the chart's Chart.yaml and
+values.yaml beside them. The result goes to ``tests/fixtures/release-<version>/``, which
+tests/integration/test_state_versions.py and tests/deploy/chart/test_upgrade_values.py read with today's code.
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ with KubeletEmulator(short_tmpdir()) as k:
                                           name="llm-book", namespace="ns")))
     keep(k, "dra")
 patch.undo()
+
+(out / "chart").mkdir()
+for name in ("Chart.yaml", "values.yaml"):
+    shutil.copy(Path("deploy/helm/s390x-topology-agent") / name, out / "chart" / name)
 '''
 
 

@@ -95,6 +95,12 @@ _API = [
      False),
 ]
 
+_MORE = [
+    ("resource.k8s.io/v1", "deviceclasses", "DeviceClass", False),
+    ("monitoring.coreos.com/v1", "servicemonitors", "ServiceMonitor", True),
+    ("monitoring.coreos.com/v1", "prometheusrules", "PrometheusRule", True),
+]
+
 
 @dataclass
 class FakeCluster:
@@ -105,11 +111,13 @@ class FakeCluster:
     vap: bool = True
     openshift: bool = False  # serves security.openshift.io/v1 SecurityContextConstraints
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
+    secrets: list[Doc] = field(default_factory=list)  # Helm's release storage (helm.sh/release.v1 Secrets)
+    dra_and_monitoring: bool = False  # also serves resource.k8s.io/v1 DeviceClasses and the Prometheus operator's kinds
 
     def resources(self) -> list[tuple[str, str, str, bool]]:
         scc = [("security.openshift.io/v1", "securitycontextconstraints", "SecurityContextConstraints", False)]
         return [r for r in _API if self.vap or not r[2].startswith("ValidatingAdmissionPolicy")] + \
-            (scc if self.openshift else [])
+            (scc if self.openshift else []) + (_MORE if self.dra_and_monitoring else [])
 
     def answer(self, path: str) -> tuple[int, Doc]:
         if path == "/version":
@@ -135,8 +143,8 @@ class FakeCluster:
         if match and match.group(1) in self.namespaces:
             return 200, {"kind": "Namespace", "apiVersion": "v1",
                          "metadata": {"name": match.group(1), "labels": self.namespaces[match.group(1)]}}
-        if path.endswith("/secrets"):  # Helm's release storage: no releases yet
-            return 200, {"kind": "SecretList", "apiVersion": "v1", "metadata": {}, "items": []}
+        if path.endswith("/secrets"):  # Helm's release storage: the releases the test put there
+            return 200, {"kind": "SecretList", "apiVersion": "v1", "metadata": {}, "items": self.secrets}
         return 404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
                      "message": f"{path} not found"}
 

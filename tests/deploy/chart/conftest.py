@@ -80,14 +80,16 @@ def fake_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeClu
 
 @pytest.fixture
 def install(helm: str, fake_api: tuple[FakeCluster, Path]) -> Callable[..., Installed]:
-    """install(*helm_args, minor=34, vap=True, openshift=False, namespaces={...}) -> what `helm install
-    --dry-run=server` would create."""
+    """install(*helm_args, minor=34, vap=True, openshift=False, namespaces={...}, releases=[...], more_apis=False) ->
+    what `helm install --dry-run=server` (or `helm upgrade`, given the releases' Secrets) would create."""
     cluster, kubeconfig = fake_api
 
     def _install(*args: str, minor: int = 34, vap: bool = True, openshift: bool = False,
-                 namespaces: dict[str, dict[str, str]] | None = None) -> Installed:
-        cluster.minor, cluster.vap, cluster.openshift = minor, vap, openshift
+                 namespaces: dict[str, dict[str, str]] | None = None, releases: list[Doc] | None = None,
+                 more_apis: bool = False) -> Installed:
+        cluster.minor, cluster.vap, cluster.openshift, cluster.dra_and_monitoring = minor, vap, openshift, more_apis
         cluster.namespaces = dict(namespaces or {})
+        cluster.secrets = list(releases or [])
         home = kubeconfig.parent
         env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
         env |= {"KUBECONFIG": str(kubeconfig), "HELM_CACHE_HOME": str(home / "cache"),

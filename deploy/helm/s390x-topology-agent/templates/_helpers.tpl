@@ -171,3 +171,57 @@ container_device_plugin_t
 spc_t
 {{- end -}}
 {{- end }}
+
+{{/*
+Values across releases (compat.yaml): every template includes this first. It fills in the keys added since the last
+release where the values lack them (helm upgrade --reuse-values renders with the old chart's defaults) and carries a
+renamed key's value to its new name. Idempotent; it changes .Values, which every template shares.
+*/}}
+{{- define "topology-agent.compat" -}}
+{{- $compat := .Files.Get "compat.yaml" | fromYaml -}}
+{{- include "topology-agent.fill" (list .Values ($compat.added | default dict)) -}}
+{{- range $rename := $compat.renamed -}}
+{{- $old := include "topology-agent.valueAt" (list $.Values $rename.old) | fromYaml -}}
+{{- $new := include "topology-agent.valueAt" (list $.Values $rename.new) | fromYaml -}}
+{{- if and $old.found (or (not $new.found) (eq (toJson $new.value) (toJson $rename.default))) -}}
+{{- $values := $.Values -}}
+{{- $parts := splitList "." $rename.new -}}
+{{- range $part := initial $parts -}}
+{{- if not (kindIs "map" (get $values $part)) -}}{{- $_ := set $values $part dict -}}{{- end -}}
+{{- $values = get $values $part -}}
+{{- end -}}
+{{- $_ := set $values (last $parts) $old.value -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+(list values defaults): every key of defaults that values lack, added to values, at any depth. Unlike sprig's merge,
+a key the values have keeps its value even when it is false, 0 or "".
+*/}}
+{{- define "topology-agent.fill" -}}
+{{- $values := index . 0 -}}
+{{- range $key, $default := index . 1 -}}
+{{- if not (hasKey $values $key) -}}
+{{- $_ := set $values $key (deepCopy $default) -}}
+{{- else if and (kindIs "map" $default) (kindIs "map" (get $values $key)) -}}
+{{- include "topology-agent.fill" (list (get $values $key) $default) -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+(list values "a.b.c") -> YAML {found: bool, value: ...}: the value at a dotted path of the values.
+*/}}
+{{- define "topology-agent.valueAt" -}}
+{{- $here := index . 0 -}}
+{{- $found := true -}}
+{{- range $part := splitList "." (index . 1) -}}
+{{- if and $found (kindIs "map" $here) (hasKey $here $part) -}}
+{{- $here = get $here $part -}}
+{{- else -}}
+{{- $found = false -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml (dict "found" $found "value" (ternary $here nil $found)) -}}
+{{- end }}
