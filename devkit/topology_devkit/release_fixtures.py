@@ -1,7 +1,7 @@
 """The files a recorded release writes on a node, made by that release's own code, as test fixtures.
 
-``python -m topology_devkit.release_fixtures 0.1.0`` checks out the release's commit (releases.json) in a temporary
-worktree and runs :data:`SCRIPT` there, on its own package, its kubelet emulator and its tests' helpers: a
+``python -m topology_devkit.release_fixtures 0.1.0`` unpacks the release's commit (releases.json, ``git archive``) in a
+temporary folder and runs :data:`SCRIPT` there, on its own package, its kubelet emulator and its tests' helpers: a
 device-plugin agent allocates a book (its state directory, the Allocate annotations kubelet hands the runtime, the
 Node annotation), then a DRA agent prepares a claim (the checkpoint and the CDI file); the chart's Chart.yaml and
 values.yaml beside them. The result goes to ``tests/fixtures/release-<version>/``, which
@@ -81,11 +81,6 @@ for name in ("Chart.yaml", "values.yaml"):
 '''
 
 
-def git(*args: str) -> str:
-    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=120,
-                          check=True).stdout.strip()
-
-
 def generate(version: str, out: Path) -> str:
     """Make the fixtures of ``version`` into ``out`` (replaced); the line to print."""
     releases = json.loads((REPO / "releases.json").read_text())["releases"]
@@ -94,13 +89,13 @@ def generate(version: str, out: Path) -> str:
         raise SystemExit(f"release_fixtures: releases.json has no {version}")
     with tempfile.TemporaryDirectory(prefix=f"rel-{version}-") as tmp:
         checkout, made = Path(tmp) / "checkout", Path(tmp) / "made"
-        git("worktree", "add", "--detach", str(checkout), commit)
-        try:
-            made.mkdir()
-            env = {**os.environ, "PYTHONPATH": f"{checkout}{os.pathsep}{checkout / 'devkit'}"}
-            subprocess.run([sys.executable, "-c", SCRIPT, str(made)], cwd=checkout, env=env, timeout=300, check=True)
-        finally:
-            git("worktree", "remove", "--force", str(checkout))
+        checkout.mkdir()
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", commit], capture_output=True, timeout=120,
+                                 check=True).stdout  # the release's tree, without touching the repository
+        subprocess.run(["tar", "-x", "-C", str(checkout)], input=archive, timeout=120, check=True)
+        made.mkdir()
+        env = {**os.environ, "PYTHONPATH": f"{checkout}{os.pathsep}{checkout / 'devkit'}"}
+        subprocess.run([sys.executable, "-c", SCRIPT, str(made)], cwd=checkout, env=env, timeout=300, check=True)
         (made / "MANIFEST.json").write_text(json.dumps(
             {"release": version, "commit": commit, "made by": f"python -m topology_devkit.release_fixtures {version}",
              "shape": "z16-lpar", "levels": ["book", "socket"]}, indent=2) + "\n")
