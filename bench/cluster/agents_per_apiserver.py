@@ -135,7 +135,10 @@ class Bench:
         self.k("create", "clusterrolebinding", "bench-scale-agents", "--clusterrole", "cluster-admin",
                f"--group=system:serviceaccounts:{NAMESPACE}")
         helm = os.environ.get("HELM") or str(ROOT / ".tools" / "bin" / "helm")
+        # Offline, helm needs the cluster's version (its own default is below the chart's kubeVersion).
+        kube_version = json.loads((self.bins / "build-info.json").read_text())["kubernetes"]
         rendered = subprocess.run([helm, "template", "bench", str(ROOT / "deploy" / "helm" / "s390x-topology-agent"),
+                                   "--kube-version", kube_version,
                                    "--set", "mode=dra", "--show-only", "templates/deviceclasses.yaml"],
                                   capture_output=True, text=True, check=True, timeout=120).stdout
         subprocess.run([str(self.bins / "kubectl"), "--kubeconfig", str(self.kubeconfig), "apply", "-f", "-"],
