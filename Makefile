@@ -59,7 +59,7 @@ proto: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py $(if $(QUICK),--quick)
 
-## Chart and image checks: helm lint, template + kubernetes-validate (1.26/1.30/1.34), hadolint.
+## Chart and image checks: helm lint, template + kubernetes-validate (1.34 and 1.37, the kubeVersion window), hadolint.
 chart-check: $(STAMP)
 	@test -n "$$HELM" || [ -x .tools/bin/helm ] || command -v helm >/dev/null || tools/get-helm.sh >/dev/null
 	tools/check-chart.sh
