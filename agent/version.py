@@ -40,10 +40,11 @@ def commit_of(package_dir: Path, build_info: Path) -> str:
     checkout = package_dir.parent
     if (checkout / ".git").exists():
         try:
-            head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                  timeout=5, check=True).stdout.strip()
-            dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
-                                   capture_output=True, text=True, timeout=5, check=True).stdout.strip()
+            git = ["git", "-C", str(checkout), "-c", "core.fsmonitor=false"]  # no hook of the checkout's runs
+            head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                                  check=True).stdout.strip()
+            dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                   text=True, timeout=5, check=True).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             head, dirty = "", ""
         if COMMIT.fullmatch(head):
