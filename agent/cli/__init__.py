@@ -30,11 +30,17 @@ COMMANDS: dict[str, ModuleType] = {
 Command = Callable[[argparse.Namespace], int]
 
 
+def one_line(message: str) -> str:
+    """An error as one line whatever it quotes (a value typed with a newline or another control character):
+    such characters shown escaped, as Python writes them, never acted on."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in message)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser, but a bad flag or value is one line and a hint, not the whole usage first."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 class VersionAction(argparse.Action):
@@ -92,5 +98,5 @@ def _fail(message: str) -> int:
     from agent.observe.logs import shutdown_logging
 
     shutdown_logging()  # what was logged comes first, the reason to stop last
-    print(f"topology-agent: error: {message}", file=sys.stderr)
+    print(f"topology-agent: error: {one_line(message)}", file=sys.stderr)
     return 2

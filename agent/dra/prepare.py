@@ -81,6 +81,18 @@ class PreparedClaim:
         return f"{self.namespace}/{self.name}"
 
 
+def _field(doc: Any, key: str, kind: type = dict) -> Any:
+    """``doc[key]`` when it is a ``kind`` (absent or null: an empty one); PrepareError for another type (the API
+    server's schema rules it out, so it is refused rather than guessed at)."""
+    value = doc.get(key) if isinstance(doc, dict) else None
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        expected = "an object" if kind is dict else "a list"
+        raise PrepareError(f"the claim's {key} is {type(value).__name__}, not {expected}")
+    return value
+
+
 def _text(doc: JSON, key: str) -> str:
     value = doc[key]
     if not isinstance(value, str):
@@ -114,9 +126,12 @@ def cdi_name(text: str) -> str:
 def plan_claim(claim: JSON, *, driver: str, pool: str, groups: Mapping[str, Group],
                allocation: AllocationSettings) -> tuple[tuple[PreparedDevice, ...], dict[str, JSON]]:
     """The devices (with CDI ids) and the CDI spec files of an allocated claim. Pure."""
-    meta = claim.get("metadata") or {}
+    meta = _field(claim, "metadata")
     uid = str(meta.get("uid") or "")
-    results = ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or [])
+    results = _field(_field(_field(_field(claim, "status"), "allocation"), "devices"), "results", list)
+    if not all(isinstance(r, dict) and isinstance(r.get("request"), str) for r in results):
+        raise PrepareError(f"claim {meta.get('namespace')}/{meta.get('name')}: status.allocation.devices.results "
+                           "holds an entry that is not a device result with a request name")
     ours = [r for r in results if r.get("driver") == driver]
     if not ours:
         raise PrepareError(f"claim {meta.get('namespace')}/{meta.get('name')} has no device of driver {driver} "

@@ -85,6 +85,8 @@ class SlicePublisher:
     def in_sync(plan: PoolPlan, existing: dict[str, dict[str, Any]]) -> bool:
         if set(existing) != {s.name for s in plan.slices}:
             return False
+        if not existing:  # nothing to publish, and nothing there: a node without groups is in sync
+            return True
         generations = {int(o["spec"]["pool"].get("generation", 0)) for o in existing.values()}
         if len(generations) != 1:
             return False

@@ -41,7 +41,8 @@ class GroupingSettings:
                 raise PolicyError("--levels needs at least one of: drawer, book, socket (or 'auto')")
             unknown = [lv for lv in self.levels if lv not in LEVELS]
             if unknown:
-                raise PolicyError(f"unknown level(s) {', '.join(unknown)}: choose from drawer, book, socket")
+                shown = ", ".join(map(repr, unknown[:8]))  # quoted: a newline typed in a value stays on the line
+                raise PolicyError(f"unknown level(s) {shown}: choose from drawer, book, socket")
         bad = sorted(self.exclude_polarization - set(POLARIZATIONS))
         if bad:
             raise PolicyError(f"unknown polarization(s) {', '.join(bad)}: choose from {', '.join(POLARIZATIONS)}")

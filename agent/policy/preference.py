@@ -43,7 +43,7 @@ def preferred_allocation(
     must = list(dict.fromkeys(must_include))
     unknown = [i for i in must if i not in table]
     if unknown:
-        raise PreferenceError(f"unknown must-include device id(s): {', '.join(unknown)}")
+        raise PreferenceError(f"unknown must-include device id(s): {_named(unknown)}")
     if size < len(must):
         raise PreferenceError(f"allocation size {size} is smaller than the {len(must)} must-include ids")
     wanted = dict.fromkeys(available)
@@ -62,6 +62,12 @@ def preferred_allocation(
         rows.sort(key=lambda r: (_whole(index.groups[r].key, spoiled), r))
     chosen = _Search(index, rows, [table[i] for i in must], need, spoiled).run()
     return must + [g.id for g in sorted(chosen, key=lambda g: index.rank[g.id])]
+
+
+def _named(ids: Sequence[str], most: int = 8, length: int = 60) -> str:
+    """Ids for an error message: quoted (a newline in one stays on the line), cut short, the first ``most``."""
+    shown = ", ".join(repr(i if len(i) <= length else f"{i[:length]}...") for i in ids[:most])
+    return shown + (f" and {len(ids) - most} more" if len(ids) > most else "")
 
 
 def spoiled_containers(keys: Iterable[tuple[int | None, ...]]) -> frozenset[tuple[int | None, ...]]:

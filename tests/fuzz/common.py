@@ -38,6 +38,7 @@ class Target:
 
 
 TARGETS: dict[str, Target] = {}
+SKIPPED: dict[str, str] = {}  # targets that cannot run here, and why
 BOUND = {"on": True}  # the atheris engine bounds each input itself (-timeout): no SIGALRM of ours then
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, settings
 
-from tests.fuzz.common import BOUND, TARGETS, Target
+from tests.fuzz.common import BOUND, SKIPPED, TARGETS, Target
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fuzz: skipping the atheris engine: {why}", file=sys.stderr)
             engines.remove("atheris")
     rows = []
+    for name, why in SKIPPED.items():
+        print(f"fuzz: skipping {name}: {why}", file=sys.stderr)
     print(f"fuzz: {len(targets)} targets x {', '.join(engines) or 'no engine'}, {args.seconds:g} s each")
     for target in targets:
         for engine in engines:

@@ -178,3 +178,14 @@ def test_every_value_is_in_the_schema() -> None:
 
     unknown = [p for p in iter_values(values) if not known(p)]
     assert not unknown, f"values.yaml keys missing from values.schema.json: {unknown}"
+
+
+@pytest.mark.parametrize("value", ["agent.levels", "agent.reservedCpus", "agent.nodeLabels", "agent.openmpEnv",
+                                   "agent.minGroupCores", "kubelet.root", "metrics.port", "livenessProbe",
+                                   "cpusetEnforcement", "sharedPool", "criSocket", "nriSocket"])
+def test_a_value_set_to_null_is_refused_by_the_schema(template_error: Callable[..., str], value: str) -> None:
+    """Helm drops a value set to null: the schema then names it, rather than a broken render or an agent that
+    refuses 'None' at start."""
+    stderr = template_error("--set-json", f"{value}=null")
+    assert "values don't meet the specifications of the schema" in stderr
+    assert value.rsplit(".", 1)[-1] in stderr

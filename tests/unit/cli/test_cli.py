@@ -111,6 +111,7 @@ def fake_lscpu(tmp_path: Path, output: str) -> Path:
         (["discover", "--resource-prefix", "kubernetes.io"], "kubernetes.io"),
         (["serve", "--metrics-port", "70000"], "--metrics-port"),
         (["serve", "--rescan-interval", "soon"], "--rescan-interval"),
+        (["discover", "--levels", "0\r0"], "unknown level(s) '0\\r0'"),  # a typed line break stays on the line
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str],
@@ -186,3 +187,11 @@ def test_the_command_as_a_process_prints_what_main_returns(tmp_path: Path, capsy
     bad = subprocess.run([sys.executable, "-m", "agent", "discover", "--host-root", str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=60, cwd=REPO, env=env, check=False)
     assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1
+
+
+def test_an_argument_argparse_refuses_is_quoted_on_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["snapshot", "--omp-threads-per-core", "\x1e"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert "unrecognized arguments: --omp-threads-per-core \\x1e" in err

@@ -22,6 +22,7 @@ from agent.dra.kubelet_plugin import KubeletPlugin
 from agent.dra.prepare import (
     ClaimPreparer,
     PreparedClaim,
+    PrepareError,
     cdi_file_uid,
     forget_claims,
     load_checkpoint,
@@ -198,6 +199,19 @@ def test_untrusted_checkpoint_is_ignored(dirs: dict[str, Path]) -> None:
     dirs["state"].parent.mkdir(parents=True)
     dirs["state"].write_text("{not json")
     assert make_plugin(dirs, Claims()).preparer.claims == {}
+
+
+@pytest.mark.parametrize("doc", [
+    {"metadata": 7},
+    {"metadata": {"uid": "u"}, "status": {"allocation": {"devices": {"results": [None, 3]}}}},
+    {"metadata": {"uid": "u"}, "status": {"allocation": {"devices": {"results": [{"driver": DRIVER}]}}}},
+    {"metadata": {"uid": "u"}, "status": {"allocation": {"devices": {"results": {"request": "r"}}}}},
+    {"metadata": {"uid": "u"}, "status": []},
+])
+def test_a_claim_not_in_the_api_servers_shape_is_refused_with_a_prepare_error(doc: dict[str, Any]) -> None:
+    groups = {g.id: g for g in group_topology(load_embedded("z16-lpar")).groups}
+    with pytest.raises(PrepareError):
+        plan_claim(doc, driver=DRIVER, pool="node-a", groups=groups, allocation=AllocationSettings())
 
 
 @pytest.mark.parametrize("text", [

@@ -89,3 +89,11 @@ def test_wiped_slices_are_restored() -> None:
     api.slices.clear()
     result = pub.publish(plan())
     assert result.created == 2 and result.generation == 1
+
+
+def test_a_node_without_groups_is_in_sync_with_no_slices_and_writes_nothing_again() -> None:
+    api = SliceApi()
+    pub = SlicePublisher(api, "node-a", "topology.s390x.ibm.com")
+    empty = plan("z16-guest-no-topology", levels=("book",))
+    assert empty.slices == () and SlicePublisher.in_sync(empty, {})
+    assert (pub.publish(empty).generation, pub.publish(empty).writes) == (0, 0)

@@ -284,3 +284,10 @@ def test_a_socket_goes_to_the_book_in_use_on_z16() -> None:
     available = [i for i in SOCKETS if i != "drawer0-book1-socket0"]
     assert preferred_allocation(SOCKETS, available, [], 1, spoiled=in_use) == ["drawer0-book1-socket1"]
     assert preferred_allocation(SOCKETS, available, [], 1) == ["drawer0-book0-socket0"]  # nothing in use: lowest
+
+
+def test_unknown_must_include_ids_are_named_quoted_and_few_on_one_line() -> None:
+    with pytest.raises(PreferenceError) as refused:
+        preferred_allocation(BOOKS, [], ["\n", *(f"nope{n}" for n in range(20))], 1)
+    message = str(refused.value)
+    assert "\n" not in message and "'\\n'" in message and "and 13 more" in message
