@@ -106,6 +106,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from agent.version import semver
 from topology_devkit import oci
 from topology_devkit.realcluster.mounts import mounts_under, remove_tree
 
@@ -508,12 +509,13 @@ def build_agent(cache: Path, timings: dict[str, float] | None = None, context: P
         raise ImageError(f"SOURCE_DATE_EPOCH must be seconds since 1970, not {epoch!r}")
     last_commit = os.environ.get("SOURCE_DATE_EPOCH", "").strip() or _git("log", "-1", "--format=%ct")
     created = datetime.fromtimestamp(int(last_commit), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE)
+    # the context's own version (agent/__init__.py), in the chart's SemVer form, as make image labels it
+    version = re.search(r'^__version__ = "([^"]+)"', (context / "agent" / "__init__.py").read_text(), re.MULTILINE)
     revision = os.environ.get("REVISION", "").strip() or _git("rev-parse", "HEAD")
     build_args = {"PYTHON_IMAGE": base, "BUILD_PYTHON_IMAGE": build_host, "TARGETARCH": target,
                   "BUILDARCH": oci.goarch(),
                   "SOURCE_DATE_EPOCH": epoch, "CREATED": created,
-                  "REVISION": revision, "VERSION": version.group(1) if version else "0.0.0"}
+                  "REVISION": revision, "VERSION": semver(version.group(1)) if version else "0.0.0"}
     argv: list[str] = [*buildah(cache), "bud", "--format", "docker", "--isolation", "chroot", "--layers",
                        "--pull=never", "-f", str(context / DOCKERFILE), "-t", image]
     if target == oci.goarch():
