@@ -54,8 +54,10 @@ def built(agent: AgentProcess) -> set[str]:
 
 
 def blocked(k: KubeletEmulator, book: str) -> bool:
-    inside = {d for d in k.devices(SOCKET) if d.startswith(f"{book}-")}
-    return bool(inside) and inside <= k.unhealthy_devices(SOCKET)
+    """The held book's sockets are Unhealthy to kubelet, and the others' healthy (the agent's answer, not a gap)."""
+    sockets, unhealthy = set(k.devices(SOCKET)), k.unhealthy_devices(SOCKET)
+    inside = {d for d in sockets if d.startswith(f"{book}-")}
+    return bool(inside) and inside <= unhealthy and bool(sockets - inside - unhealthy)
 
 
 @pytest.mark.parametrize("pod_resources", [True, False], ids=["with-pod-resources", "saved-holds-alone"])
