@@ -46,7 +46,8 @@ lint: $(STAMP)
 FUZZ_SECONDS ?= 60
 FUZZ_ENGINE ?= both
 fuzz: $(STAMP)
-	@$(BIN)/python -c 'import atheris' 2>/dev/null || $(BIN)/pip install --quiet --only-binary=:all: \
+	@[ "$(FUZZ_ENGINE)" = hypothesis ] || $(BIN)/python -c 'import atheris' 2>/dev/null || \
+	  $(BIN)/pip install --quiet --only-binary=:all: \
 	  "$$($(BIN)/python -c 'from tests.fuzz.runner import ATHERIS; print(ATHERIS)')" 2>/dev/null || \
 	  echo "make fuzz: no atheris wheel for this Python and machine: the hypothesis engine alone" >&2
 	$(BIN)/python -m tests.fuzz.runner --seconds $(FUZZ_SECONDS) --engine $(FUZZ_ENGINE) $(if $(FUZZ_ONLY),--only $(FUZZ_ONLY))

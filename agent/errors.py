@@ -8,6 +8,12 @@ else that escapes is a bug. Classes that also derive from ``ValueError`` are bad
 from __future__ import annotations
 
 
+def one_line(message: str) -> str:
+    """A message as one line whatever it quotes (a value with a newline or another control character): such
+    characters shown escaped, as Python writes them, never acted on."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in message)
+
+
 class AgentError(Exception):
     """Base of the agent's own errors."""
 

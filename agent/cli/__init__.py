@@ -15,7 +15,7 @@ from typing import NoReturn
 
 from agent.cli import demo, discover, explain, seccomp_profile, serve, snapshot, uninstall
 from agent.cli.flags import check_choices
-from agent.errors import UserError
+from agent.errors import UserError, one_line
 from agent.version import version_line
 
 COMMANDS: dict[str, ModuleType] = {
@@ -28,12 +28,6 @@ COMMANDS: dict[str, ModuleType] = {
     "uninstall": uninstall,
 }
 Command = Callable[[argparse.Namespace], int]
-
-
-def one_line(message: str) -> str:
-    """An error as one line whatever it quotes (a value typed with a newline or another control character):
-    such characters shown escaped, as Python writes them, never acted on."""
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in message)
 
 
 class Parser(argparse.ArgumentParser):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.atomic import write_atomically
-from agent.errors import NewerStateError
+from agent.errors import NewerStateError, one_line
 from agent.policy.allocation import AllocationSettings, plan_allocation
 from agent.policy.container_claims import ADMIN_ENV, CLAIM_ENV, PreparedRequest, claim_value
 from agent.policy.grouping import Group
@@ -40,7 +40,11 @@ JSON = dict[str, Any]
 
 
 class PrepareError(Exception):
-    """A claim that cannot be prepared: the message goes back to the kubelet in the claim's error field."""
+    """A claim that cannot be prepared: the message goes back to the kubelet in the claim's error field, as one line
+    whatever the claim holds."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
 
 
 @dataclass(frozen=True)

@@ -207,11 +207,14 @@ def test_untrusted_checkpoint_is_ignored(dirs: dict[str, Path]) -> None:
     {"metadata": {"uid": "u"}, "status": {"allocation": {"devices": {"results": [{"driver": DRIVER}]}}}},
     {"metadata": {"uid": "u"}, "status": {"allocation": {"devices": {"results": {"request": "r"}}}}},
     {"metadata": {"uid": "u"}, "status": []},
+    {"metadata": {"uid": "u"}, "status": {"allocation": {"devices": {"results": [
+        {"request": "r", "driver": DRIVER, "pool": "\n", "device": "drawer0-book0"}]}}}},
 ])
 def test_a_claim_not_in_the_api_servers_shape_is_refused_with_a_prepare_error(doc: dict[str, Any]) -> None:
     groups = {g.id: g for g in group_topology(load_embedded("z16-lpar")).groups}
-    with pytest.raises(PrepareError):
+    with pytest.raises(PrepareError) as refused:
         plan_claim(doc, driver=DRIVER, pool="node-a", groups=groups, allocation=AllocationSettings())
+    assert "\n" not in str(refused.value)  # it goes back to kubelet as one line, whatever the claim holds
 
 
 @pytest.mark.parametrize("text", [
