@@ -174,8 +174,9 @@ def test_make_release_records_an_earlier_commit_read_at_that_commit(repo: Path) 
 
 
 def test_make_release_without_version_is_one_line_exit_2() -> None:
-    result = subprocess.run(["make", "-s", "--no-print-directory", "release", "VERSION="], cwd=REPO,
-                            capture_output=True, text=True, timeout=120, check=False)
+    # -o: the venv is taken as it is (a test never reinstalls it)
+    result = subprocess.run(["make", "-s", "--no-print-directory", "-o", ".venv/.installed-dev", "release", "VERSION="],
+                            cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 2
     assert "make release: VERSION is required: make release VERSION=X.Y.Z [COMMIT=<commit>]" in result.stderr
 
