@@ -48,6 +48,7 @@ class StateFiles:
         self.directory = Path(kubelet_dir) / STATE_DIR / _safe(settings.resource_prefix)
         self.legacy_groups = Path(kubelet_dir) / STATE_DIR / GROUPS_FILE  # the layout before per-prefix directories
         self._grouping: Grouping | None = None
+        self._holds: dict[str, Any] | None = None  # as last written, so that tend() can put them back
 
     @property
     def groups_path(self) -> Path:
@@ -110,13 +111,27 @@ class StateFiles:
             return SavedHolds(frozenset(), {})
 
     def save_holds(self, holds: SavedHolds) -> None:
-        self._write(self.holds_path, holds_to_dict(holds, self.settings), "the holds")
+        data = holds_to_dict(holds, self.settings)
+        self._holds = data if self._write(self.holds_path, data, "the holds") else None
 
     def tend(self) -> None:
-        """Write the groups again when someone wiped them (a restart would otherwise lose them)."""
+        """Write the groups again when someone wiped them, and the holds when someone wiped, cut short or changed
+        them (a restart would otherwise lose them: pod-resources may be away then)."""
         if self._grouping is not None and not self.groups_path.exists():
             log.warning("the saved groups %s are gone: writing them again", self.groups_path)
             self.save_groups(self._grouping)
+        if self._holds is not None and self._on_disk(self.holds_path) != json.dumps(self._holds).encode():
+            log.warning("the saved holds %s were wiped or changed: writing them again", self.holds_path)
+            if not self._write(self.holds_path, self._holds, "the holds"):
+                self._holds = None  # said once; the next change of hands writes them again
+
+    @staticmethod
+    def _on_disk(path: Path) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read(MAX_STATE_BYTES + 1)
+        except OSError:
+            return None
 
     # --- files ----------------------------------------------------------------------------------
     def _read(self, path: Path, what: str) -> Any:

@@ -175,8 +175,12 @@ class NriPlugin(Worker):
             trunk.close(str(exc))
             self._failed(f"cannot register with {self.socket_path}: {exc}")
             return False
-        # Configure and Synchronize follow at once; a runtime that sends neither is dialed again.
-        if not self._synced.wait(2 * self.register_timeout) and not trunk.closed:
+        # Configure and Synchronize follow at once; a runtime that sends neither is dialed again, and one that goes
+        # away first is dialed again at once (not after the wait).
+        deadline = self.clock() + 2 * self.register_timeout
+        while not self._synced.is_set() and not trunk.closed and self.clock() < deadline:
+            self._synced.wait(0.05)
+        if not self._synced.is_set() and not trunk.closed:
             trunk.close(f"registered, but no Synchronize within {2 * self.register_timeout:.0f} s")
         trunk.wait_closed()
         synced = self._synced.is_set()

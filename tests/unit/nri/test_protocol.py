@@ -9,15 +9,15 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from agent._proto.nri.v1alpha1 import api_pb2 as nri
 from agent.nri import wire
-from agent.nri.stub import EVENTS, PLUGIN_SERVICE, RUNTIME_SERVICE, NriPlugin, nri_version_at_least
+from agent.nri.stub import PLUGIN_SERVICE, RUNTIME_SERVICE, NriPlugin, nri_version_at_least
 from agent.nri.wire import Demux, Request, Response, messages, mux_frames, ttrpc_message
 from tests.support.harness import short_tmpdir
+from tests.support.nri_runtime import FakeRuntime
 from topology_devkit.testing.wait import wait_until
 
 
@@ -74,86 +74,7 @@ def test_the_envelopes_bytes_are_the_go_sides() -> None:
     assert Response(wire.UNIMPLEMENTED, "nope", b"x").encode() == b"\x0a\x08\x08\x0c\x12\x04nope\x12\x01x"
     assert Request("s", "m", b"\x01", 7).encode() == b"\x0a\x01s\x12\x01m\x1a\x01\x01\x20\x07"
     with pytest.raises(wire.WireError):
-        Request.decode(b"\x0a\x05ab")  # truncated: the connection is closed
-
-
-class FakeRuntime:
-    """The runtime's side of the trunk: listens, accepts one plugin at a time, serves RegisterPlugin
-    on conn 2 and calls the Plugin service on conn 1 (odd, increasing stream ids)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(str(path))
-        self.listener.listen(1)
-        self.conn: socket.socket | None = None
-        self.demux = Demux()
-        self.registered: list[nri.RegisterPluginRequest] = []
-        self.stream = 1
-
-    def accept(self, timeout: float = 5.0) -> None:
-        self.listener.settimeout(timeout)
-        self.conn, _ = self.listener.accept()
-        self.conn.settimeout(timeout)
-        self.demux = Demux()
-        self.stream = 1
-
-    def _next(self, conn_id: int) -> wire.Message:
-        assert self.conn is not None
-        while True:
-            stream = self.demux.streams.get(conn_id)
-            if stream is not None:
-                for message in messages(stream):
-                    return message
-            data = self.conn.recv(65536)
-            assert data, "the plugin closed the trunk"
-            self.demux.feed(data)
-
-    def serve_register(self) -> None:
-        assert self.conn is not None
-        message = self._next(wire.RUNTIME_CONN)
-        request = Request.decode(message.data)
-        assert (request.service, request.method) == (RUNTIME_SERVICE, "RegisterPlugin")
-        assert message.stream % 2 == 1 and request.timeout_nano > 0
-        self.registered.append(nri.RegisterPluginRequest.FromString(request.payload))
-        self.conn.sendall(mux_frames(wire.RUNTIME_CONN, ttrpc_message(message.stream, wire.RESPONSE,
-                                                                       Response().encode())))
-
-    def call(self, method: str, payload: bytes, service: str = PLUGIN_SERVICE) -> Response:
-        assert self.conn is not None
-        stream, self.stream = self.stream, self.stream + 2
-        request = Request(service, method, payload, timeout_nano=2_000_000_000)
-        self.conn.sendall(mux_frames(wire.PLUGIN_CONN, ttrpc_message(stream, wire.REQUEST, request.encode())))
-        message = self._next(wire.PLUGIN_CONN)
-        assert message.stream == stream and message.kind == wire.RESPONSE
-        return Response.decode(message.data)
-
-    def handshake(self, *containers: nri.Container, split: bool = False) -> nri.SynchronizeResponse:
-        self.accept()
-        self.serve_register()
-        configured = self.call("Configure", nri.ConfigureRequest(
-            runtime_name="fake", runtime_version="0.0", request_timeout=2000).SerializeToString())
-        assert configured.code == wire.OK
-        assert nri.ConfigureResponse.FromString(configured.payload).events == EVENTS
-        pod = nri.PodSandbox(id="pod-1", name="llm", namespace="default", uid="u1")
-        if split:
-            part = self.call("Synchronize", nri.SynchronizeRequest(pods=[pod], more=True).SerializeToString())
-            assert nri.SynchronizeResponse.FromString(part.payload) == nri.SynchronizeResponse(more=True)
-            final = nri.SynchronizeRequest(containers=list(containers))
-        else:
-            final = nri.SynchronizeRequest(pods=[pod], containers=list(containers))
-        answer = self.call("Synchronize", final.SerializeToString())
-        assert answer.code == wire.OK
-        return nri.SynchronizeResponse.FromString(answer.payload)
-
-    def drop(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-
-    def close(self) -> None:
-        self.drop()
-        self.listener.close()
+        Request.decode(b"\x0a\x05ab")  # truncated: the trunk refuses it on its stream (below)
 
 
 class Recorder:
@@ -289,6 +210,19 @@ def test_a_runtime_that_registers_but_never_synchronizes_is_dialed_again(runtime
         wait_until("the plugin gave up on it", lambda: "no Synchronize" in plugin.state.last_error, 5)
         runtime.drop()
         runtime.handshake()
+        assert plugin.wait_registered(5)
+    finally:
+        plugin.stop()
+
+
+def test_a_runtime_that_goes_away_before_synchronizing_is_dialed_again_at_once(runtime: FakeRuntime) -> None:
+    plugin = NriPlugin(Recorder(), runtime.path, backoff=(0.05, 0.2), register_timeout=30)
+    plugin.start()
+    try:
+        runtime.accept()
+        runtime.serve_register()
+        runtime.drop()  # gone after the registration: not the 60 s wait for a Synchronize that cannot come
+        runtime.handshake()  # accept() gives it 5 s
         assert plugin.wait_registered(5)
     finally:
         plugin.stop()
