@@ -30,11 +30,17 @@ COMMANDS: dict[str, ModuleType] = {
 Command = Callable[[argparse.Namespace], int]
 
 
+MAX_ECHO = 400  # characters of argparse's own error kept: one readable line
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser, but a bad flag or value is one line and a hint, not the whole usage first."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+        line = one_line(message)
+        if len(line) > MAX_ECHO:  # argparse echoes every argument it refused: what was typed may be long
+            line = f"{line[:MAX_ECHO]}... ({len(line) - MAX_ECHO} more characters)"
+        self.exit(2, f"{self.prog}: error: {line} (see {self.prog} --help)\n")
 
 
 class VersionAction(argparse.Action):

@@ -195,3 +195,10 @@ def test_an_argument_argparse_refuses_is_quoted_on_one_line(capsys: pytest.Captu
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1
     assert "unrecognized arguments: --omp-threads-per-core \\x1e" in err
+
+
+def test_what_argparse_echoes_is_cut_short(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["snapshot", *["--levels", "x" * 300] * 5])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) < 600 and "more characters" in err
