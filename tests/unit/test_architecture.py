@@ -181,6 +181,16 @@ def test_no_two_modules_share_a_bare_name() -> None:
     assert shared_bare_names(list(modules())) == {}
 
 
+TEST_MODULE_IMPORT = re.compile(r"^\s*(?:from|import)\s+(?:tests|bench)(?:\.\w+)*\.test_\w+", re.MULTILINE)
+
+
+def test_no_test_module_borrows_from_another() -> None:
+    """What two test modules share lives in tests/support/ (or the bench's lib/): a test file is run, never imported."""
+    found = [str(path.relative_to(REPO)) for root in (REPO / "tests", REPO / "bench") for path in root.rglob("*.py")
+             if TEST_MODULE_IMPORT.search(path.read_text(encoding="utf-8"))]
+    assert found == []
+
+
 def test_the_checks_can_fail() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert layer_of("agent.plugin.servicer") == ("agent.plugin", 4)
@@ -191,6 +201,8 @@ def test_the_checks_can_fail() -> None:
     assert ISSUE_NUMBER.search("# --- " + "Issue" + " #30 ---") and not ISSUE_NUMBER.search("an issue of timing")
     assert shared_bare_names(["agent", "agent.dra", "agent.policy.dra", "agent.app.agent"]) == {
         "dra": ["agent.dra", "agent.policy.dra"]}
+    assert TEST_MODULE_IMPORT.search("x = 1\nfrom tests.unit.dra.test_kubelet_plugin import claim\n")
+    assert not TEST_MODULE_IMPORT.search("from tests.support.dra_claims import claim\n")
 
 
 @pytest.fixture(scope="module")

@@ -30,38 +30,13 @@ from agent.dra.prepare import (
     request_index,
     with_claim_env,
 )
-from agent.errors import KubeApiError
 from agent.policy.allocation import AllocationSettings, plan_allocation
 from agent.policy.container_claims import PreparedRequest
-from agent.policy.grouping import Group, GroupingSettings, group_topology
+from agent.policy.grouping import group_topology
 from agent.policy.resource_slices import DRIVER
 from agent.topology.embedded import load_embedded
+from tests.support.dra_claims import Claims, claim, groups
 from tests.support.harness import short_tmpdir
-
-
-def groups() -> dict[str, Group]:
-    topology = load_embedded("pr40714")
-    return {g.id: g for g in group_topology(topology, GroupingSettings(levels=("book", "socket"))).groups}
-
-
-def claim(uid: str, *devices: tuple[str, str], namespace: str = "ns", name: str = "c",
-          driver: str = DRIVER, pool: str = "node-a") -> dict[str, Any]:
-    return {"metadata": {"namespace": namespace, "name": name, "uid": uid},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": req, "driver": driver, "pool": pool, "device": dev} for req, dev in devices]}}}}
-
-
-class Claims:
-    def __init__(self) -> None:
-        self.items: dict[tuple[str, str], dict[str, Any]] = {}
-        self.reads = 0
-
-    def read(self, namespace: str, name: str) -> dict[str, Any]:
-        self.reads += 1
-        try:
-            return self.items[(namespace, name)]
-        except KeyError:
-            raise KubeApiError(404, f'resourceclaims.resource.k8s.io "{name}" not found') from None
 
 
 def env_of(spec: dict[str, Any], device: str) -> dict[str, str]:

@@ -21,8 +21,8 @@ from agent.dra.unprepare_only import UnprepareOnly
 from agent.errors import KubeApiError
 from agent.policy.allocation import AllocationSettings
 from agent.policy.resource_slices import DRIVER
+from tests.support.dra_claims import Claims, claim, groups
 from tests.support.harness import short_tmpdir
-from tests.unit.dra.test_kubelet_plugin import Claims, claim, groups
 from topology_devkit.testing.wait import wait_until
 
 REFUSAL = "the agent on this node runs in device-plugin mode"
