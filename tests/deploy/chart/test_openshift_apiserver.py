@@ -1,8 +1,9 @@
 """The chart on a real API server that serves OpenShift's SecurityContextConstraints: etcd and kube-apiserver of the
-real-cluster lane's build (no node, no lane lock: topology_devkit.realcluster.lone_apiserver), with the SCC as a
-CRD whose schema is written from OpenShift's API reference (tests/support/openshift-scc-crd.yaml). helm install
-finds security.openshift.io/v1 in discovery, installs the SCC (openshift.scc.create=auto), the API server takes every
-object and keeps every field of the SCC, and RBAC lets the agent's ServiceAccount, and no other, use it."""
+real-cluster lane's builds, 1.37 and 1.34 (no node, no lane lock: topology_devkit.realcluster.lone_apiserver), with
+the SCC as a CRD whose schema is written from OpenShift's API reference (tests/support/openshift-scc-crd.yaml). helm
+install finds security.openshift.io/v1 in discovery, installs the SCC (openshift.scc.create=auto), the API server
+takes every object and keeps every field of the SCC, and RBAC lets the agent's ServiceAccount, and no other, use
+it."""
 
 from __future__ import annotations
 
@@ -25,14 +26,18 @@ NS, RELEASE = "topology-agent", "t"
 NAME = "t-s390x-topology-agent"
 
 
-@pytest.fixture(scope="module")
-def bins() -> Path:
+@pytest.fixture(scope="module", params=["containerd", "crio"])
+def bins(request: pytest.FixtureRequest) -> Path:
+    """An API server of each minor the lanes build: 1.37 (the containerd set, which make test finds built) and 1.34,
+    OpenShift 4.21's (the CRI-O set, built for its own stage: skipped until then)."""
     from topology_devkit.realcluster.cluster import bin_dir
     from topology_devkit.realcluster.procs import ClusterError
 
     try:
-        return bin_dir("containerd")
+        return bin_dir(request.param)
     except ClusterError as exc:
+        if request.param == "crio":
+            pytest.skip(f"the CRI-O set (Kubernetes 1.34) is not built: make cluster-build RUNTIME=crio ({exc})")
         missing("the real-cluster lane's kube-apiserver and etcd", f"make cluster-build ({exc})")
     raise AssertionError("unreachable")
 
