@@ -10,7 +10,6 @@ release and reads the node's own files.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from collections.abc import Callable
@@ -22,12 +21,19 @@ import pytest
 from tests.e2e.snapshots import Expected
 from tests.support.e2e.cluster import E2EEnv, lane_values
 from tests.support.e2e.kube import wait_for
-from tests.support.e2e.node import AGENT_PREFIX, DEVICE_PLUGINS, KUBELET_ROOT, agent_pod, book_pods_running, http_get
+from tests.support.e2e.node import (
+    AGENT_PREFIX,
+    KUBELET_ROOT,
+    STATE_DIR,
+    agent_pod,
+    book_pods_running,
+    device_state,
+    ours,
+)
 from tests.support.env import REPO
 
 pytestmark = pytest.mark.e2e
 
-STATE_DIR = DEVICE_PLUGINS / "s390x-topology-agent"
 PROFILE = KUBELET_ROOT / "seccomp" / "profiles" / "vllm-numa.json"
 CHART = REPO / "deploy" / "helm" / "s390x-topology-agent"
 
@@ -46,18 +52,6 @@ def install_as_the_lane_does(env: E2EEnv) -> None:
     helm(env, "upgrade", "--install", env.release, str(CHART), "-f", str(values), *lane_values(env.runtime),
          "--set-file", f"fakeTopology.snapshots.default\\.json={env.snapshots / 'default.json'}",
          "--wait", "--timeout", "180s")
-
-
-def ours(core: Any, node: str) -> dict[str, str]:
-    """The node's topology.s390x.ibm.com/ labels and annotations."""
-    meta = core.read_node(node).metadata
-    keys = {**(meta.labels or {}), **(meta.annotations or {})}
-    return {k: v for k, v in keys.items() if k.startswith(f"{AGENT_PREFIX}/")}
-
-
-def device_state(pod: Any, device: str) -> str:
-    status = json.loads(http_get(f"http://{pod.status.pod_ip}:9400/allocations")[1])
-    return next((d["state"] for d in status["devices"] if d["id"] == device), "")
 
 
 def env_value(pod: Any, name: str) -> str | None:

@@ -1,6 +1,7 @@
 """``python -m topology_devkit.realcluster up|down|status|restart-kubelet|crash|restart|confine|release`` (the
 Makefile's cluster-* targets; ``crash`` and ``restart`` of kubelet or the runtime are the soak's faults,
-bench/cluster/soak; ``confine CPUS`` and ``release``: the lane's host processes on reserved CPUs and back, confine.py).
+bench/cluster/soak; ``confine CPUS`` and ``release``: the lane's host processes on reserved CPUs and back, confine.py;
+``release-image VERSION``: a recorded release's image built from its commit, cached, imported; release_image.py).
 
 ``up`` starts the node with the runtime ``RUNTIME`` names (containerd, the default, or crio; ``--runtime`` wins) and
 kubelet's root at ``KUBELET_ROOT`` (``/var/lib/kubelet`` by default); every other command acts on the cluster that is
@@ -19,6 +20,7 @@ from .cluster import (
     dump_json,
     failure_details,
     format_status,
+    import_archives,
     import_images,
     import_vllm,
     restart_component,
@@ -43,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="with crio: the containerd set's control plane (Kubernetes 1.37) beside CRI-O's kubelet "
                            "1.34 (default: SKEW=1)")
     sub.add_parser("images", help="build the images (cached) and import them into the cluster's runtime")
+    p_release = sub.add_parser("release-image", help="build a recorded release's image from its commit (cached by "
+                               "commit) and import it; prints the image and the release's chart")
+    p_release.add_argument("version")
     sub.add_parser("vllm-image", help="build the vLLM image (cached by its pins) and import it into the cluster's "
                    "runtime unless it is there")
     sub.add_parser("down", help="stop everything and remove its state (keeps logs)")
@@ -76,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
                 raise
         elif args.command == "images":
             import_images(layout)
+        elif args.command == "release-image":
+            from .release_image import build
+
+            release = build(args.version)
+            import_archives(layout, [(release.image, release.archive)])
+            print(f"{release.image}\t{release.chart}")
         elif args.command == "vllm-image":
             print(f"vllm-image: {import_vllm(layout)} in the cluster's {layout.runtime()}")
         elif args.command == "down":

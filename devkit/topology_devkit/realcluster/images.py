@@ -472,8 +472,8 @@ def prune_layer_cache(cache: Path, limit: int = MAX_CACHED_IMAGES) -> bool:
     return True
 
 
-def _git(*args: str) -> str:
-    return _run(["git", "-C", REPO, *args], f"git {args[0]}").strip()
+def _git(*args: str, where: Path = REPO) -> str:
+    return _run(["git", "-C", where, *args], f"git {args[0]}").strip()
 
 
 def agent_ref(arch: str | None = None) -> str:
@@ -482,21 +482,23 @@ def agent_ref(arch: str | None = None) -> str:
 
 
 def build_agent(cache: Path, timings: dict[str, float] | None = None, context: Path = REPO,
-                arch: str | None = None) -> Path:
+                arch: str | None = None, image: str | None = None) -> Path:
     """``localhost/s390x-topology-agent:e2e`` from Dockerfile.s390x with buildah; its OCI archive.
 
     ``arch``: another architecture (``s390x``): the image ``...:e2e-s390x`` for linux/s390x, its RUN steps under
     qemu-user-static but grpcio's compiler, the host's cross gcc (the Dockerfile's ``cross-gcc`` stage); its base a
     debootstrapped s390x stand-in (PYTHON_IMAGE), the build machine's stages on the host's (BUILD_PYTHON_IMAGE).
 
-    ``context``: the build context (default the repository; its Dockerfile.s390x too). The build args are
+    ``context``: the build context (default the repository; its Dockerfile.s390x too; a checkout of its own, such
+    as a release's worktree, gives its own commit and times); ``image``: the name (default :func:`agent_ref`). The
+    build args are
     ``make image``'s: VERSION, REVISION (the environment's, else HEAD), CREATED (RFC 3339) and SOURCE_DATE_EPOCH:
     the environment's, else the time of the last commit that changed
     :data:`DEPENDENCY_INPUTS` (``make image`` takes the last commit's; see the comment below). CREATED is the
     last commit's time (in the runtime stage only, where it re-runs just the two cheap RUN steps)."""
     prune_layer_cache(cache)
     target = arch or oci.goarch()
-    image = agent_ref(arch)
+    image = image or agent_ref(arch)
     base = build_host = build_standin(cache, timings)
     if target != oci.goarch():
         base = build_standin(cache, timings, arch=target)
@@ -504,14 +506,15 @@ def build_agent(cache: Path, timings: dict[str, float] | None = None, context: P
     # every stage, so a new value re-runs every RUN (the locked pip installs too) and a commit to agent/ alone
     # would cost a cold build (19 s instead of 8 s here)
     epoch = (os.environ.get("SOURCE_DATE_EPOCH", "").strip()
-             or _git("log", "-1", "--format=%ct", "--", *DEPENDENCY_INPUTS) or _git("log", "-1", "--format=%ct"))
+             or _git("log", "-1", "--format=%ct", "--", *DEPENDENCY_INPUTS, where=context)
+             or _git("log", "-1", "--format=%ct", where=context))
     if not epoch.isdigit():
         raise ImageError(f"SOURCE_DATE_EPOCH must be seconds since 1970, not {epoch!r}")
-    last_commit = os.environ.get("SOURCE_DATE_EPOCH", "").strip() or _git("log", "-1", "--format=%ct")
+    last_commit = os.environ.get("SOURCE_DATE_EPOCH", "").strip() or _git("log", "-1", "--format=%ct", where=context)
     created = datetime.fromtimestamp(int(last_commit), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     # the context's own version (agent/__init__.py), in the chart's SemVer form, as make image labels it
     version = re.search(r'^__version__ = "([^"]+)"', (context / "agent" / "__init__.py").read_text(), re.MULTILINE)
-    revision = os.environ.get("REVISION", "").strip() or _git("rev-parse", "HEAD")
+    revision = os.environ.get("REVISION", "").strip() or _git("rev-parse", "HEAD", where=context)
     build_args = {"PYTHON_IMAGE": base, "BUILD_PYTHON_IMAGE": build_host, "TARGETARCH": target,
                   "BUILDARCH": oci.goarch(),
                   "SOURCE_DATE_EPOCH": epoch, "CREATED": created,

@@ -3,6 +3,7 @@ metrics, pods that print their environment, and a restarted kubelet waited for u
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import urllib.request
@@ -25,6 +26,7 @@ POD_RESOURCES = KUBELET_ROOT / "pod-resources" / "kubelet.sock"
 
 
 AGENT_PREFIX = "topology.s390x.ibm.com"
+STATE_DIR = DEVICE_PLUGINS / "s390x-topology-agent"  # the agent's state files, a folder per resource prefix
 
 
 def agent_pod(core: Any, env: E2EEnv, node: str, timeout: float = 120) -> Any:
@@ -158,3 +160,16 @@ def book_pods_running(core: Any, namespace: str, pods: Callable[..., str], env: 
     book = f"{env.prefix}/book"
     made = [pods({book: 1}) for _ in range(count)]
     return [(name, running_env(core, namespace, name)) for name in made]
+
+
+def ours(core: Any, node: str) -> dict[str, str]:
+    """The node's topology.s390x.ibm.com/ labels and annotations."""
+    meta = core.read_node(node).metadata
+    keys = {**(meta.labels or {}), **(meta.annotations or {})}
+    return {k: v for k, v in keys.items() if k.startswith(f"{AGENT_PREFIX}/")}
+
+
+def device_state(pod: Any, device: str) -> str:
+    """What the agent ``pod``'s /allocations says of ``device`` (allocated, free, ...; "" when it lists none)."""
+    status = json.loads(http_get(f"http://{pod.status.pod_ip}:9400/allocations")[1])
+    return next((d["state"] for d in status["devices"] if d["id"] == device), "")

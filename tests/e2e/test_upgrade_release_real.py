@@ -1,0 +1,169 @@
+"""An upgrade from the last recorded release, and a rollback to it, on the real cluster (docs/admin/releases.md).
+
+The release's image and chart are built from its own commit (``python -m topology_devkit.realcluster release-image
+VERSION``: a worktree of the commit, the lane's buildah build, cached by commit) and installed as a user installs it:
+``helm uninstall`` of the suite's release, ``helm install`` of the release's chart with the lane's values (device-plugin
+mode, CRI enforcement) and its image. A pod holds a book. Then ``helm upgrade`` to the working tree's chart and image:
+the pod keeps running in the same container (restart count, container id and cpuset unchanged), every entry of the
+agent's holds, of kubelet's device checkpoint and every topology.s390x.ibm.com/ label and annotation is still there,
+and the first new book pod gets the free book. Then ``helm rollback`` to the release's revision: the release's agent
+starts on the files today's agent kept (format 1 both) and the same holds. The suite's install comes back at the end.
+
+The local lane only (the node's own files). NRI and DRA mode are not run here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.topology.cpulist import parse_cpulist
+from tests.support.e2e.cluster import E2EEnv, lane_values
+from tests.support.e2e.kube import wait_for
+from tests.support.e2e.node import (
+    AGENT_PREFIX,
+    DEVICE_PLUGINS,
+    STATE_DIR,
+    agent_pod,
+    device_state,
+    ours,
+    proc_status,
+    running_env,
+)
+from tests.support.env import REPO
+
+pytestmark = pytest.mark.e2e
+
+RELEASES = json.loads((REPO / "releases.json").read_text())["releases"]
+LAST = RELEASES[-1]["version"]
+CHECKPOINT = DEVICE_PLUGINS / "kubelet_internal_checkpoint"
+
+
+def helm(env: E2EEnv, *args: str, timeout: float = 330) -> subprocess.CompletedProcess[str]:
+    argv = [os.environ.get("TOPOLOGY_E2E_HELM") or "helm", *args, "--namespace", env.namespace,
+            "--kubeconfig", str(env.kubeconfig)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, f"{' '.join(argv)}: {done.stdout}{done.stderr}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def release(local: E2EEnv) -> tuple[str, Path]:
+    """The last release's image (built from its commit, cached, imported into the node's runtime) and chart."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "topology_devkit.realcluster", "release-image", LAST],
+                          capture_output=True, text=True, timeout=1800, cwd=REPO, check=False,
+                          env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'devkit'}"})
+    assert done.returncode == 0, f"release-image {LAST}: {done.stdout}{done.stderr}"
+    image, chart = done.stdout.strip().splitlines()[-1].split("\t")
+    print(f"release {LAST}: {image} ready in {time.monotonic() - started:.1f} s ({chart})")
+    return image, Path(chart)
+
+
+def agent_image(core: Any, env: E2EEnv, node: str, image: str) -> Any:
+    """The Ready agent pod on ``node`` once it runs ``image``."""
+    def running() -> Any:
+        pod = agent_pod(core, env, node)
+        return pod if pod.spec.containers[0].image == image else None
+
+    return wait_for(f"the agent on {node} to run {image}", running, timeout=180, interval=0.5)
+
+
+def container(core: Any, namespace: str, name: str) -> tuple[str, str, int]:
+    pod = core.read_namespaced_pod(name, namespace)
+    status = pod.status.container_statuses[0]
+    return pod.status.phase, status.container_id, status.restart_count
+
+
+def holds(prefix: str) -> set[tuple[str, str]]:
+    saved = json.loads((STATE_DIR / prefix / "holds.json").read_text())
+    return {(resource, device) for resource, device in saved["holds"]}
+
+
+def checkpoint(prefix: str) -> set[tuple[str, str, str, str]]:
+    """kubelet's device checkpoint: (pod uid, container, resource, device) of our resources."""
+    data = json.loads(CHECKPOINT.read_text())["Data"]
+    return {(e["PodUID"], e["ContainerName"], e["ResourceName"], device)
+            for e in data.get("PodDeviceEntries") or [] if e["ResourceName"].startswith(f"{prefix}/")
+            for devices in (e.get("DeviceIDs") or {}).values() for device in devices}
+
+
+def labels(core: Any, node: str) -> dict[str, str]:
+    return {k: v for k, v in (core.read_node(node).metadata.labels or {}).items() if k.startswith(f"{AGENT_PREFIX}/")}
+
+
+def test_an_upgrade_from_the_last_release_and_a_rollback_keep_every_hold(
+        core: Any, pod_namespace: str, local: E2EEnv, node: str, pods: Callable[..., str],
+        release: tuple[str, Path]) -> None:
+    image, chart = release
+    book = f"{local.prefix}/book"
+    started = time.monotonic()
+    helm(local, "uninstall", local.release, "--wait", "--timeout", "180s")
+    try:
+        helm(local, "install", local.release, str(chart), "-f", str(REPO / "devkit" / "cluster" / "e2e-values.yaml"),
+             *lane_values(local.runtime), "--set", f"image.tag={image.rpartition(':')[2]}",
+             "--set-file", f"fakeTopology.snapshots.default\\.json={local.snapshots / 'default.json'}",
+             "--wait", "--timeout", "180s")
+        local.wait_for_rollout()
+        old = agent_image(core, local, node, image)
+        said = local.kubectl("-n", local.namespace, "exec", old.metadata.name, "--", "topology-agent",
+                             "--version").stdout
+        assert said.split()[:2] == ["topology-agent", LAST], said  # the release's own code answers
+
+        holder = pods({book: 1})
+        held = running_env(core, pod_namespace, holder)
+        device, cpus = held["TOPOLOGY_GROUPS"], held["TOPOLOGY_CPUS"]
+        wait_for(f"{holder} pinned to {cpus}",
+                 lambda: proc_status(local, pod_namespace, holder, "Cpus_allowed_list") == cpus, timeout=60,
+                 interval=0.5)
+        wait_for(f"{device} saved by {LAST}", lambda: (book, device) in holds(local.prefix), timeout=30, interval=0.5)
+        wait_for(f"{node}'s labels from {LAST}", lambda: f"{AGENT_PREFIX}/advertised" in labels(core, node),
+                 timeout=60, interval=0.5)
+        before = (container(core, pod_namespace, holder), holds(local.prefix), checkpoint(local.prefix),
+                  labels(core, node), set(ours(core, node)))
+        assert before[0][0] == "Running" and before[2], before
+
+        def kept(agent: Any, what: str) -> None:
+            wait_for(f"{device} held by {what}", lambda: device_state(agent, device) == "allocated", timeout=30,
+                     interval=0.5)
+            assert container(core, pod_namespace, holder) == before[0], "the holder restarted or stopped"
+            assert proc_status(local, pod_namespace, holder, "Cpus_allowed_list") == cpus
+            assert before[1] <= holds(local.prefix), f"a hold lost after {what}"
+            assert before[2] <= checkpoint(local.prefix), f"a kubelet checkpoint entry lost after {what}"
+            assert before[3].items() <= labels(core, node).items(), f"a label lost or changed after {what}"
+            assert before[4] <= set(ours(core, node)), f"an annotation lost after {what}"
+
+        upgrade_started = time.monotonic()
+        local.helm_upgrade()  # the working tree's chart and image, the lane's values
+        new = agent_image(core, local, node, local.image)
+        kept(new, "the upgrade")
+        print(f"upgrade {LAST} -> working tree: {time.monotonic() - upgrade_started:.1f} s")
+
+        second = pods({book: 1})
+        got = running_env(core, pod_namespace, second)
+        assert got["TOPOLOGY_GROUPS"] != device, "the new pod got the held book"
+        assert not set(parse_cpulist(got["TOPOLOGY_CPUS"])) & set(parse_cpulist(cpus)), (got["TOPOLOGY_CPUS"], cpus)
+        wait_for(f"{second} pinned", lambda: proc_status(local, pod_namespace, second, "Cpus_allowed_list")
+                 == got["TOPOLOGY_CPUS"], timeout=60, interval=0.5)
+
+        revision = min(entry["revision"] for entry in json.loads(helm(
+            local, "history", local.release, "-o", "json").stdout) if entry["app_version"] == LAST)
+        rollback_started = time.monotonic()
+        helm(local, "rollback", local.release, str(revision), "--wait", "--timeout", "180s")
+        local.wait_for_rollout()
+        back = agent_image(core, local, node, image)
+        kept(back, f"the rollback to {LAST}")
+        wait_for(f"{got['TOPOLOGY_GROUPS']} held by {LAST} again",
+                 lambda: device_state(back, got["TOPOLOGY_GROUPS"]) == "allocated", timeout=30, interval=0.5)
+        print(f"rollback to {LAST}: {time.monotonic() - rollback_started:.1f} s; "
+              f"the whole cycle {time.monotonic() - started:.1f} s")
+    finally:
+        local.helm_upgrade(install=True)  # the suite's install again, for the tests after this one
