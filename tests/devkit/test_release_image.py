@@ -1,12 +1,13 @@
 """A recorded release's image and chart from its own commit (topology_devkit.realcluster.release_image): the tree is a
-worktree of the commit releases.json names, made once per commit; an image archive already built for that commit is
-used as it is (a warm run builds nothing). The build itself runs on the real lane
-(tests/e2e/test_upgrade_release_real.py)."""
+worktree of the commit releases.json names, made once per commit (again when git no longer knows it); an image
+archive already built for that commit is used as it is (a warm run builds nothing). The build itself runs on the real
+lane (tests/e2e/test_upgrade_release_real.py)."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -50,12 +51,21 @@ def test_the_release_tree_is_a_worktree_of_its_commit_made_once(repo: tuple[Path
     assert git(where, "worktree", "list").count(str(tree)) == 1
 
 
-def test_a_tree_at_another_commit_is_refused(repo: tuple[Path, str, str], tmp_path: Path) -> None:
+def test_a_tree_git_no_longer_knows_is_made_again(repo: tuple[Path, str, str], tmp_path: Path) -> None:
     where, first, second = repo
     cache = tmp_path / "cache"
-    git(where, "worktree", "add", "-q", "--detach", str(cache / "releases" / first), second)
-    with pytest.raises(images.ImageError, match="not the release's"):
-        release_image.checkout(first, cache, where)
+    git(where, "worktree", "add", "-q", "--detach", str(cache / "releases" / first), second)  # at another commit
+    tree = release_image.checkout(first, cache, where)
+    assert git(tree, "rev-parse", "HEAD") == first
+    clone = tmp_path / "clone"  # a clean clone, since removed, made the tree: its .git names a folder that is gone
+    git(tmp_path, "clone", "-q", str(where), str(clone))
+    shutil.rmtree(tree)
+    git(where, "worktree", "prune")
+    git(clone, "worktree", "add", "-q", "--detach", str(tree), first)
+    shutil.rmtree(clone)
+    assert release_image.checkout(first, cache, where) == tree
+    assert git(tree, "rev-parse", "HEAD") == first
+    assert (tree / release_image.CHART / "Chart.yaml").read_text() == "version: 0.1.0\n"
 
 
 def test_a_cached_archive_is_used_without_a_build(repo: tuple[Path, str, str], tmp_path: Path,

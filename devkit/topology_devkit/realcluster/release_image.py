@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -55,13 +56,17 @@ def recorded_commit(version: str, repo: Path = REPO) -> str:
 
 
 def checkout(commit: str, cache: Path, repo: Path = REPO) -> Path:
-    """The release's tree at ``<cache>/releases/<commit>`` (``git worktree add --detach``, once per commit)."""
+    """The release's tree at ``<cache>/releases/<commit>`` (``git worktree add --detach``, once per commit).
+
+    A tree there that git no longer knows at that commit (made from a clone since removed, as CI's clean clones are,
+    or moved) is removed and made again from ``repo``: the cache folder holds nothing else."""
     where = cache / "releases" / commit
-    if (where / ".git").exists():
-        head = images._run(["git", "-C", where, "rev-parse", "HEAD"], "git rev-parse in the release's tree").strip()
-        if head == commit:
+    if where.exists():
+        head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=60, check=False)
+        if head.returncode == 0 and head.stdout.strip() == commit:
             return where
-        raise images.ImageError(f"{where} is at {head[:12]}, not the release's {commit[:12]}: remove it")
+        shutil.rmtree(where)
     where.parent.mkdir(parents=True, exist_ok=True)
     images._run(["git", "-C", repo, "worktree", "prune"], "git worktree prune")  # a cache emptied by hand
     images._run(["git", "-C", repo, "worktree", "add", "--detach", where, commit], "git worktree add")
