@@ -94,8 +94,15 @@ def _why_not(image: str) -> str | None:
     nodes = json.loads(done.stdout)["items"]
     if not nodes or int(nodes[0]["status"].get("capacity", {}).get("topology/book", "0")) < 1:
         return "the node advertises no topology/book: install the chart as devkit/cluster/e2e.sh does"
-    images = [i for n in nodes for img in n["status"].get("images") or [] for i in img.get("names") or []]
-    if image not in images:
+    def listed() -> bool:  # kubelet lists a new image in the Node's status at its next status update
+        done = kubectl("get", "nodes", "-o", "json", check=False)
+        return done.returncode == 0 and image in [i for n in json.loads(done.stdout)["items"]
+                                                  for img in n["status"].get("images") or []
+                                                  for i in img.get("names") or []]
+
+    try:
+        wait_until(f"{image} in the Node's images", listed, 90, every=2, error=RuntimeError)
+    except RuntimeError:
         return f"{image} is not in the node's containerd (make e2e-vllm imports it)"
     return None
 
