@@ -12,6 +12,10 @@ the runtime's CRI): no CPU is pinned to two holders.
 The local lane only (the node is this machine; its runtime's CRI socket is at its lane path); off unless
 ``TOPOLOGY_E2E_DRA=1`` like the other DRA tests (``make e2e`` sets it). The node's fake topology is one single-threaded
 book (with one socket) per real CPU: two books. The module leaves the release in device-plugin mode.
+
+After a switch back to device-plugin mode, a pod that got its book through DRA is deleted: kubelet ends it only
+once its claim is unprepared, which the device-plugin agent's DRA plugin, kept for unprepare only, does; the pod is
+gone within its grace period, the books are offered again, and a new book pod runs.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from agent.topology.cpulist import parse_cpulist
 from tests.support.e2e.cluster import E2EEnv
 from tests.support.e2e.dra import DRA_VALUES, DRIVER, agent_ready, claim, delete, pod, slices
 from tests.support.e2e.kube import apply, kjson, wait_kubectl
+from tests.support.e2e.node import agent_pod as agent_pod_of
+from tests.support.e2e.node import metric, metrics
 
 pytestmark = [
     pytest.mark.e2e,
@@ -178,9 +184,62 @@ def test_deviceplugin_to_dra_and_back_with_a_pod_running_through_both(lane: E2EE
     claimed = groups["after-dra"]
     allocations = kjson(env, "get", "node", node)["status"]["allocatable"]
     print(f"after the switch back: node allocatable {BOOK}={allocations.get(BOOK)}; {claimed} held through DRA")
-    # The DRA pod goes (forced: no DRA plugin runs to unprepare its claim; kubelet does once one runs again), and
-    # the waiting pod gets its book.
-    env.kubectl("-n", NS, "delete", "pod", "after-dra", "--grace-period=0", "--force", "--wait=true", timeout=120)
+    # The DRA pod goes (kubelet unprepares its claim through the DRA plugin the device-plugin agent keeps for
+    # that), and the waiting pod gets its book.
+    env.kubectl("-n", NS, "delete", "pod", "after-dra", "--wait=true", timeout=120)
     running_after(env, "after-dp")
     groups = no_cpu_pinned_to_two_holders({"through-both", "after-dp"}, lane.cri_socket)
     assert groups["after-dp"] == claimed and groups["through-both"] == held
+
+
+GRACE = 30  # the DRA pod's terminationGracePeriodSeconds; its shell exits on SIGTERM, so kubelet need not wait it out
+
+
+def book_count(env: E2EEnv, node: str, field: str) -> int:
+    return int(kjson(env, "get", "node", node)["status"].get(field, {}).get(BOOK, "0"))
+
+
+def test_a_pod_served_through_dra_is_gone_within_its_grace_after_the_switch_back_and_its_book_offered_again(
+        lane: E2EEnv, node: str, core: Any) -> None:
+    env = lane
+    env.kubectl("delete", "pods,resourceclaims", "--all", "-n", NS, "--wait=true", "--ignore-not-found", timeout=120)
+    # 1. a pod gets its book through DRA (topology/book: 1, served through the DeviceClass's extendedResourceName)
+    env.helm_upgrade(*DRA_VALUES)
+    held = book_pod(env, "dra-held")
+    held["spec"]["terminationGracePeriodSeconds"] = GRACE
+    held["spec"]["containers"][0]["command"] = ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
+    apply(env, held)
+    running_after(env, "dra-held")
+    status = kjson(env, "-n", NS, "get", "pod", "dra-held")["status"]
+    assert status.get("extendedResourceClaimStatus"), status  # through DRA, not the device plugin
+
+    # 2. helm upgrade --set mode=deviceplugin: the DRA plugin stays registered for the claim's unprepare only
+    env.helm_upgrade()
+    wait_kubectl("the agent in device-plugin mode to be ready", lambda: agent_ready(env), timeout=180)
+    books = 2  # one per real CPU (the module's docstring)
+    wait_kubectl("the device plugin's books in the Node's capacity", lambda: book_count(env, node, "capacity") == books,
+                 timeout=60)
+    wait_kubectl("the free book offered, the claimed one not", lambda: book_count(env, node, "allocatable") == 1,
+                 timeout=60)
+    gauge = "topology_agent_dra_unprepare_only_claims"
+    assert metric(metrics(agent_pod_of(core, env, node)), gauge) == 1
+    wait_kubectl("no ResourceSlice of the node", lambda: slices(env, node) == [], timeout=30)
+
+    # 3. the pod deleted: gone within its grace period
+    t0 = time.monotonic()
+    env.kubectl("-n", NS, "delete", "pod", "dra-held", "--wait=false", timeout=60)
+    gone = wait_kubectl("dra-held gone", lambda: "dra-held" not in {
+        p["metadata"]["name"] for p in kjson(env, "-n", NS, "get", "pods")["items"]}, timeout=GRACE + 60, every=0.5)
+    took = time.monotonic() - t0
+    print(f"dra-held deleted after the switch back: gone after {took:.1f} s (grace {GRACE} s)")
+    assert gone and took <= GRACE, f"dra-held took {took:.1f} s to go, more than its {GRACE} s grace"
+
+    # 4. the books offered again, the DRA plugin unregistered, and a new book pod runs
+    t1 = time.monotonic()
+    wait_kubectl("both books offered again", lambda: book_count(env, node, "allocatable") == books, timeout=60)
+    print(f"both books offered again {time.monotonic() - t1:.1f} s after the pod went")
+    wait_kubectl("the DRA plugin unregistered", lambda: metric(metrics(agent_pod_of(core, env, node)), gauge) == 0,
+                 timeout=30)
+    apply(env, book_pod(env, "after-unprepare"))
+    running_after(env, "after-unprepare", timeout=60)
+    delete(env, "pod/after-unprepare")
