@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -127,8 +128,14 @@ def _pod_json(name: str) -> dict[str, Any]:
     return json.loads(done.stdout) if done.returncode == 0 else {}
 
 
+class AdmissionRefused(RuntimeError):
+    """kubelet refused the pod at admission (its device manager between two registrations of the agent)."""
+
+
 def _ready(name: str) -> bool:
     status = _pod_json(name).get("status", {})
+    if status.get("phase") == "Failed" and status.get("reason") == "UnexpectedAdmissionError":
+        raise AdmissionRefused(f"{name}: {status.get('message', '')}")
     if status.get("phase") in ("Failed", "Succeeded"):
         raise RuntimeError(f"{name} stopped: {kubectl('-n', NAMESPACE, 'logs', name, check=False).stdout[-2000:]}")
     return any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
@@ -234,13 +241,21 @@ def measure(mode: str, rnd: int, node: str, requests: int, agent: Agent) -> Run:
             made.append(doc["metadata"]["name"])
             wait_until("the hog to run", lambda: _pod_json(made[0]).get("status", {}).get("phase") == "Running", 120,
                        every=1, error=RuntimeError)
-        server = vllm_pod(f"bench-vllm-{uuid.uuid4().hex[:6]}", node, books=1, tp=1, namespace=NAMESPACE)
-        server["metadata"]["labels"] = {"app": "vllm-bench"}
-        started = time.monotonic()
-        _apply(server)
-        name = server["metadata"]["name"]
-        made.append(name)
-        wait_until(f"{name} to be Ready", lambda: _ready(name), 600, every=1, error=RuntimeError)
+        for attempt in range(1, 4):  # right after an agent switch kubelet may see no healthy book for a moment
+            server = vllm_pod(f"bench-vllm-{uuid.uuid4().hex[:6]}", node, books=1, tp=1, namespace=NAMESPACE)
+            server["metadata"]["labels"] = {"app": "vllm-bench"}
+            started = time.monotonic()
+            _apply(server)
+            name = server["metadata"]["name"]
+            made.append(name)
+            try:
+                wait_until(f"{name} to be Ready", functools.partial(_ready, name), 600, every=1, error=RuntimeError)
+                break
+            except AdmissionRefused as refused:
+                if attempt == 3:
+                    raise
+                print(f"vllm_beside_hog: {refused}; again in 5 s", flush=True)
+                time.sleep(5)
         ready_s = time.monotonic() - started
         base = f"http://{_pod_json(name)['status']['podIP']}:{PORT}"
         env = dict(line.split("=", 1) for line in kubectl("-n", NAMESPACE, "exec", name, "--", "sh", "-c",
@@ -269,8 +284,10 @@ def measure(mode: str, rnd: int, node: str, requests: int, agent: Agent) -> Run:
 
 
 def reserved_values(reserved: str) -> tuple[str, ...]:
-    """The chart's values for ``reserved`` (a cpulist; commas escaped for --set-string); none for ""."""
-    return ("--set-string", "agent.reservedCpus=" + reserved.replace(",", "\\,")) if reserved else ()
+    """The chart's values for ``reserved`` (a cpulist; commas escaped for --set-string); none for "". The levels
+    stay ``book``: ``auto`` advertises sockets when one book is left with usable CPUs."""
+    return ("--set-string", "agent.reservedCpus=" + reserved.replace(",", "\\,"), "--set", "agent.levels=book") \
+        if reserved else ()
 
 
 def check_reserved(reserved: str, online: int) -> str:

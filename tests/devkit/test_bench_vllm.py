@@ -127,7 +127,7 @@ def test_the_reserved_cpus_must_leave_a_book() -> None:
     for bad in ("0-1", "3", "x"):
         with pytest.raises(ValueError):
             check_reserved(bad, 2)
-    assert reserved_values("0,2") == ("--set-string", "agent.reservedCpus=0\\,2")
+    assert reserved_values("0,2") == ("--set-string", "agent.reservedCpus=0\\,2", "--set", "agent.levels=book")
     assert reserved_values("") == ()
 
 
