@@ -11,7 +11,6 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from agent.cli import build_parser
 from agent.cli.flags import env_name
 from agent.node.labels import KEY_PREFIX, LABEL_KEYS
+from tests.support.chart import schema_leaves
 from tests.support.env import REPO
 
 DOCS = REPO / "docs"
@@ -129,15 +129,6 @@ def test_help_shows_the_environment_name_of_every_flag_but_the_one_shot_commands
                 wrong.append((name, flags, env.group(1)))
     assert wrong == []
     assert without == own
-
-
-def schema_leaves(node: dict[str, Any], prefix: str = "") -> list[str]:
-    """The values the schema names: every property without properties of its own (maps and lists are one value)."""
-    leaves = []
-    for key, child in node.get("properties", {}).items():
-        path = f"{prefix}{key}"
-        leaves.extend(schema_leaves(child, f"{path}.") if "properties" in child else [path])
-    return leaves
 
 
 def values_table() -> set[str]:

@@ -10,8 +10,6 @@ release and reads the node's own files.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,20 +36,12 @@ PROFILE = KUBELET_ROOT / "seccomp" / "profiles" / "vllm-numa.json"
 CHART = REPO / "deploy" / "helm" / "s390x-topology-agent"
 
 
-def helm(env: E2EEnv, *args: str, timeout: float = 330) -> subprocess.CompletedProcess[str]:
-    argv = [os.environ.get("TOPOLOGY_E2E_HELM") or "helm", *args, "--namespace", env.namespace,
-            "--kubeconfig", str(env.kubeconfig)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    assert done.returncode == 0, f"{' '.join(argv)}: {done.stdout}{done.stderr}"
-    return done
-
-
 def install_as_the_lane_does(env: E2EEnv) -> None:
     """devkit/cluster/e2e.sh's install command, word for word (with the runtime's values: CRI-O's socket)."""
     values = REPO / "devkit" / "cluster" / "e2e-values.yaml"
-    helm(env, "upgrade", "--install", env.release, str(CHART), "-f", str(values), *lane_values(env.runtime),
-         "--set-file", f"fakeTopology.snapshots.default\\.json={env.snapshots / 'default.json'}",
-         "--wait", "--timeout", "180s")
+    env.helm("upgrade", "--install", env.release, str(CHART), "-f", str(values), *lane_values(env.runtime),
+             "--set-file", f"fakeTopology.snapshots.default\\.json={env.snapshots / 'default.json'}",
+             "--wait", "--timeout", "180s")
 
 
 def env_value(pod: Any, name: str) -> str | None:
@@ -100,7 +90,7 @@ def test_an_uninstall_leaves_nothing_behind_and_a_reinstall_comes_back(core: Any
         wait_for(f"{node}'s {AGENT_PREFIX}/ labels", lambda: f"{AGENT_PREFIX}/advertised" in ours(core, node),
                  timeout=60, interval=0.5)
 
-        done = helm(local, "uninstall", local.release, "--wait", "--timeout", "300s")
+        done = local.helm("uninstall", local.release, "--wait", "--timeout", "300s", timeout=330)
         assert "uninstalled" in done.stdout
 
         apps = client.AppsV1Api(core.api_client)

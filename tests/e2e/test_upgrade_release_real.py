@@ -56,14 +56,6 @@ MODES: dict[str, tuple[str, ...]] = {"cri": (), "nri": ("--set", "cpusetEnforcem
 SELECTED = [m.strip() for m in (os.environ.get("TOPOLOGY_E2E_UPGRADE_MODES") or "cri").split(",") if m.strip()]
 
 
-def helm(env: E2EEnv, *args: str, timeout: float = 330) -> subprocess.CompletedProcess[str]:
-    argv = [os.environ.get("TOPOLOGY_E2E_HELM") or "helm", *args, "--namespace", env.namespace,
-            "--kubeconfig", str(env.kubeconfig)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    assert done.returncode == 0, f"{' '.join(argv)}: {done.stdout}{done.stderr}"
-    return done
-
-
 @pytest.fixture(scope="module")
 def release(local: E2EEnv) -> tuple[str, Path]:
     """The last release's image (built from its commit, cached, imported into the node's runtime) and chart."""
@@ -142,12 +134,12 @@ def test_an_upgrade_from_the_last_release_and_a_rollback_keep_every_hold(
     image, chart = release
     values = MODES[mode]
     started = time.monotonic()
-    helm(local, "uninstall", local.release, "--wait", "--timeout", "180s")
+    local.helm("uninstall", local.release, "--wait", "--timeout", "180s")
     try:
-        helm(local, "install", local.release, str(chart), "-f", str(REPO / "devkit" / "cluster" / "e2e-values.yaml"),
-             *lane_values(local.runtime), "--set", f"image.tag={image.rpartition(':')[2]}",
-             "--set-file", f"fakeTopology.snapshots.default\\.json={local.snapshots / 'default.json'}", *values,
-             "--wait", "--timeout", "180s")
+        local.helm("install", local.release, str(chart), "-f", str(REPO / "devkit" / "cluster" / "e2e-values.yaml"),
+                   *lane_values(local.runtime), "--set", f"image.tag={image.rpartition(':')[2]}",
+                   "--set-file", f"fakeTopology.snapshots.default\\.json={local.snapshots / 'default.json'}", *values,
+                   "--wait", "--timeout", "180s")
         local.wait_for_rollout()
         old = agent_image(core, local, node, image)
         said = local.kubectl("-n", local.namespace, "exec", old.metadata.name, "--", "topology-agent",
@@ -190,10 +182,10 @@ def test_an_upgrade_from_the_last_release_and_a_rollback_keep_every_hold(
         wait_for(f"{second} pinned", lambda: proc_status(local, pod_namespace, second, "Cpus_allowed_list")
                  == other_cpus, timeout=60, interval=0.5)
 
-        revision = min(entry["revision"] for entry in json.loads(helm(
-            local, "history", local.release, "-o", "json").stdout) if entry["app_version"] == LAST)
+        revision = min(entry["revision"] for entry in json.loads(local.helm(
+            "history", local.release, "-o", "json").stdout) if entry["app_version"] == LAST)
         rollback_started = time.monotonic()
-        helm(local, "rollback", local.release, str(revision), "--wait", "--timeout", "180s")
+        local.helm("rollback", local.release, str(revision), "--wait", "--timeout", "180s")
         local.wait_for_rollout()
         back = agent_image(core, local, node, image)
         kept(back, f"the rollback to {LAST}")

@@ -24,7 +24,7 @@ from agent.cli.serve import agent_config
 from agent.errors import UserError
 from tests.fuzz.common import SKIPPED, door, one_line
 from tests.fuzz.mutate import json_values
-from tests.support.chart import CHART, FLOOR, VAP_API, find_helm
+from tests.support.chart import CHART, FLOOR, VAP_API, find_helm, schema_leaves
 
 OUT = tempfile.mkdtemp(prefix="fuzz-config-")
 VALUE_FLAGS = ["--levels", "--resource-prefix", "--reserved-cpus", "--exclude-polarization", "--min-group-cores",
@@ -122,14 +122,6 @@ def serve_settings(flags: list[tuple[str, str]], as_env: bool) -> None:
 
 
 # --- the chart ------------------------------------------------------------------------------------------------
-
-def schema_leaves(node: dict[str, Any], prefix: str = "") -> list[str]:
-    leaves = []
-    for key, child in node.get("properties", {}).items():
-        path = f"{prefix}{key}"
-        leaves.extend(schema_leaves(child, f"{path}.") if "properties" in child else [path])
-    return leaves
-
 
 LEAVES = [leaf for leaf in schema_leaves(json.loads((CHART / "values.schema.json").read_text()))
           if not leaf.startswith(("global", "fakeTopology.snapshots"))]

@@ -195,3 +195,12 @@ def policies(docs: list[Doc]) -> set[str]:
 
 
 BOTH = {REQUESTS, NODES}
+
+
+def schema_leaves(node: dict[str, Any], prefix: str = "") -> list[str]:
+    """The values the schema names: every property without properties of its own (maps and lists are one value)."""
+    leaves = []
+    for key, child in node.get("properties", {}).items():
+        path = f"{prefix}{key}"
+        leaves.extend(schema_leaves(child, f"{path}.") if "properties" in child else [path])
+    return leaves

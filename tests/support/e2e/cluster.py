@@ -127,9 +127,11 @@ class E2EEnv:
         """helm against the lane's cluster, in the release's namespace (a lane whose install this suite owns)."""
         if not self.owns_install():
             pytest.skip(f"the {self.lane} lane's install is not this suite's to change")
-        return subprocess.run([os.environ.get("TOPOLOGY_E2E_HELM") or "helm", *args, "--namespace", self.namespace,
-                               "--kubeconfig", str(self.kubeconfig)], check=True, timeout=timeout,
-                              capture_output=True, text=True)
+        argv = [os.environ.get("TOPOLOGY_E2E_HELM") or "helm", *args, "--namespace", self.namespace,
+                "--kubeconfig", str(self.kubeconfig)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        assert done.returncode == 0, f"{' '.join(argv)}: {done.stdout}{done.stderr}"
+        return done
 
     def helm_upgrade(self, *extra: str, install: bool = False, wait: bool = True) -> None:
         """``helm upgrade`` (``--install``: also when the release is gone) the release with the lane's own values
