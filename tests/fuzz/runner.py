@@ -76,8 +76,11 @@ def run_atheris(target: Target, seconds: float) -> None:
         finally:
             os.pwrite(count, f"{target.calls[0]:>12}".encode(), 0)
 
+    # libFuzzer writes a failing input to the working directory (the checkout) unless told where: beside the corpus
+    found = CORPUS / f"{target.name}-found"
+    found.mkdir(parents=True, exist_ok=True)
     atheris.Setup([sys.argv[0], str(corpus), f"-max_total_time={int(seconds)}", "-timeout=10",
-                   "-rss_limit_mb=3072", "-print_final_stats=1"], fuzz_one)
+                   "-rss_limit_mb=3072", "-print_final_stats=1", f"-artifact_prefix={found}/"], fuzz_one)
     atheris.Fuzz()
 
 

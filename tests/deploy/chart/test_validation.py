@@ -111,6 +111,8 @@ def test_default_objects_and_namespaces(render: Render) -> None:
     (("--set", "agent.levels=books"), "levels"),
     (("--set", "agent.levels=book\\,\\,socket"), "levels"),
     (("--set", "agent.levels=auto\\,book"), "levels"),
+    (("--set", "agent.levels=drawer\\,book\\,socket\\,book"), "levels"),  # the agent refuses a level twice
+    (("--set", "agent.levels=book\\,book"), "levels"),
     (("--set", "agent.reserveCoresPerGroup=-1"), "reserveCoresPerGroup"),
     (("--set", "agent.reserveCoresPerGroup=1.5"), "reserveCoresPerGroup"),
     (("--set", "agent.ompThreadsPerCore=3"), "ompThreadsPerCore"),
