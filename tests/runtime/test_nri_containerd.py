@@ -27,9 +27,9 @@ from agent.topology.cpulist import format_cpulist, parse_cpulist
 from agent.topology.model import Cpu, Machine, Topology
 from tests.support.env import IN_CI, missing
 from tests.support.harness import short_tmpdir
-from tests.support.runtime import FIRST_LINE, built_binaries, first_line
+from tests.support.runtime import FIRST_LINE, built_binaries, first_line, real_containerd
 from topology_devkit.agent_process import AgentProcess
-from topology_devkit.containerd import Containerd, ContainerdUnavailable, PodContainer
+from topology_devkit.containerd import Containerd, PodContainer
 from topology_devkit.kubelet_emulator import Container, KubeletEmulator
 from topology_devkit.testing.wait import wait_until
 
@@ -38,15 +38,7 @@ BOOK = "topology/book"
 
 @pytest.fixture(scope="module")
 def ctd2() -> Iterator[Containerd]:
-    folder = built_binaries()
-    try:
-        harness = Containerd("test-nri", bin_dir=folder).__enter__()
-    except ContainerdUnavailable as exc:
-        missing("a real containerd 2.4.2", exc.reason)
-    try:
-        yield harness
-    finally:
-        harness.close()
+    yield from real_containerd("test-nri")
 
 
 @pytest.fixture(params=("runc", "crun"))

@@ -31,9 +31,8 @@ from agent.policy.grouping import GroupingSettings, group_topology
 from agent.policy.ledger import ListedDevice
 from agent.topology.cpulist import format_cpulist, parse_cpulist
 from agent.topology.model import Cpu, Machine, Topology
-from tests.support.env import missing
-from tests.support.runtime import FIRST_LINE, built_binaries, first_line
-from topology_devkit.containerd import Containerd, ContainerdUnavailable, HarnessError
+from tests.support.runtime import FIRST_LINE, first_line, real_containerd
+from topology_devkit.containerd import Containerd, HarnessError
 from topology_devkit.testing.wait import wait_until
 
 DOMAIN = "topology.s390x.ibm.com"
@@ -42,15 +41,7 @@ BOOK = "topology/book"
 
 @pytest.fixture(scope="module")
 def ctd() -> Iterator[Containerd]:
-    folder = built_binaries()
-    try:
-        harness = Containerd("test-nri-faults", bin_dir=folder).__enter__()
-    except ContainerdUnavailable as exc:
-        missing("a real containerd 2.4.2", exc.reason)
-    try:
-        yield harness
-    finally:
-        harness.close()
+    yield from real_containerd("test-nri-faults")
 
 
 @pytest.fixture()
