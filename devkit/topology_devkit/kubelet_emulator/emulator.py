@@ -88,7 +88,9 @@ def _unlink_socket(path: Path) -> None:
 class KubeletEmulator:
     """A faithful-enough kubelet for device-plugin tests and demos.
 
-    ``root`` plays kubelet's ``--root-dir``; keep it short, unix socket paths must stay under 107 bytes.
+    ``root`` plays kubelet's default root, /var/lib/kubelet; keep it short, unix socket paths must stay under 107
+    bytes. A real kubelet keeps ``device-plugins/`` there even when ``--root-dir`` moves ``pod-resources/`` and its
+    state (``DevicePluginPath`` in k8s.io/kubelet pkg/apis/deviceplugin/v1beta1/constants.go; kubelet-roots.md).
     All waits are condition waits with deadlines (`wait_for`). Thread safe.
     """
 
@@ -109,7 +111,7 @@ class KubeletEmulator:
     ) -> None:
         """
         Args:
-            root: kubelet root dir; ``device-plugins/`` and ``pod-resources/`` are created below it.
+            root: kubelet's default root dir; ``device-plugins/`` and ``pod-resources/`` are created below it.
             stop_grace_period: seconds a resource keeps its capacity after its stream ended (kubelet: 300).
             dial_timeout: blocking-dial deadline for a registering plugin's endpoint (kubelet: 10).
             allocate_timeout: deadline for Allocate; kubelet has none (None).
