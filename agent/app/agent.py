@@ -3,8 +3,11 @@ keeps true with its loops (pod-resources, rescans, node labels) and stops. No I/
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import select
 import signal
+import socket
 import threading
 import time
 from collections import Counter
@@ -301,6 +304,26 @@ class Agent:
         log.info("stopped: sockets removed")
 
 
+def wait_for_signal(stop: threading.Event) -> None:
+    """Until a signal handler sets ``stop``. Python runs handlers in the main thread only, when it next runs Python
+    code; the kernel hands a process's signal to another thread when the main one has one pending already (a SIGUSR1
+    just before a SIGTERM), and a main thread blocked in ``Event.wait`` would then sleep on for good. The wake-up fd
+    gets a byte from the C handler in whichever thread took the signal, and wakes this select."""
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    try:
+        while not stop.is_set():
+            select.select([reader], [], [])
+            with contextlib.suppress(BlockingIOError):
+                reader.recv(256)
+    finally:
+        signal.set_wakeup_fd(previous)
+        reader.close()
+        writer.close()
+
+
 def run_until_signalled(agent: Agent) -> int:
     stop = threading.Event()
 
@@ -321,7 +344,7 @@ def run_until_signalled(agent: Agent) -> int:
     previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, rescan_now)
     try:
         agent.start()
-        stop.wait()
+        wait_for_signal(stop)
         if agent.before_stop is not None:
             agent.before_stop()
     finally:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -63,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
                            f"kubelet's device-plugin directory (usually {DEFAULT_KUBELET_DIR}, whatever kubelet's "
                            "--root-dir: k3s and microk8s too)")
     setup_logging(args.log_level, args.log_format)
+    # `kill -USR1 <pid>`: every thread's stack to stderr, from a C signal handler (so even when the interpreter is
+    # stuck), the agent running on; for the process's whole life (a hang at exit too). docs/admin/troubleshooting.md
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     source = topology_source(args)
     agent = build_agent(source.load(), config, loader=source.load, fingerprint=source.fingerprint)
     if args.release_daemonset and os.environ.get("POD_NAMESPACE"):

@@ -23,7 +23,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from agent.plugin.server import socket_name
 from topology_devkit.kubelet_emulator import KubeletEmulator
-from topology_devkit.testing.wait import wait_until
+from topology_devkit.testing.wait import poll_until, wait_until
+
+STOP_TIMEOUT = 20.0  # seconds stop() waits after SIGTERM (the agent's own shutdown bound is well below)
+LOG_TAIL = 60  # log lines shown with the stacks of an agent that did not stop
 
 
 def free_port() -> int:
@@ -65,6 +68,7 @@ class AgentProcess:
                                      env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
                                      preexec_fn=preexec, cwd=cwd)
         self._port: int | None = None
+        self.hang_report: str | None = None  # set by stop() when the process outlived SIGTERM
 
     # --- its log --------------------------------------------------------------------------
     def log(self) -> list[dict[str, Any]]:
@@ -145,16 +149,41 @@ class AgentProcess:
             self.proc.wait(timeout=10)
         self._close()
 
-    def stop(self) -> int:
+    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
+        """SIGTERM and the exit code. A process still there after ``timeout`` seconds is asked for its threads'
+        stacks (SIGUSR1) and killed; what it said is printed to stderr (pytest shows it) and kept in ``hang_report``."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
+                self.hang_report = self._stacks_and_log_tail(timeout)
+                print(self.hang_report, file=sys.stderr, flush=True)
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         self._close()
         return self.proc.returncode
+
+    def _stacks_and_log_tail(self, waited: float) -> str:
+        """Every thread's stack (``serve`` dumps them on SIGUSR1) and the log lines before it."""
+        head = f"agent pid {self.proc.pid} still running {waited:g} s after SIGTERM ({' '.join(self.command)})"
+        if self._log_file is None:  # a pipe the caller reads
+            self.proc.send_signal(signal.SIGUSR1)
+            return f"{head}; its stacks (SIGUSR1) went to its stderr pipe"
+        before = self.log_path.stat().st_size
+        self.proc.send_signal(signal.SIGUSR1)
+        sizes: list[int] = []
+
+        def dumped() -> bool:  # the dump is written at once, by a C signal handler: done when it stops growing
+            sizes.append(self.log_path.stat().st_size)
+            return len(sizes) > 1 and sizes[-1] == sizes[-2] and sizes[-1] > before
+
+        poll_until(dumped, 5.0, every=0.2)
+        data = self.log_path.read_bytes()
+        stacks = data[before:].decode(errors="replace").strip() or "(no stack dump within 5 s)"
+        tail = data[:before].decode(errors="replace").splitlines()[-LOG_TAIL:]
+        return "\n".join([f"{head}; its threads:", stacks, f"--- the last {len(tail)} lines of its log "
+                          f"({self.log_path}):", *tail, "---"])
 
     def _close(self) -> None:
         if self._log_file is not None:

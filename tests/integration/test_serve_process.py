@@ -1,5 +1,5 @@
 """``topology-agent serve`` as a real process: registers, and on SIGTERM/SIGINT stops serving,
-removes its sockets and exits 0."""
+removes its sockets and exits 0; on SIGUSR1 it writes every thread's stack to stderr and serves on."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import sys
 import pytest
 
 from tests.support.harness import short_tmpdir
+from topology_devkit.agent_process import AgentProcess
 from topology_devkit.kubelet_emulator import KubeletEmulator
+from topology_devkit.testing.wait import wait_until
 
 
 def serve(kubelet: KubeletEmulator, *extra: str) -> subprocess.Popen[str]:
@@ -57,3 +59,66 @@ def test_second_process_is_refused_with_a_clear_error() -> None:
         finally:
             first.send_signal(signal.SIGTERM)
             first.communicate(timeout=20)
+
+
+def test_sigusr1_dumps_every_threads_stack_and_the_agent_serves_on() -> None:
+    root = short_tmpdir()
+    with KubeletEmulator(root) as kubelet:
+        agent = AgentProcess(kubelet, root, "--levels", "book")
+        try:
+            kubelet.wait_registered("topology/book", timeout=20)
+            agent.proc.send_signal(signal.SIGUSR1)
+
+            def dump() -> str | None:
+                text = agent.log_path.read_text(errors="replace")
+                return text if "in run_until_signalled" in text else None
+
+            text = wait_until("the main thread's stack in the log", dump, 10)
+            assert text.count("(most recent call first)") > 1  # every thread, not only the main one
+            assert agent.proc.poll() is None
+            assert agent.allocate("topology/book", ["drawer0-book0"]).container_responses  # still serving
+        finally:
+            assert agent.stop() == 0
+        assert agent.hang_report is None
+
+
+# run_until_signalled with a stand-in agent; the SIGTERM is sent to one of its other threads, as the kernel does when
+# the main thread has a signal pending already (a SIGUSR1 just before, say).
+SIGNAL_TO_ANOTHER_THREAD = """
+import os, signal, sys, threading
+from agent.app.agent import run_until_signalled
+
+def main_blocked():  # the main thread, past start(), asleep in the kernel (its wait for a signal)
+    frame, names = sys._current_frames()[threading.main_thread().ident], []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    state = open(f"/proc/self/task/{os.getpid()}/stat").read().rsplit(")", 1)[1].split()[0]
+    return "start" not in names and state == "S"
+
+def kill_me():
+    while not main_blocked():
+        threading.Event().wait(0.01)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+    threading.Event().wait()  # this thread lives on: the handler must run in the main thread anyway
+
+class Stub:
+    before_stop = None
+    def start(self):
+        threading.Thread(target=kill_me, daemon=True).start()
+    def stop(self):
+        print("stopped", flush=True)
+
+sys.exit(run_until_signalled(Stub()))
+"""
+
+
+def test_a_sigterm_taken_by_another_thread_stops_the_agent() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", SIGNAL_TO_ANOTHER_THREAD], stdout=subprocess.PIPE, text=True)
+    try:
+        out, _ = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and out == "stopped\n"
