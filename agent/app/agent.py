@@ -4,6 +4,7 @@ keeps true with its loops (pod-resources, rescans, node labels) and stops. No I/
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import select
 import signal
@@ -31,11 +32,18 @@ from agent.plugin.podresources import PodResourcesClient
 from agent.plugin.servicer import Wire
 from agent.policy.grouping import Grouping
 from agent.topology.model import Topology
+from agent.worker import stop_together
 
 log = logging.getLogger("topology-agent")
 
 SLOW_POD_RESOURCES = 30.0  # seconds between pod-resources Lists while nothing is held
 IDLE_AFTER = 60.0  # seconds after the last change of hands before pod-resources slows down
+# Agent.stop's one deadline (plus half a second per stage for a stage that started late): with the log's flush at exit
+# well inside the chart's terminationGracePeriodSeconds (30), before kubelet's SIGKILL.
+STOP_BOUND = 10.0
+# From SIGTERM to the process's end, hand-over (before_stop), stop and exit included, at most (run_until_signalled's
+# watchdog): 5 s before kubelet's SIGKILL under the chart's terminationGracePeriodSeconds (30), with the stacks said.
+EXIT_BOUND = 25.0
 
 
 def exclusivity_confirmed(config: AgentConfig, devices: NodeDevices[Wire]) -> bool:
@@ -96,6 +104,7 @@ class Agent:
         self._quick_rescans = 0
         self.full_rescan_requested = False  # set by SIGHUP
         self.before_stop: Callable[[], object] | None = None  # on a signal, while still serving (a hand-over)
+        self.stop_bound = STOP_BOUND
         self.pod_resources_loop = PeriodicLoop("pod-resources", config.pod_resources_interval,
                                                self.sync_pod_resources, (PodResourcesError,),
                                                on_failure=self.devices.list_failed, pace=self._pod_resources_pace)
@@ -287,21 +296,30 @@ class Agent:
             self.http.start(make_app(self.metrics.registry, self.alive, self.readiness, self.allocations))
 
     def stop(self) -> None:
-        if self.enforcement is not None:
-            self.enforcement.stop()
-        if self.evictions is not None:
-            self.evictions.stop()
-        self.label_loop.stop()
-        self.rescan_loop.stop()
-        self.pod_resources_loop.stop()
-        self.manager.stop()
-        if self.dra_unprepare_only is not None:
-            self.dra_unprepare_only.stop()
-        self.devices.stop_publisher()
-        self.pod_resources.close()
+        """Stop every part against one deadline, ``stop_bound`` seconds from now; parts still stopping then are
+        named in a warning and left behind (daemon threads: they never hold the exit). The cpuset enforcement stops
+        before the device tables and their servers go (it answers the runtime from them); the HTTP endpoint last."""
+        started = time.monotonic()
+        deadline = started + self.stop_bound
+        loops = (self.label_loop, self.rescan_loop, self.pod_resources_loop)
+        for loop in loops:  # no new step begins while the enforcement stops
+            loop.request_stop()
+        late: list[str] = []
+        late += stop_together([(name, stop) for name, stop in (
+            ("cpuset enforcement", self.enforcement.stop if self.enforcement is not None else None),
+            ("evictions", self.evictions.stop if self.evictions is not None else None)) if stop is not None], deadline)
+        late += stop_together([*((loop.name, loop.stop) for loop in loops), ("plugin manager", self.manager.stop),
+                               *([("DRA plugin for unprepare only", self.dra_unprepare_only.stop)]
+                                 if self.dra_unprepare_only is not None else [])], deadline)
+        late += stop_together([("device state publisher", self.devices.stop_publisher),
+                               ("pod-resources client", self.pod_resources.close)], deadline)
         if self.http is not None:
-            self.http.stop()
-        log.info("stopped: sockets removed")
+            late += stop_together([("HTTP endpoint", self.http.stop)], deadline)
+        took = time.monotonic() - started
+        if late:
+            log.warning("still stopping after %.1f s, left behind: %s", took, ", ".join(late),
+                        extra={"reason": "stop bound reached"})
+        log.info("stopped in %.2f s%s", took, "" if "plugin manager" in late else ": sockets removed")
 
 
 def wait_for_signal(stop: threading.Event) -> None:
@@ -324,11 +342,16 @@ def wait_for_signal(stop: threading.Event) -> None:
         writer.close()
 
 
-def run_until_signalled(agent: Agent) -> int:
+def run_until_signalled(agent: Agent, exit_bound: float | None = EXIT_BOUND) -> int:
+    """Serve until SIGTERM or SIGINT, then hand over (``before_stop``) and stop. From the signal on, a watchdog
+    (``faulthandler``'s, a C thread) writes every thread's stack and ends the process with exit code 1 after
+    ``exit_bound`` seconds, whatever still runs then (None: no watchdog)."""
     stop = threading.Event()
 
     def handle(signum: int, _frame: object) -> None:
         log.info("received %s: shutting down", signal.Signals(signum).name)
+        if exit_bound is not None and not stop.is_set():
+            faulthandler.dump_traceback_later(exit_bound, exit=True)
         stop.set()
 
     def rescan_now(signum: int, _frame: object) -> None:
