@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
 .PHONY: demo test lint proto bench venv clean fuzz kind-test s390x-smoke chart-check image image-s390x image-lock image-base-pin \
-	cluster-build cluster-up cluster-down cluster-restart-kubelet cluster-status e2e e2e-vllm soak release
+	cluster-build kwok-build bench-scale cluster-up cluster-down cluster-restart-kubelet cluster-status e2e e2e-vllm soak release
 
 $(STAMP): pyproject.toml devkit/pyproject.toml deploy/image/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed")'
@@ -81,6 +81,19 @@ cluster-build:
 	@t0=$$(date +%s); devkit/cluster/build.sh $(RUNTIME) >/dev/null && \
 	  echo "cluster-build ($(RUNTIME)): done in $$(( $$(date +%s) - t0 )) s"
 	@if [ "$(SKEW)" = 1 ]; then devkit/cluster/build.sh containerd >/dev/null; fi
+
+## KWOK (sigs.k8s.io/kwok, pinned in devkit/cluster/go/kwok) for bench-scale, cached beside the lane's binaries.
+kwok-build:
+	@devkit/cluster/build-kwok.sh >/dev/null
+
+## NODES simulated z16 nodes (KWOK) on the lane's own control plane, pools published through the agent's builder,
+## AGENTS real agents beside them: pods/s, create->bound, the scheduler's DRA time, per layout (bench/README.md). Needs
+## root and the machine lock, the lane down: flock /tmp/realcluster.lock make bench-scale NODES=1000 (~40 min).
+NODES ?= 1000
+AGENTS ?= 10
+bench-scale: $(STAMP) cluster-build kwok-build
+	$(BIN)/python bench/cluster/simulated_nodes.py --nodes $(NODES) --agents $(AGENTS) \
+	  $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(JSON_OUT),--json-out $(JSON_OUT))
 
 ## Start etcd, the control plane, the runtime (RUNTIME) and the kubelet on loopback; waits for the Node to be Ready.
 cluster-up: $(STAMP) cluster-build

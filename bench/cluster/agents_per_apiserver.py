@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,25 +41,9 @@ from topology_devkit.testing.wait import wait_until
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "devkit"))
 
-ROOT = Path(__file__).resolve().parents[2]
-NAMESPACE = "topology-system"  # audited by the lane's audit policy (configs.AUDITED_GROUP)
-DRIVER = "topology.s390x.ibm.com"
-SNAPSHOT = ROOT / "agent" / "data" / "z16-lpar.json"
-PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+from bench.cluster.control_plane import DRIVER, Agents, ControlPlane, ScaleError, node_status
+
 BOOKS_PER_NODE = 8  # the z16 snapshot's
-
-
-class ScaleError(RuntimeError):
-    pass
-
-
-def kubectl(bins: Path, kubeconfig: Path, *args: str, doc: Any = None, timeout: float = 120) -> str:
-    done = subprocess.run([str(bins / "kubectl"), "--kubeconfig", str(kubeconfig), *args], text=True,
-                          capture_output=True, timeout=timeout, check=False,
-                          input=None if doc is None else json.dumps(doc))
-    if done.returncode != 0:
-        raise ScaleError(f"kubectl {' '.join(args[:3])}: {done.stderr.strip()[-400:]}")
-    return done.stdout
 
 
 def audit_counts(log: Path, since: float, until: float) -> Counter[str]:
@@ -91,102 +74,32 @@ def node_doc(name: str) -> dict[str, Any]:
         "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "bench-scale": "true"}}}
 
 
-def node_status(name: str) -> dict[str, Any]:
-    capacity = {"cpu": "64", "memory": "256Gi", "pods": "110"}
-    return {"status": {"capacity": capacity, "allocatable": capacity, "conditions": [
-        {"type": "Ready", "status": "True", "reason": "BenchScale", "message": "a fake node (bench_scale)",
-         "lastHeartbeatTime": datetime.now().astimezone().isoformat(timespec="seconds"),
-         "lastTransitionTime": datetime.now().astimezone().isoformat(timespec="seconds")}]}}
-
-
 class Bench:
     def __init__(self, work: Path, window: float) -> None:
-        from topology_devkit.realcluster import cluster
-        from topology_devkit.realcluster.layout import Layout
-
-        self.cluster = cluster
-        self.work = work
+        self.plane = ControlPlane(work)
         self.window = window
-        self.layout = Layout(work / "cluster")
-        self.bins = cluster.bin_dir()
-        self.agents: dict[str, subprocess.Popen[bytes]] = {}
-        self.kubeconfig = self.layout.kubeconfig
+        self.layout = self.plane.layout
+        self.agents = Agents(self.plane)
 
     def k(self, *args: str, doc: Any = None, timeout: float = 120) -> str:
-        return kubectl(self.bins, self.kubeconfig, *args, doc=doc, timeout=timeout)
+        return self.plane.k(*args, doc=doc, timeout=timeout)
 
     def up(self) -> None:
-        cluster = self.cluster
-        cluster._probe_host()
-        cluster._write_configs(self.layout, self.bins, "none")
-        from topology_devkit.realcluster.procs import start
-
-        for component in PLANE:
-            if component == "kube-controller-manager":
-                # no node lifecycle controller: it would taint the fake nodes (no kubelet heartbeats) unreachable; the
-                # ResourceClaim controller, which clears a claim's reservation when its pod is gone, runs
-                argv = [a.replace("--controllers=*", "--controllers=*,-node-lifecycle-controller")
-                        for a in cluster._argv(self.layout, self.bins, component)]
-                start(self.layout, component, argv)
-                cluster._wait_healthy(self.layout, component)
-            else:
-                cluster.start_component(self.layout, component, self.bins)
-        self.k("create", "namespace", NAMESPACE)
-        self.k("create", "clusterrolebinding", "bench-scale-agents", "--clusterrole", "cluster-admin",
-               f"--group=system:serviceaccounts:{NAMESPACE}")
-        helm = os.environ.get("HELM") or str(ROOT / ".tools" / "bin" / "helm")
-        # Offline, helm needs the cluster's version (its own default is below the chart's kubeVersion).
-        kube_version = json.loads((self.bins / "build-info.json").read_text())["kubernetes"]
-        rendered = subprocess.run([helm, "template", "bench", str(ROOT / "deploy" / "helm" / "s390x-topology-agent"),
-                                   "--kube-version", kube_version,
-                                   "--set", "mode=dra", "--show-only", "templates/deviceclasses.yaml"],
-                                  capture_output=True, text=True, check=True, timeout=120).stdout
-        subprocess.run([str(self.bins / "kubectl"), "--kubeconfig", str(self.kubeconfig), "apply", "-f", "-"],
-                       input=rendered, text=True, capture_output=True, check=True, timeout=120)
+        self.plane.up()
+        self.plane.deviceclasses()
 
     def down(self) -> None:
-        for proc in self.agents.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.agents.values():
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        from topology_devkit.realcluster.procs import stop
-
-        for component in reversed(PLANE):
-            stop(self.layout, component)
+        self.agents.stop()
+        self.plane.down()
 
     def start_agent(self, index: int) -> str:
         node = f"bench-node-{index:03d}"
-        account = f"bench-agent-{index:03d}"
         self.k("create", "-f", "-", doc=node_doc(node))
         self.k("patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(node_status(node)))
         # the API server's TaintNodesByCondition admission taints a new Node not-ready; the node lifecycle controller,
         # which would lift it once the node reports Ready, is off here (it would mark kubelet-less nodes unreachable)
         self.k("taint", "node", node, "node.kubernetes.io/not-ready:NoSchedule-")
-        self.k("-n", NAMESPACE, "create", "serviceaccount", account)
-        token = self.k("-n", NAMESPACE, "create", "token", account, "--duration", "4h").strip()
-        server = json.loads(self.kubeconfig.read_text())["clusters"][0]["cluster"]
-        home = self.work / "agents" / node
-        for d in ("kubelet", "registry", "plugin", "cdi"):
-            (home / d).mkdir(parents=True, exist_ok=True)
-        config = home / "kubeconfig"
-        config.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "a",
-            "clusters": [{"name": "c", "cluster": server}],
-            "contexts": [{"name": "a", "context": {"cluster": "c", "user": "a"}}],
-            "users": [{"name": "a", "user": {"token": token}}]}))
-        args = ["serve", "--mode", "dra", "--topology-file", str(SNAPSHOT), "--levels", "book,socket",
-                "--kubelet-dir", str(home / "kubelet"), "--dra-registry-dir", str(home / "registry"),
-                "--dra-plugin-dir", str(home / "plugin"), "--cdi-dir", str(home / "cdi"),
-                "--pod-resources-interval", "0", "--metrics-port", "0", "--cpuset-enforcement", "none",
-                "--log-format", "text"]
-        with (home / "agent.log").open("ab") as out:
-            self.agents[node] = subprocess.Popen(
-                [str(ROOT / ".venv" / "bin" / "topology-agent"), *args], stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env={**os.environ, "NODE_NAME": node, "KUBECONFIG": str(config)})
+        self.agents.start(node, f"bench-agent-{index:03d}")
         return node
 
     def slices(self) -> list[dict[str, Any]]:
@@ -256,12 +169,12 @@ class Bench:
         t1 = time.time()
         time.sleep(2.0)
         steady = audit_counts(self.layout.log("audit"), t0, t1)
-        agents = len(self.agents)
+        agents = len(self.agents.procs)
         per_hour = sum(steady.values()) * 3600.0 / self.window / agents
         complete = self.complete_nodes()
         some = complete[new[-1]]
         nbytes = sum(len(json.dumps(s, separators=(",", ":"))) for s in some)
-        dead = [n for n, p in self.agents.items() if p.poll() is not None]
+        dead = self.agents.dead()
         if dead:
             raise ScaleError(f"agents exited: {dead[:5]}")
         placement = self.place(min(100, BOOKS_PER_NODE * agents))
