@@ -16,9 +16,10 @@ the scheduler's DynamicResources plugin time per scheduling attempt (its ``/metr
 in 10 % of cycles), attempts per pod, the scheduler's CPU per pod, API server and etcd CPU seconds and memory.
 
 Variants: ``counters`` (the agent's pool: books and sockets, shared counters), ``flat`` (the same devices without
-counters: what the counters cost), ``books`` (``--levels book``: the agent's pool of books only), ``extended``
-(the counters pool; pods ask ``topology/book: 1`` and the DeviceClass's ``extendedResourceName`` maps it to DRA),
-``deviceplugin`` (no slices; nodes advertise ``topology/book: 8``, pods ask ``topology/book: 1``).
+counters: what the counters cost), ``books`` (``--levels book``: the agent's pool of books only, their sockets'
+counters kept), ``books-flat`` (those 8 books without counters: no two of them overlap), ``extended`` (the counters
+pool; pods ask ``topology/book: 1`` and the DeviceClass's ``extendedResourceName`` maps it to DRA), ``deviceplugin``
+(no slices; nodes advertise ``topology/book: 8``, pods ask ``topology/book: 1``).
 
 Needs root, the lane's binaries (make cluster-build), KWOK (make kwok-build) and the machine lock; the lane must be
 down: ``make bench-scale NODES=1000``. Leaves nothing running.
@@ -60,9 +61,11 @@ KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 SIM_LABEL = "bench-sim"
 TEMPLATE = "one-book"
 EXTENDED = "topology/book"
+NOW = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}  # gone at once (no kubelet to wait on)
 QPS = 5000  # the scheduler's and controller manager's client QPS and burst (scheduler_perf, kwokctl)
-LAYOUTS = {"counters": ("book", "socket"), "flat": ("book", "socket"), "books": ("book",)}
+LAYOUTS = {"counters": ("book", "socket"), "flat": ("book", "socket"), "books": ("book",), "books-flat": ("book",)}
 VARIANTS = {"counters": ("counters", "claim"), "flat": ("flat", "claim"), "books": ("books", "claim"),
+            "books-flat": ("books-flat", "claim"),
             "extended": ("counters", "extended"), "deviceplugin": (None, "deviceplugin")}
 DRA_PLUGIN = "DynamicResources"
 
@@ -89,7 +92,7 @@ def node_plan(node: str, layout: str) -> PoolPlan:
     topology = _topology()
     plan = build_pool(group_topology(topology, GroupingSettings(levels=LAYOUTS[layout])), topology,
                       SliceSettings(node))
-    return flat_plan(plan) if layout == "flat" else plan
+    return flat_plan(plan) if layout.endswith("flat") else plan
 
 
 _TOPOLOGY: list[Topology] = []
@@ -469,7 +472,7 @@ class Sim:
         wait_until("a claim placed on every real agent's node", lambda: all(n in self.watch.bound for n in names)
                    if self.watch else False, 120, every=0.5, error=ScaleError)
         for name in names:
-            self.a.call("DELETE", f"/api/v1/namespaces/{NS}/pods/{name}", {"gracePeriodSeconds": 0})
+            self.a.call("DELETE", f"/api/v1/namespaces/{NS}/pods/{name}", NOW)
         if self.agents.dead():
             raise ScaleError(f"agents exited: {self.agents.dead()}")
         return {"agents": len(self.agent_nodes), "pools_same_as_publisher": True, "agents_up_s": up_s,
@@ -550,7 +553,7 @@ class Sim:
                 if due > now:
                     time.sleep(due - now)
                 victim = self.live.pop(rng.randrange(len(self.live)))
-                self.a.call("DELETE", f"/api/v1/namespaces/{NS}/pods/{victim}", {"gracePeriodSeconds": 0},
+                self.a.call("DELETE", f"/api/v1/namespaces/{NS}/pods/{victim}", NOW,
                             ok=(200, 202, 404))
                 names.append(self._create(kind, prefix))
                 self.live.append(names[-1])
@@ -566,7 +569,7 @@ class Sim:
         from topology_devkit.testing.wait import wait_until
 
         t0 = time.monotonic()
-        self.a.call("DELETE", f"/api/v1/namespaces/{NS}/pods", {"gracePeriodSeconds": 0})
+        self.a.call("DELETE", f"/api/v1/namespaces/{NS}/pods", NOW)
         wait_until("every pod gone", lambda: self.a.count(f"/api/v1/namespaces/{NS}/pods") == 0, 900, every=2.0,
                    error=ScaleError)
         wait_until("every claim gone", lambda: self.a.count(

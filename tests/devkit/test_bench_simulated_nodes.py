@@ -50,9 +50,12 @@ def test_flat_plan_keeps_the_slice_names_the_publisher_replaces_by() -> None:
     assert {s.name for s in flat_plan(plan).slices} < {s.name for s in plan.slices}
 
 
-def test_the_books_layout_is_eight_books() -> None:
-    plan = node_plan("n3", "books")
+def test_the_books_layouts_are_eight_books_with_their_sockets_counters_or_none() -> None:
+    plan, flat = node_plan("n3", "books"), node_plan("n3", "books-flat")
     assert [d["attributes"]["level"]["string"] for d in plan.devices] == ["book"] * 8
+    assert all(len(d["consumesCounters"][0]["counters"]) == 2 for d in plan.devices)
+    assert [d["name"] for d in flat.devices] == [d["name"] for d in plan.devices]
+    assert all("consumesCounters" not in d for d in flat.devices)
 
 
 def test_the_phases_take_the_books_to_half_then_to_ninety_percent() -> None:
@@ -136,7 +139,7 @@ def test_the_table_sets_every_layout_beside_counters_in_the_same_phase() -> None
 
 def test_a_wrong_variant_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert simulated_nodes.main(["--variants", "counters,gpu"]) == 2
-    assert "variants are counters, flat, books, extended, deviceplugin" in capsys.readouterr().err
+    assert "variants are counters, flat, books, books-flat, extended, deviceplugin" in capsys.readouterr().err
 
 
 def test_the_scheduler_and_controller_manager_clients_get_the_qps_asked() -> None:
