@@ -60,6 +60,7 @@ HOG_IMAGE = "localhost/topology-e2e-busybox:latest"
 HOG = "for i in 1 2; do (while :; do :; done) & done; wait"
 TOKENS = 16
 WARM_UP = 5
+REQUESTS = 300  # per run: its p99 is a percentile (with 60 it is the slowest request)
 ENFORCING = ("--set", "cpusetEnforcement=cri", "--set", "sharedPool=true")
 MODES = {  # run -> (helm --set values, hog); alone runs the agent as enforcing does: only the hog differs
     "alone": (ENFORCING, False),
@@ -212,6 +213,29 @@ def _threads(name: str) -> dict[tuple[int, int], vllm_where.Thread]:
     return vllm_where.parse_threads(done.stdout)
 
 
+def _host_threads() -> dict[tuple[int, int], vllm_where.HostThread]:
+    """Every thread of the host: CPU time (schedstat), allowed CPUs, cpuset cgroup (read outside the timed window)."""
+    from topology_devkit.realcluster import confine
+
+    out: dict[tuple[int, int], vllm_where.HostThread] = {}
+    for task in Path("/proc").glob("[0-9]*/task/[0-9]*"):
+        try:
+            run_ns = int((task / "schedstat").read_text().split()[0])
+            allowed = next(line.split(":", 1)[1].strip() for line in (task / "status").read_text().splitlines()
+                           if line.startswith("Cpus_allowed_list:"))
+            cgroup = confine.cpuset_path((task / "cgroup").read_text()) or "?"
+            comm = (task / "comm").read_text().strip()
+            pid, tid = int(task.parent.parent.name), int(task.name)
+            out[(pid, tid)] = vllm_where.HostThread(pid, tid, comm, run_ns, frozenset(parse_cpulist(allowed)), cgroup)
+        except (OSError, ValueError, IndexError, StopIteration):  # gone meanwhile
+            continue
+    return out
+
+
+def _proc_stat() -> dict[int, vllm_where.CpuTicks]:
+    return vllm_where.parse_proc_stat(Path("/proc/stat").read_text())
+
+
 class Agent:
     """The release's values as last applied: an upgrade only when a run needs others."""
 
@@ -263,9 +287,15 @@ def measure(mode: str, rnd: int, node: str, requests: int, agent: Agent) -> Run:
                    if "=" in line)
         for _ in range(WARM_UP):
             _post_one(base)
+        uid = str(_pod_json(name)["metadata"]["uid"])
         metrics_before, threads_before = _metrics(base), _threads(name)
+        host_before, stat_before = _host_threads(), _proc_stat()
         latencies, wall, tokens = _stream(base, requests)
+        stat_after, host_after = _proc_stat(), _host_threads()
         threads_after, metrics_after = _threads(name), _metrics(base)
+        book = vllm_where.book_cpus(stat_before, stat_after, os.sysconf("SC_CLK_TCK"),
+                                    frozenset(parse_cpulist(env.get("TOPOLOGY_CPUS", ""))), host_before, host_after,
+                                    (uid, uid.replace("-", "_")))
         log = kubectl("-n", NAMESPACE, "logs", name, "--tail=80", check=False).stdout
         processes = vllm_where.process_times(threads_before, threads_after)
         where = vllm_where.per_request(vllm_where.phase_means(metrics_before, metrics_after),
@@ -275,7 +305,7 @@ def measure(mode: str, rnd: int, node: str, requests: int, agent: Agent) -> Run:
         return Run(mode, rnd, median(latencies), percentile(latencies, 99), tokens / wall, extra={
             "latencies": latencies, "wall": wall, "tokens": tokens, "book": env.get("TOPOLOGY_CPUS", "?"),
             "hog_cpu": hog_cpu, "ready_s": ready_s, "where": where,
-            "top_waiter": waiter,
+            "top_waiter": waiter, "book_cpus": book.__dict__, "book_line": vllm_where.book_line(book, requests),
             "processes": [p.__dict__ for p in processes], "log_tail": log.splitlines()})
     finally:
         if made:
@@ -303,19 +333,22 @@ def check_reserved(reserved: str, online: int) -> str:
     return format_cpulist(sorted(cpus))
 
 
-def _confine(reserved: str) -> str:
-    """The lane's host processes and this client onto ``reserved``; what the kubelet is then allowed."""
+def _confine(reserved: str, whole_host: bool) -> str:
+    """Every user-space process of the host (``whole_host``), or the lane's host processes and this client, onto
+    ``reserved``; what the kubelet is then allowed."""
     from topology_devkit.realcluster import confine
     from topology_devkit.realcluster.layout import Layout
     from topology_devkit.realcluster.procs import running
 
     layout = Layout(CLUSTER_DIR.resolve())
-    moved = confine.confine(reserved, [*confine.lane_pids(layout), os.getpid()])
+    pids = confine.host_pids() if whole_host else [*confine.lane_pids(layout), os.getpid()]
+    moved = confine.confine(reserved, pids)
     kubelet = running(layout, "kubelet")
     allowed = confine.allowed_cpus(kubelet) if kubelet else "?"
     if allowed != reserved:
         raise RuntimeError(f"confining the host to CPUs {reserved}: the kubelet is allowed {allowed or 'nothing'}")
-    return f"{len(moved)} host processes of the lane and this client on CPUs {reserved} (kubelet allowed {allowed})"
+    what = "processes of the host" if whole_host else "host processes of the lane and this client"
+    return f"{len(moved)} {what} on CPUs {reserved} (kubelet allowed {allowed})"
 
 
 def _release() -> None:
@@ -350,7 +383,7 @@ def where_medians(runs: Sequence[Run], mode: str) -> dict[str, float]:
 
 
 def run(quick: bool, requests: int | None = None, rounds: int | None = None, reserved: str = "0",
-        max_minutes: float | None = None, raw_out: Path | None = None) -> list[Row]:
+        max_minutes: float | None = None, raw_out: Path | None = None, whole_host: bool = True) -> list[Row]:
     from topology_devkit.vllm.server import VLLM_IMAGE
 
     why = _why_not(VLLM_IMAGE)
@@ -362,10 +395,11 @@ def run(quick: bool, requests: int | None = None, rounds: int | None = None, res
         "get", "namespace", NAMESPACE, "-o", "jsonpath={.status.phase}", check=False).stdout != "Terminating", 300,
         every=1, error=RuntimeError)
     kubectl("create", "namespace", NAMESPACE, check=False)
-    count = requests or (20 if quick else 60)
+    count = requests or (20 if quick else REQUESTS)
     rounds = rounds or (1 if quick else 5)
-    settings = {"requests": count, "rounds": rounds, "reserved_cpus": reserved, "host": "confined" if reserved else
-                "floating", "load_before": loadavg(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    host = ("whole host" if whole_host else "lane") + " confined" if reserved else "floating"
+    settings = {"requests": count, "rounds": rounds, "reserved_cpus": reserved, "host": host,
+                "load_before": loadavg(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "machine": _machine()}
     print(f"vllm_beside_hog: {rounds} round(s) of {', '.join(vllm_figure.MODES)} and back, {count} requests each, "
           f"on {settings['machine']}; load {settings['load_before']}", flush=True)
@@ -374,7 +408,8 @@ def run(quick: bool, requests: int | None = None, rounds: int | None = None, res
     started = time.monotonic()
     try:
         if reserved:
-            print(f"vllm_beside_hog: {_confine(reserved)}; the agent with agent.reservedCpus={reserved}", flush=True)
+            print(f"vllm_beside_hog: {_confine(reserved, whole_host)}; the agent with agent.reservedCpus={reserved}",
+                  flush=True)
         for i, (rnd, mode) in enumerate(vllm_figure.schedule(rounds)):
             if (max_minutes is not None and i % len(vllm_figure.MODES) == 0
                     and time.monotonic() - started > max_minutes * 60):
@@ -387,7 +422,8 @@ def run(quick: bool, requests: int | None = None, rounds: int | None = None, res
             print(f"round {rnd} {mode}: p50 {r.p50 * 1e3:.1f} ms, p99 {r.p99 * 1e3:.1f} ms, {r.tok_s:.1f} tok/s "
                   f"(book {r.extra['book']}{', hog requests ' + r.extra['hog_cpu'] if r.extra['hog_cpu'] else ''}; "
                   f"ready after {r.extra['ready_s']:.0f} s, run {time.monotonic() - t0:.0f} s)\n  "
-                  f"{vllm_where.line(r.extra['where'])}; most waiting thread {r.extra['top_waiter']}", flush=True)
+                  f"{vllm_where.line(r.extra['where'])}; most waiting thread {r.extra['top_waiter']}\n  "
+                  f"{r.extra['book_line']}", flush=True)
     finally:
         try:
             helm_upgrade()
@@ -432,10 +468,13 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=None, help="rounds: runs per mode, interleaved (default 5; "
                         "1 with --quick)")
     parser.add_argument("--quick", action="store_true", help="1 round of 20 requests per run")
-    parser.add_argument("--requests", type=int, default=None, help="requests per run (after 5 to warm up; 60)")
+    parser.add_argument("--requests", type=int, default=None,
+                        help=f"requests per run (after {WARM_UP} to warm up; {REQUESTS})")
     parser.add_argument("--reserved-cpus", default="0", metavar="CPULIST",
-                        help="the agent's reserved CPUs, and the lane's host processes and the client confined to "
-                             "them as on a real node (default 0)")
+                        help="the agent's reserved CPUs, and every process of the host confined to them as on a "
+                             "real node (default 0)")
+    parser.add_argument("--lane-only", action="store_true",
+                        help="confine only the lane's host processes and the client, not the rest of the host")
     parser.add_argument("--unconfined", action="store_true",
                         help="no reserved CPUs: every CPU a book, the host's processes floating over all of them")
     parser.add_argument("--max-minutes", type=float, default=None,
@@ -456,7 +495,8 @@ def main() -> int:
             return 2
     started = time.monotonic()
     try:
-        rows_ = run(args.quick, args.requests, args.runs, reserved, args.max_minutes, args.raw_out)
+        rows_ = run(args.quick, args.requests, args.runs, reserved, args.max_minutes, args.raw_out,
+                    whole_host=not args.lane_only)
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:  # the cluster refused or timed out: one line
         print(f"vllm_beside_hog: {exc}", file=sys.stderr)
         return 1

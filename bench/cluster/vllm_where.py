@@ -9,10 +9,13 @@ every server thread's CPU and run-queue time, each read before and after the tim
 * The threads: ``/proc/<pid>/task/<tid>/schedstat`` inside the container (time on a CPU, time runnable but waiting
   for one), as :data:`THREADS_SCRIPT` prints it; each process named by its main thread's name (vLLM names its
   engine core ``VLLM::EngineCore``).
+* The book's CPUs (:func:`book_cpus`): their busy and steal time from the host's /proc/stat, the server's share of it,
+  and the host threads allowed on them that ran meanwhile: what else the book's CPUs served.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 PHASES = ("e2e_request_latency", "request_queue_time", "request_prefill_time", "request_decode_time",
@@ -138,3 +141,88 @@ def per_request(means: dict[str, float], client_mean: float, processes: list[Pro
 def line(figures: dict[str, float]) -> str:
     """``per_request``'s figures as one line."""
     return "ms/request: " + ", ".join(f"{name} {value:.1f}" for name, value in figures.items())
+
+
+# What ran on the book's CPUs beside the server. The kernel's per-CPU time is /proc/stat's ``cpuN`` lines (USER_HZ
+# ticks: user nice system idle iowait irq softirq steal ...; proc(5)); every host thread's CPU time is its
+# ``/proc/<pid>/task/<tid>/schedstat`` (ns), its allowed CPUs its status' ``Cpus_allowed_list``.
+@dataclass(frozen=True)
+class CpuTicks:
+    busy: int  # every column but idle, iowait and steal
+    steal: int  # time the hypervisor ran something else on this virtual CPU
+
+
+def parse_proc_stat(text: str) -> dict[int, CpuTicks]:
+    """Per CPU number, its busy and steal ticks from a /proc/stat text."""
+    out: dict[int, CpuTicks] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or not name[3:].isdigit():
+            continue
+        try:
+            ticks = [int(x) for x in rest.split()]
+        except ValueError:
+            continue
+        ticks += [0] * (8 - len(ticks))
+        out[int(name[3:])] = CpuTicks(sum(ticks) - ticks[3] - ticks[4] - ticks[7], ticks[7])
+    return out
+
+
+@dataclass(frozen=True)
+class HostThread:
+    pid: int
+    tid: int
+    comm: str
+    run_ns: int
+    allowed: frozenset[int]
+    cgroup: str  # its cpuset cgroup path
+
+
+@dataclass(frozen=True)
+class BookCpus:
+    """The book's CPUs over the stream, in seconds: busy, of which the server's threads, steal, and the other host
+    threads allowed on them that ran meanwhile (the most first: name, pid, CPU seconds anywhere, cpuset cgroup)."""
+
+    busy_s: float
+    server_s: float
+    steal_s: float
+    others: tuple[tuple[str, int, float, str], ...]
+
+
+def book_cpus(stat_before: dict[int, CpuTicks], stat_after: dict[int, CpuTicks], hz: int, cpus: frozenset[int],
+              before: dict[tuple[int, int], HostThread], after: dict[tuple[int, int], HostThread],
+              server_marks: Sequence[str], top: int = 5) -> BookCpus:
+    """What the book's CPUs did between two samples. A thread is the server's when its cgroup path holds one of
+    ``server_marks`` (the pod's UID as the runtime spells it). A thread of another cgroup that may run on a book CPU
+    and gained CPU time is a candidate intruder: its time may have been spent on other CPUs too, so the list names
+    suspects, and busy minus the server's is what the book's CPUs gave to anything else."""
+    def delta(get: Callable[[CpuTicks], int]) -> float:
+        return sum(get(stat_after[c]) - get(stat_before[c]) for c in cpus
+                   if c in stat_after and c in stat_before) / hz
+
+    server = 0
+    others: list[tuple[str, int, float, str]] = []
+    per_pid: dict[int, tuple[str, int, str]] = {}
+    for key, t in after.items():
+        old = before.get(key)
+        gained = t.run_ns - (old.run_ns if old else 0)
+        if gained <= 0:
+            continue
+        if any(mark in t.cgroup for mark in server_marks):
+            server += gained
+        elif t.allowed & cpus:
+            name, ns, cgroup = per_pid.get(t.pid, (t.comm if t.pid == t.tid else "", 0, t.cgroup))
+            per_pid[t.pid] = (name or (t.comm if t.pid == t.tid else ""), ns + gained, cgroup)
+    for pid, (name, ns, cgroup) in per_pid.items():
+        others.append((name or "?", pid, ns / 1e9, cgroup))
+    others.sort(key=lambda o: (-o[2], o[1]))
+    return BookCpus(delta(lambda c: c.busy), server / 1e9, delta(lambda c: c.steal), tuple(others[:top]))
+
+
+def book_line(found: BookCpus, requests: int) -> str:
+    """:func:`book_cpus` as one line, in ms per request."""
+    per = 1e3 / max(requests, 1)
+    suspects = ", ".join(f"{name}({pid}) {s * per:.1f} [{cgroup}]" for name, pid, s, cgroup in found.others)
+    return (f"book CPUs ms/request: busy {found.busy_s * per:.1f}, server {found.server_s * per:.1f}, "
+            f"anything else {max(found.busy_s - found.server_s, 0.0) * per:.1f}, steal {found.steal_s * per:.1f}; "
+            f"other threads allowed there that ran: {suspects or 'none'}")

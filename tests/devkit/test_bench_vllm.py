@@ -172,8 +172,8 @@ def test_a_whole_bench_run_confines_saves_each_run_and_restores_the_lane(monkeyp
     monkeypatch.setattr(vllm_beside_hog, "kubectl", lambda *args, **kw: type("Done", (), {
         "stdout": '{"items": [{"metadata": {"name": "node"}}]}' if args[:2] == ("get", "nodes") else ""})())
 
-    def confined(reserved: str) -> str:
-        calls.append(f"confine {reserved}")
+    def confined(reserved: str, whole_host: bool) -> str:
+        calls.append(f"confine {reserved}{' whole host' if whole_host else ''}")
         return "confined"
 
     monkeypatch.setattr(vllm_beside_hog, "_confine", confined)
@@ -181,11 +181,52 @@ def test_a_whole_bench_run_confines_saves_each_run_and_restores_the_lane(monkeyp
     monkeypatch.setattr(vllm_beside_hog, "helm_upgrade", lambda *values: calls.append(f"helm {' '.join(values)}"))
     monkeypatch.setattr(vllm_beside_hog, "measure", lambda mode, rnd, node, requests, agent: Run(
         mode, rnd, p99[mode] / 2, p99[mode], 300.0, extra={"book": "1", "hog_cpu": "", "ready_s": 50.0,
-                                                           "where": {"client": 50.0}, "top_waiter": ""}))
+                                                           "where": {"client": 50.0}, "top_waiter": "",
+                                                           "book_line": ""}))
     raw = tmp_path / "runs.json"
     rows_ = vllm_beside_hog.run(False, 10, 2, "0", None, raw)
-    assert calls == ["confine 0", "helm ", "release"]  # the lane's own values again, then every CPU back
+    assert calls == ["confine 0 whole host", "helm ", "release"]  # the lane's own values again, then every CPU back
     assert [r.verdict for r in rows_[:2]] == ["met", "met"] and rows_[0].measured == "1.10x (1.10-1.10)"
     saved = json.loads(raw.read_text())
     assert [(r["round"], r["mode"]) for r in saved["runs"]] == schedule(2)
-    assert saved["settings"]["host"] == "confined" and "load_after" in saved["settings"]
+    assert saved["settings"]["host"] == "whole host confined" and "load_after" in saved["settings"]
+
+
+def test_a_cpus_busy_and_steal_ticks_are_read_from_proc_stat() -> None:
+    text = ("cpu  9 9 9 9 9 9 9 9 0 0\n"
+            "cpu0 10 1 5 100 3 1 1 2 0 0\n"
+            "cpu1 20 0 10 50 0 0 2 7 0 0\nintr 5\n")
+    assert vllm_where.parse_proc_stat(text) == {0: vllm_where.CpuTicks(18, 2), 1: vllm_where.CpuTicks(32, 7)}
+
+
+def host_thread(pid: int, tid: int, run_ns: int, allowed: set[int], cgroup: str = "/",
+                comm: str = "t") -> vllm_where.HostThread:
+    return vllm_where.HostThread(pid, tid, comm, run_ns, frozenset(allowed), cgroup)
+
+
+def test_the_book_cpus_time_splits_into_the_servers_and_anything_elses() -> None:
+    before = {(1, 1): host_thread(1, 1, 0, {1}, "/kubepods/podabc-1/x"),
+              (7, 7): host_thread(7, 7, 1_000_000, {0, 1}, "/", "etcd"),
+              (7, 8): host_thread(7, 8, 0, {0, 1}, "/"),
+              (9, 9): host_thread(9, 9, 0, {0}, "/topology-lane-host", "kubelet")}
+    after = {(1, 1): host_thread(1, 1, 600_000_000, {1}, "/kubepods/podabc-1/x"),
+             (7, 7): host_thread(7, 7, 101_000_000, {0, 1}, "/", "etcd"),
+             (7, 8): host_thread(7, 8, 50_000_000, {0, 1}, "/"),
+             (9, 9): host_thread(9, 9, 900_000_000, {0}, "/topology-lane-host", "kubelet"),  # never on the book
+             (3, 3): host_thread(3, 3, 20_000_000, {1}, "/", "new")}  # started during the stream: counts whole
+    stat_before = {0: vllm_where.CpuTicks(0, 0), 1: vllm_where.CpuTicks(100, 0)}
+    stat_after = {0: vllm_where.CpuTicks(500, 0), 1: vllm_where.CpuTicks(180, 3)}
+    found = vllm_where.book_cpus(stat_before, stat_after, 100, frozenset({1}), before, after, ("abc-1",))
+    assert (found.busy_s, found.server_s, found.steal_s) == pytest.approx((0.8, 0.6, 0.03))
+    assert [(name, pid, cgroup) for name, pid, _, cgroup in found.others] == [("etcd", 7, "/"), ("new", 3, "/")]
+    assert [seconds for _, _, seconds, _ in found.others] == pytest.approx([0.15, 0.02])
+    line = vllm_where.book_line(found, 10)
+    assert "busy 80.0, server 60.0, anything else 20.0, steal 3.0" in line and "etcd(7) 15.0 [/]" in line
+
+
+def test_the_whole_host_is_every_process_with_a_command_line(tmp_path: Path) -> None:
+    for pid, cmdline in (("1", b"init\0"), ("2", b""), ("40", b"etcd\0--x\0")):
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "cmdline").write_bytes(cmdline)
+    (tmp_path / "self").mkdir()
+    assert confine.host_pids(tmp_path) == [1, 40]  # pid 2, a kernel thread, stays where the kernel put it

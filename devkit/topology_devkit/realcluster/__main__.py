@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     p_confine = sub.add_parser("confine", help="the lane's host processes (control plane, runtime, kubelet, shims) "
                                "onto CPUS, as reservedSystemCPUs keeps a node's daemons; release undoes it")
     p_confine.add_argument("cpus", metavar="CPUS", help="a cpulist, e.g. 0")
-    sub.add_parser("release", help="the lane's host processes back on every CPU")
+    p_confine.add_argument("--whole-host", action="store_true",
+                           help="every user-space process of the host, as OpenShift's performance profile keeps them")
+    sub.add_parser("release", help="the confined processes back on every CPU")
     args = parser.parse_args(argv)
     layout = Layout.from_env()
     try:
@@ -100,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
             seconds = restart_kubelet(layout, args.cpu_manager_policy)
             print(f"cluster-restart-kubelet: kubelet healthy again after {seconds:.1f} s")
         elif args.command == "confine":
-            moved = confine.confine(args.cpus, confine.lane_pids(layout))
-            print(f"confine: {len(moved)} processes of the lane on CPUs {args.cpus}")
+            pids = confine.host_pids() if args.whole_host else confine.lane_pids(layout)
+            moved = confine.confine(args.cpus, pids)
+            print(f"confine: {len(moved)} processes of the {'host' if args.whole_host else 'lane'} on CPUs {args.cpus}")
         elif args.command == "release":
-            print(f"release: {confine.release()} processes of the lane back on every CPU")
+            print(f"release: {confine.release()} processes back on every CPU")
         elif args.command in ("crash", "restart"):
             how = crash_component if args.command == "crash" else restart_component
             seconds = how(layout, args.component)

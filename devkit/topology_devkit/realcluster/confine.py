@@ -4,9 +4,11 @@
 :func:`confine` makes one cpuset cgroup of the lane's own (:data:`GROUP`, cgroup v1, beside ``kubepods``) with the
 given CPUs and moves into it the lane's processes that are in the root cpuset: the control plane, the runtime, the
 kubelet, the runtime's shims or monitors, and any extra pids (a bench's client). What they start later inherits the
-group; a container's processes leave it when the runtime places them in their pod's cgroup. Processes of the host
-that are not the lane's are never touched. :func:`release` moves every process of the group back to the root cpuset
-(all CPUs again) and removes the group; ``cluster-down`` calls it, so a run that died confined leaves nothing.
+group; a container's processes leave it when the runtime places them in their pod's cgroup. :func:`host_pids` widens
+that to every user-space process of the host, as OpenShift's performance profile does (its tuned profile, built on
+tuned's cpu-partitioning, sets systemd's CPUAffinity to the CPUs outside ``spec.cpu.isolated``). :func:`release`
+moves every process of the group back to the root cpuset (all CPUs again) and removes the group; ``cluster-down``
+calls it, so a run that died confined leaves nothing.
 """
 
 from __future__ import annotations
@@ -46,13 +48,26 @@ def lane_pids(layout: Layout) -> list[int]:
     return sorted(set(pids))
 
 
+def host_pids(proc: Path = Path("/proc")) -> list[int]:
+    """Every user-space process of the host: kernel threads (an empty ``cmdline``) stay where the kernel put them."""
+    pids = []
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:  # gone meanwhile
+                continue
+    return sorted(pids)
+
+
 def _move(procs: Path, pid: int) -> bool:
     try:
         with procs.open("w") as f:
             f.write(f"{pid}\n")
         return True
-    except OSError as err:  # gone meanwhile
-        if err.errno == errno.ESRCH:
+    except OSError as err:  # gone meanwhile, or a process the kernel keeps where it is
+        if err.errno in (errno.ESRCH, errno.EINVAL):
             return False
         raise
 
