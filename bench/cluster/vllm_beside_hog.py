@@ -19,10 +19,11 @@ median and min-max of each over the rounds, and of its ratio to the same round's
 the median p99 ratio of enforcing <= 1.15x, and below none's.
 
 As a real node (the default, ``--reserved-cpus 0``): the agent runs with ``agent.reservedCpus`` (``--reserved-cpus``,
-as the admin docs say), so the reserved CPUs hold no book, and the lane's host processes (control plane, runtime,
-kubelet, shims) and this client run on them alone, as kubelet's ``reservedSystemCPUs`` would keep them
-(topology_devkit.realcluster.confine); ``--unconfined``: every CPU a book, the host floating. Skipped, with the
-reason, when no such cluster is up or the vLLM image is not in its runtime.
+as the admin docs say), so the reserved CPUs hold no book, and every user-space process of the host (the lane's, this
+client's and any other) runs on them, as OpenShift's performance profile keeps a node's host processes
+(topology_devkit.realcluster.confine); ``--lane-only``: only the lane's and this client; ``--unconfined``: every CPU a
+book, the host floating. Each run also says what else ran on the book's CPUs (vllm_where.book_cpus). Skipped, with
+the reason, when no such cluster is up or the vLLM image is not in its runtime.
 """
 
 from __future__ import annotations
