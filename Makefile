@@ -92,6 +92,7 @@ kwok-build:
 NODES ?= 1000
 AGENTS ?= 10
 bench-scale: $(STAMP) cluster-build kwok-build
+	@test -n "$$HELM" || [ -x .tools/bin/helm ] || tools/get-helm.sh >/dev/null
 	$(BIN)/python bench/cluster/simulated_nodes.py --nodes $(NODES) --agents $(AGENTS) \
 	  $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(JSON_OUT),--json-out $(JSON_OUT))
 
