@@ -206,7 +206,8 @@ def fmt(value: float, digits: int = 1) -> str:
 
 COLUMNS = (("variant", "variant", 12, None), ("phase", "phase", 8, None), ("pods", "placed", 6, 0),
            ("pods/s", "pods_per_s", 7, 1), ("p50 s", "p50_s", 7, 2), ("p99 s", "p99_s", 7, 2),
-           ("DRA ms/att", "dra_ms_per_attempt", 10, 2), ("PreBind ms", "dra_prebind_ms_per_attempt", 10, 1), ("att/pod", "attempts_per_pod", 7, 2),
+           ("DRA ms/att", "dra_ms_per_attempt", 10, 2), ("PreBind ms", "dra_prebind_ms_per_attempt", 10, 1),
+           ("att/pod", "attempts_per_pod", 7, 2),
            ("sched CPU ms/pod", "sched_cpu_ms_per_pod", 16, 1), ("apiserver CPU s", "apiserver_cpu_s", 15, 1),
            ("etcd CPU s", "etcd_cpu_s", 10, 1), ("apiserver MiB", "apiserver_rss_mib", 13, 0),
            ("etcd MiB", "etcd_rss_mib", 8, 0))
