@@ -78,6 +78,8 @@ def _metrics(pre: float, filt: float, sampled: int, fit: float, scheduled: int, 
         f'scheduler_schedule_attempts_total{{{profile},result="scheduled"}} {scheduled}',
         f'scheduler_schedule_attempts_total{{{profile},result="unschedulable"}} {unschedulable}',
         f'{plugin}_sum{{extension_point="PreBind",{dra}}} {prebind}',
+        f'scheduler_framework_extension_point_duration_seconds_sum{{extension_point="Filter",{profile}}} {filt * 2}',
+        f'scheduler_framework_extension_point_duration_seconds_count{{extension_point="Filter",{profile}}} {scheduled}',
         "not a sample line"])
 
 
@@ -91,6 +93,8 @@ def test_the_dra_plugins_computing_time_is_per_sampled_attempt_and_its_prebind_a
     assert got["dra_filter_ms_per_attempt"] == pytest.approx(15.0)
     assert got["dra_prebind_ms_per_attempt"] == pytest.approx(100.0)
     assert got["attempts"] == 1050 and got["scheduled"] == 1000
+    assert got["filter_ms"] == pytest.approx(1000 * 3 / 1000)  # every attempt: (7 - 4) s over 1000
+    assert math.isnan(got["algorithm_ms"])  # not scraped: no figure
 
 
 def test_no_sampled_attempt_gives_no_figure_rather_than_a_division_by_zero() -> None:
@@ -128,11 +132,11 @@ def test_the_simulated_nodes_are_kwoks_and_the_agents_nodes_take_no_fill_pod() -
 
 def test_the_table_sets_every_layout_beside_counters_in_the_same_phase() -> None:
     rows = [{"variant": "counters", "phase": "0-50%", "placed": 400, "pods_per_s": 20.0, "p99_s": 2.0,
-             "dra_ms_per_attempt": 4.0},
+             "filter_ms": 4.0, "sched_cpu_ms_per_pod": 10.0},
             {"variant": "flat", "phase": "0-50%", "placed": 400, "pods_per_s": 30.0, "p99_s": 1.0,
-             "dra_ms_per_attempt": 2.0}]
+             "filter_ms": 2.0, "sched_cpu_ms_per_pod": 5.0}]
     text = table(rows)
-    assert "flat    0-50%: pods/s 1.50x, p99 0.50x, DRA ms/attempt 0.50x" in text
+    assert "flat    0-50%: pods/s 1.50x, p99 0.50x, Filter ms 0.50x, scheduler CPU/pod 0.50x" in text
     assert text.splitlines()[0].split()[:2] == ["variant", "phase"]
 
 
