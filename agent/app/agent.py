@@ -322,17 +322,25 @@ class Agent:
         log.info("stopped in %.2f s%s", took, "" if "plugin manager" in late else ": sockets removed")
 
 
-def wait_for_signal(stop: threading.Event) -> None:
-    """Until a signal handler sets ``stop``. Python runs handlers in the main thread only, when it next runs Python
-    code; the kernel hands a process's signal to another thread when the main one has one pending already (a SIGUSR1
-    just before a SIGTERM), and a main thread blocked in ``Event.wait`` would then sleep on for good. The wake-up fd
-    gets a byte from the C handler in whichever thread took the signal, and wakes this select."""
+def wait_for_signal(received: list[int], on_hangup: Callable[[], object]) -> int:
+    """The first SIGTERM or SIGINT in ``received`` (the handler appends each signal), ``on_hangup`` called for every
+    SIGHUP before it. The kernel hands a process's signal to another thread when the main one has one pending already
+    (a SIGUSR1 just before a SIGTERM), and Python runs the handler only once the main thread runs Python code again:
+    a main thread blocked in ``Event.wait`` would sleep on for good. The wake-up fd gets a byte from the C handler in
+    whichever thread took the signal, and wakes this select."""
     reader, writer = socket.socketpair()
     reader.setblocking(False)
     writer.setblocking(False)
     previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    seen = 0
     try:
-        while not stop.is_set():
+        while True:
+            while seen < len(received):
+                signum = received[seen]
+                seen += 1
+                if signum != signal.SIGHUP:
+                    return signum
+                on_hangup()
             select.select([reader], [], [])
             with contextlib.suppress(BlockingIOError):
                 reader.recv(256)
@@ -343,31 +351,32 @@ def wait_for_signal(stop: threading.Event) -> None:
 
 
 def run_until_signalled(agent: Agent, exit_bound: float | None = EXIT_BOUND) -> int:
-    """Serve until SIGTERM or SIGINT, then hand over (``before_stop``) and stop. From the signal on, a watchdog
-    (``faulthandler``'s, a C thread) writes every thread's stack and ends the process with exit code 1 after
-    ``exit_bound`` seconds, whatever still runs then (None: no watchdog)."""
-    stop = threading.Event()
+    """Serve until SIGTERM or SIGINT, then hand over (``before_stop``) and stop; SIGHUP reads the topology again. From
+    SIGTERM or SIGINT on, a watchdog (``faulthandler``'s, a C thread) writes every thread's stack and ends the process
+    with exit code 1 after ``exit_bound`` seconds, whatever still runs then (None: no watchdog)."""
+    received: list[int] = []
 
-    def handle(signum: int, _frame: object) -> None:
-        log.info("received %s: shutting down", signal.Signals(signum).name)
-        if exit_bound is not None and not stop.is_set():
-            faulthandler.dump_traceback_later(exit_bound, exit=True)
-        stop.set()
+    def note(signum: int, _frame: object) -> None:
+        # Python runs this in the main thread between any two of its bytecodes, maybe while that thread holds a lock
+        # (the log queue's, inside a log call; an Event's): it takes none, no log line, no Event.set. It notes the
+        # signal for wait_for_signal, which acts on it; the watchdog is C code writing to fd 2 (no flush).
+        if signum != signal.SIGHUP and exit_bound is not None and all(s == signal.SIGHUP for s in received):
+            faulthandler.dump_traceback_later(exit_bound, exit=True, file=2)
+        received.append(signum)
 
-    def rescan_now(signum: int, _frame: object) -> None:
+    def rescan_now() -> None:
         log.info("received SIGHUP: rescanning topology")
+        agent.full_rescan_requested = True
         if agent.rescan_loop.running:
-            agent.full_rescan_requested = True
             agent.rescan_loop.wake()
-        else:  # periodic rescans are off: read once, off the signal handler, as a periodic step would
-            agent.full_rescan_requested = True
+        else:  # periodic rescans are off: read once, off the main thread, as a periodic step would
             threading.Thread(target=agent.rescan_loop.run_once, name="sighup-rescan", daemon=True).start()
 
-    previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
-    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, rescan_now)
+    previous = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         agent.start()
-        wait_for_signal(stop)
+        signum = wait_for_signal(received, rescan_now)
+        log.info("received %s: shutting down", signal.Signals(signum).name)
         if agent.before_stop is not None:
             agent.before_stop()
     finally:

@@ -122,3 +122,46 @@ def test_a_sigterm_taken_by_another_thread_stops_the_agent() -> None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 0 and out == "stopped\n"
+
+
+# run_until_signalled with a stand-in agent that raises the signals itself while its main thread holds the log queue's
+# lock, as it does inside any log call (Python runs a signal's handler between any two bytecodes of the main thread).
+SIGNAL_INSIDE_A_LOG_CALL = """
+import logging, signal, sys
+from agent.app.agent import run_until_signalled
+from agent.observe.logs import setup_logging
+
+setup_logging("info", "json")
+log_queue = logging.getLogger().handlers[0].queue
+
+class Rescans:
+    running = False
+    def run_once(self):
+        print("rescanned", flush=True)
+
+class Stub:
+    before_stop = None
+    full_rescan_requested = False
+    rescan_loop = Rescans()
+    def start(self):
+        with log_queue.mutex:
+            signal.raise_signal(signal.SIGHUP)
+            signal.raise_signal(signal.SIGTERM)
+    def stop(self):
+        print("stopped", flush=True)
+
+sys.exit(run_until_signalled(Stub(), exit_bound=None))
+"""
+
+
+def test_signals_that_come_inside_a_log_call_are_acted_on() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", SIGNAL_INSIDE_A_LOG_CALL], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and out.count("rescanned") == 1 and out.count("stopped") == 1  # two threads print
+    assert "received SIGHUP: rescanning topology" in err and "received SIGTERM: shutting down" in err
