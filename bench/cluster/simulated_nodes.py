@@ -499,20 +499,24 @@ class Sim:
         self.a.call("POST", f"/api/v1/namespaces/{NS}/pods", pod_doc(name, kind))
         return name
 
-    def _wait_bound(self, names: Sequence[str], stall: float = 90.0) -> None:
+    def _wait_bound(self, names: Sequence[str], stall: float = 90.0, *, strict: bool = True) -> int:
+        """Wait until every pod of ``names`` is bound; the count left when nothing moved for ``stall`` seconds (a
+        ScaleError then when ``strict``)."""
         assert self.watch is not None
         watch = self.watch
         last, seen = time.monotonic(), -1
         while True:
             left = sum(1 for n in names if n not in watch.bound)
             if not left:
-                return
+                return 0
             if watch.error:
                 raise ScaleError(watch.error)
             if left != seen:
                 last, seen = time.monotonic(), left
             elif time.monotonic() - last > stall:
-                raise ScaleError(f"{left} of {len(names)} pods not bound after {stall:.0f} s without progress")
+                if strict:
+                    raise ScaleError(f"{left} of {len(names)} pods not bound after {stall:.0f} s without progress")
+                return left
             time.sleep(0.2)
 
     def _measure(self, fn: Any) -> dict[str, Any]:
@@ -554,27 +558,32 @@ class Sim:
         return row
 
     def churn(self, kind: str, rate: float, seconds: float, prefix: str) -> dict[str, Any]:
+        """Delete a pod of the fill and create one, ``rate`` times a second (the new pods are not deleted)."""
         rng = random.Random(42)
+        victims = list(self.live)
+        left = [0]
 
         def go() -> list[str]:
             names: list[str] = []
             t0 = time.monotonic()
             i = 0
-            while time.monotonic() - t0 < seconds:
+            while time.monotonic() - t0 < seconds and victims:
                 due = t0 + i / rate
                 now = time.monotonic()
                 if due > now:
                     time.sleep(due - now)
-                victim = self.live.pop(rng.randrange(len(self.live)))
-                self.a.call("DELETE", f"/api/v1/namespaces/{NS}/pods/{victim}", NOW,
-                            ok=(200, 202, 404))
+                victim = victims.pop(rng.randrange(len(victims)))
+                self.live.remove(victim)
+                self.a.call("DELETE", f"/api/v1/namespaces/{NS}/pods/{victim}", NOW, ok=(200, 202, 404))
                 names.append(self._create(kind, prefix))
                 self.live.append(names[-1])
                 i += 1
-            self._wait_bound(names)
+            left[0] = self._wait_bound(names, strict=False)
             return names
 
-        return self._measure(go)
+        row = self._measure(go)
+        row["unbound"] = left[0]
+        return row
 
     def clear(self) -> float:
         """Every pod gone, and every claim (the controllers delete a template's claims, the garbage collector the
