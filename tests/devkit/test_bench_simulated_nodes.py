@@ -58,6 +58,11 @@ def test_the_books_layouts_are_eight_books_with_their_sockets_counters_or_none()
     assert all("consumesCounters" not in d for d in flat.devices)
 
 
+def test_the_device_plugin_variant_runs_last_the_others_as_asked() -> None:
+    assert simulated_nodes.run_order(["deviceplugin", "extended", "flat"]) == ["extended", "flat", "deviceplugin"]
+    assert simulated_nodes.run_order(["flat", "counters"]) == ["flat", "counters"]
+
+
 def test_the_phases_take_the_books_to_half_then_to_ninety_percent() -> None:
     assert phase_sizes(1000) == (4000, 3200)
     assert phase_sizes(100) == (400, 320)
