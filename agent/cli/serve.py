@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
     # `kill -USR1 <pid>`: every thread's stack to stderr, from a C signal handler (so even when the interpreter is
     # stuck), the agent running on; for the process's whole life (a hang at exit too). docs/admin/troubleshooting.md
-    faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)  # fd 2: sys.stderr may be no file (a test's capture)
+    # (to fd 2: sys.stderr may be no file, as under a test's capture)
+    faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)
     source = topology_source(args)
     agent = build_agent(source.load(), config, loader=source.load, fingerprint=source.fingerprint)
     if args.release_daemonset and os.environ.get("POD_NAMESPACE"):
