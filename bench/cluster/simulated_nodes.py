@@ -35,7 +35,6 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -45,6 +44,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -117,27 +118,13 @@ def phase_sizes(nodes: int, books_per_node: int = BOOKS_PER_NODE) -> tuple[int, 
     return half, int(total * 0.9) - half
 
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def parse_metrics(text: str) -> Samples:
-    """Prometheus text format: (name, labels) -> value; comments and unparsable lines skipped."""
-    out: Samples = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        out[(m.group(1), frozenset(_LABEL.findall(m.group(2) or "")))] = value
-    return out
+    """A Prometheus text page (prometheus_client's parser): (sample name, labels) -> value."""
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
 def metric_sum(samples: Samples, name: str, **labels: str) -> float:
