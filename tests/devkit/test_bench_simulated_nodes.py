@@ -84,7 +84,8 @@ def _metrics(pre: float, filt: float, sampled: int, fit: float, scheduled: int, 
         f'scheduler_schedule_attempts_total{{{profile},result="unschedulable"}} {unschedulable}',
         f'{plugin}_sum{{extension_point="PreBind",{dra}}} {prebind}',
         f'scheduler_framework_extension_point_duration_seconds_sum{{extension_point="Filter",{profile}}} {filt * 2}',
-        f'scheduler_framework_extension_point_duration_seconds_count{{extension_point="Filter",{profile}}} {scheduled}'])
+        f'scheduler_framework_extension_point_duration_seconds_count{{extension_point="Filter",{profile}}} {scheduled}',
+    ])
 
 
 METRICS_BEFORE = _metrics(1, 2, 10, 5, 100, 3, 4)
